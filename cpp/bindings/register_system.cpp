@@ -1,0 +1,37 @@
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "lucebox/system.h"
+#include "module.h"
+
+namespace py = pybind11;
+
+namespace lucebox::bindings {
+
+void register_system(py::module_ & m) {
+    m.def("build_info", [] {
+        const build_info b = get_build_info();
+        py::dict d;
+        d["version"] = b.version;
+        d["ggml_pin"] = b.ggml_pin;
+        d["backends"] = b.backends;
+        d["cuda_architectures"] = b.cuda_architectures;
+        return d;
+    }, "Version, pinned ggml, compiled backends and CUDA architectures of this build.");
+
+    m.def("devices", [] {
+        py::list out;
+        for (const device_info & dev : list_devices()) {
+            py::dict d;
+            d["name"] = dev.name;
+            d["description"] = dev.description;
+            d["type"] = dev.type;
+            d["memory_total"] = dev.memory_total;
+            d["memory_free"] = dev.memory_free;
+            out.append(d);
+        }
+        return out;
+    }, "Devices visible to the compiled backends.");
+}
+
+}  // namespace lucebox::bindings

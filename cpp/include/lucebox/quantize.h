@@ -1,0 +1,22 @@
+// Weight quantization through ggml (used by the synthetic-model writer for the K-quants that the
+// gguf Python package cannot produce).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ggml.h"
+
+namespace lucebox {
+
+// Any ggml type by its ggml name ("q4_K", "q8_0", "f16"); throws config_error if unknown.
+ggml_type parse_ggml_type(const std::string & name);
+
+// Quantizes `n_rows` rows of `n_per_row` floats (row-major, contiguous) to `type`.
+// n_per_row must be a multiple of the type's block size; types that need an importance matrix
+// are rejected. Runs on up to `n_threads` threads (0: hardware concurrency).
+std::vector<uint8_t> quantize_rows(const float * data, int64_t n_rows, int64_t n_per_row, ggml_type type,
+                                   int n_threads = 0);
+
+}  // namespace lucebox

@@ -1,0 +1,28 @@
+"""lucebox: Qwen3.5/3.6 inference with DFlash speculative decoding on a pinned ggml core."""
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError, version as _version
+
+from lucebox.errors import (
+    ConfigError,
+    DraftMismatchError,
+    GGUFError,
+    LuceboxError,
+    OutOfMemoryError,
+    UnsupportedError,
+)
+
+try:
+    __version__ = _version("lucebox")
+except PackageNotFoundError:  # running from a source tree without installing
+    __version__ = "0.0.0+dev"
+
+__all__ = [
+    "__version__",
+    "ConfigError",
+    "DraftMismatchError",
+    "GGUFError",
+    "LuceboxError",
+    "OutOfMemoryError",
+    "UnsupportedError",
+]

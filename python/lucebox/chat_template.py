@@ -96,7 +96,7 @@ def _tojson(
     separators: tuple[str, str] | None = None,
     sort_keys: bool = False,
 ) -> str:
-    """JSON filter for templates; unlike jinja's own, it keeps non-ASCII and does not HTML-escape."""
+    """JSON filter for templates; unlike jinja's own it keeps non-ASCII and does not escape HTML."""
     return json.dumps(
         value, indent=indent, ensure_ascii=ensure_ascii, separators=separators, sort_keys=sort_keys
     )

@@ -31,6 +31,8 @@ from .vocab import (
 __all__ = ["IncrementalDecoder", "Tokenizer"]
 
 _STOP_TOKEN_TEXTS = ("<|endoftext|>", "<|im_end|>")
+# Token types whose string is literal text rather than byte-level characters.
+_TEXT_TYPES = frozenset({TOKEN_TYPE_CONTROL, TOKEN_TYPE_USER_DEFINED, TOKEN_TYPE_UNUSED})
 
 
 class Tokenizer:
@@ -126,7 +128,9 @@ class Tokenizer:
         self.eos_ids: frozenset[int] = frozenset(stops)
 
         # Longest first, so a special token that is a prefix of another never wins.
-        special_texts = sorted({self._tokens[i] for i in self.special_ids}, key=lambda s: (-len(s), s))
+        special_texts = sorted(
+            {self._tokens[i] for i in self.special_ids}, key=lambda s: (-len(s), s)
+        )
         self._special_re: re.Pattern[str] | None = (
             re.compile("|".join(re.escape(s) for s in special_texts)) if special_texts else None
         )
@@ -151,7 +155,9 @@ class Tokenizer:
 
     # ---- encoding ----------------------------------------------------------------------------
 
-    def encode(self, text: str, *, add_special: bool = False, parse_special: bool = True) -> list[int]:
+    def encode(
+        self, text: str, *, add_special: bool = False, parse_special: bool = True
+    ) -> list[int]:
         """Return the token ids of `text`.
 
         add_special: prepend bos when the vocabulary asks for it (``add_bos`` and a bos id).
@@ -211,7 +217,7 @@ class Tokenizer:
         if not isinstance(token_id, int) or not 0 <= token_id < self.n_vocab:
             raise ValueError(f"token id {token_id!r} is outside the vocabulary of {self.n_vocab}")
         text = self._tokens[token_id]
-        if self._types[token_id] in (TOKEN_TYPE_CONTROL, TOKEN_TYPE_USER_DEFINED, TOKEN_TYPE_UNUSED):
+        if self._types[token_id] in _TEXT_TYPES:
             data = text.encode("utf-8")
         else:
             table = unicode_to_byte()

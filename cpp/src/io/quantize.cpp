@@ -47,7 +47,7 @@ std::vector<uint8_t> quantize_rows(const float * data, int64_t n_rows, int64_t n
     for (int64_t r0 = 0; r0 < n_rows; r0 += per) {
         const int64_t nr = std::min(per, n_rows - r0);
         workers.emplace_back([=, &out] {
-            ggml_quantize_chunk(type, data, out.data(), r0, nr, n_per_row, nullptr);
+            ggml_quantize_chunk(type, data, out.data(), r0 * n_per_row, nr, n_per_row, nullptr);  // start is an element index
         });
     }
     for (auto & w : workers) {

@@ -1,0 +1,191 @@
+"""The `lucebox` command line: info, synth, generate, serve.
+
+Each subcommand is a small function over the public Python API; heavy modules (the server, the
+synthetic-model writer) are imported only by the subcommand that needs them.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, Sequence
+
+from lucebox.errors import LuceboxError
+
+
+def _fmt_bytes(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.2f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def _cmd_info(args: argparse.Namespace) -> int:
+    from lucebox import _core
+
+    build = _core.build_info()
+    report: dict[str, Any] = {"build": build, "devices": _core.devices()}
+    if args.model:
+        target = _core.TargetFile.open(args.model)
+        draft = _core.DraftFile.open(args.draft) if args.draft else None
+        if draft is not None:
+            _core.validate_draft(target, draft)
+        verify = draft.hparams.block_size if draft is not None else args.verify_tokens
+        plan = _core.plan_memory(target, draft, n_ctx=args.ctx, n_seq=args.n_seq, kv_type_k=args.kv_type_k,
+                                 kv_type_v=args.kv_type_v, verify_tokens=verify, ubatch=args.ubatch)
+        report["model"] = _describe_target(target)
+        if draft is not None:
+            report["draft"] = _describe_draft(draft)
+        report["memory"] = {"n_ctx": args.ctx, "n_seq": args.n_seq, "kv_type_k": args.kv_type_k,
+                            "kv_type_v": args.kv_type_v, **plan}
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    print(f"lucebox {build['version']}")
+    print(f"ggml pin: {build['ggml_pin']}")
+    archs = f" (CUDA archs {build['cuda_architectures']})" if build["cuda_architectures"] else ""
+    print(f"backends: {', '.join(build['backends'])}{archs}")
+    print("devices:")
+    for d in report["devices"]:
+        mem = f", {_fmt_bytes(d['memory_free'])} free of {_fmt_bytes(d['memory_total'])}" if d["memory_total"] else ""
+        print(f"  {d['name']}: {d['description']} [{d['type']}{mem}]")
+    if "model" in report:
+        _print_model("model", report["model"])
+        if "draft" in report:
+            _print_model("draft", report["draft"])
+        _print_plan(report["memory"])
+    return 0
+
+
+def _describe_target(t: Any) -> dict[str, Any]:
+    hp = t.hparams
+    return {
+        "path": t.path, "architecture": "qwen35", "file_size": t.file_size, "weight_bytes": t.weight_bytes,
+        "bytes_by_type": t.bytes_by_type, "n_tensors": len(t.tensors),
+        "hparams": {
+            "n_vocab": hp.n_vocab, "n_ctx_train": hp.n_ctx_train, "n_embd": hp.n_embd, "n_layer": hp.n_layer,
+            "n_recurrent_layers": hp.n_recurrent_layers, "n_attention_layers": hp.n_attention_layers,
+            "n_ff": hp.n_ff, "n_head": hp.n_head, "n_head_kv": hp.n_head_kv, "head_dim": hp.head_dim,
+            "n_rot": hp.n_rot, "rope_sections": list(hp.rope_sections), "rope_freq_base": hp.rope_freq_base,
+            "ssm_d_conv": hp.ssm_d_conv, "ssm_d_state": hp.ssm_d_state, "ssm_n_k_heads": hp.ssm_n_k_heads,
+            "ssm_n_v_heads": hp.ssm_n_v_heads, "tied_output": not hp.has_output,
+        },
+    }
+
+
+def _describe_draft(d: Any) -> dict[str, Any]:
+    hp = d.hparams
+    return {
+        "path": d.path, "architecture": "dflash", "file_size": d.file_size, "weight_bytes": d.weight_bytes,
+        "bytes_by_type": d.bytes_by_type, "n_tensors": len(d.tensors),
+        "hparams": {
+            "n_embd": hp.n_embd, "n_layer": hp.n_layer, "n_ff": hp.n_ff, "n_head": hp.n_head,
+            "n_head_kv": hp.n_head_kv, "head_dim": hp.head_dim, "block_size": hp.block_size,
+            "target_layers": list(hp.target_layers), "mask_token_id": hp.mask_token_id,
+            "own_embedding": hp.has_token_embd, "own_head": hp.has_output,
+        },
+    }
+
+
+def _print_model(label: str, m: dict[str, Any]) -> None:
+    types = ", ".join(f"{k} {_fmt_bytes(v)}" for k, v in sorted(m["bytes_by_type"].items()))
+    print(f"{label}: {m['path']} ({m['architecture']}, {m['n_tensors']} tensors, {_fmt_bytes(m['weight_bytes'])}: {types})")
+    print("  " + ", ".join(f"{k}={v}" for k, v in m["hparams"].items()))
+
+
+def _print_plan(p: dict[str, Any]) -> None:
+    print(f"memory plan (ctx {p['n_ctx']}, {p['n_seq']} sequence(s), KV {p['kv_type_k']}/{p['kv_type_v']}):")
+    rows = [
+        ("target weights", p["target_weight_bytes"]),
+        ("draft weights", p["draft_weight_bytes"]),
+        (f"KV cache ({_fmt_bytes(p['kv_bytes_per_token'])}/token)", p["kv_bytes"]),
+        (f"recurrent state (conv {_fmt_bytes(p['conv_state_bytes_per_seq'])} + ssm "
+         f"{_fmt_bytes(p['ssm_state_bytes_per_seq'])} per sequence)", p["recurrent_bytes"]),
+        (f"verify checkpoints ({_fmt_bytes(p['checkpoint_bytes_per_token'])}/verified token)", p["checkpoint_bytes"]),
+        (f"draft KV ({_fmt_bytes(p['draft_kv_bytes_per_token'])}/token)", p["draft_kv_bytes"]),
+        (f"feature ring ({p['feature_ring_tokens']} tokens)", p["feature_ring_bytes"]),
+    ]
+    for name, n in rows:
+        print(f"  {name:<72} {_fmt_bytes(n):>12}")
+    print(f"  {'total (excluding compute buffers)':<72} {_fmt_bytes(p['total_bytes']):>12}")
+
+
+def _cmd_synth(args: argparse.Namespace) -> int:
+    from lucebox import synth
+
+    return synth.run(args)
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    print("lucebox serve: the OpenAI-compatible server is not built yet in this version "
+          "(the engine that runs models lands first; see the project's open issues).", file=sys.stderr)
+    return 2
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    print("lucebox generate: text generation is not built yet in this version "
+          "(the qwen35 forward pass lands next; see the project's open issues).", file=sys.stderr)
+    return 2
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value <= 0 or value > 0xFFFFFFFF:
+        raise argparse.ArgumentTypeError(f"expected a positive integer below 2**32, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from lucebox import __version__
+
+    parser = argparse.ArgumentParser(prog="lucebox", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"lucebox {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("info", help="build, devices, and (with a model) its shape and memory plan")
+    p.add_argument("model", nargs="?", help="qwen35 target GGUF")
+    p.add_argument("--draft", help="DFlash draft GGUF (validated against the target)")
+    p.add_argument("--ctx", type=_positive_int, default=4096, help="context length for the memory plan (default 4096)")
+    p.add_argument("--n-seq", type=_positive_int, default=1, help="sequences held at once (default 1)")
+    p.add_argument("--kv-type-k", default="f16", help="K cache type: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1")
+    p.add_argument("--kv-type-v", default="f16", help="V cache type (same choices)")
+    p.add_argument("--verify-tokens", type=_positive_int, default=16, help="tokens per verify step without a draft")
+    p.add_argument("--ubatch", type=_positive_int, default=512, help="prefill micro-batch size")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=_cmd_info)
+
+    p = sub.add_parser("synth", help="write a synthetic qwen35 target (and DFlash draft) with random weights")
+    from lucebox import synth
+
+    synth.add_arguments(p)
+    p.set_defaults(func=_cmd_synth)
+
+    p = sub.add_parser("generate", help="generate text from a prompt (not built yet)")
+    p.add_argument("model", nargs="?")
+    p.set_defaults(func=_cmd_generate)
+
+    p = sub.add_parser("serve", help="run the OpenAI-compatible HTTP server (not built yet)")
+    p.add_argument("model", nargs="?")
+    p.set_defaults(func=_cmd_serve)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except LuceboxError as exc:
+        print(f"lucebox: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("lucebox: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

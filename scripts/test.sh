@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Builds lucebox (CPU) with its C++ tests into a virtual environment, then runs CTest and pytest.
+# Usage: bash scripts/test.sh [extra pytest args]
+#   LUCEBOX_VENV       virtual environment to use/create (default: .venv in the checkout)
+#   LUCEBOX_BUILD_DIR  CMake build directory, reused between runs (default: under ~/.cache/lucebox)
+#   LUCEBOX_CACHE_DIR  where the pinned ggml source is cached (default: ~/.cache/lucebox)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT="$(pwd)"
+PY="${PYTHON:-python3}"
+VENV="${LUCEBOX_VENV:-$ROOT/.venv}"
+CACHE="${LUCEBOX_CACHE_DIR:-$HOME/.cache/lucebox}"
+BUILD_DIR="${LUCEBOX_BUILD_DIR:-$CACHE/build/test-$(printf '%s' "$ROOT" | sha256sum | cut -c1-12)}"
+
+if [ ! -x "$VENV/bin/python" ]; then
+    "$PY" -m venv "$VENV"
+fi
+"$VENV/bin/python" -m pip install -q --upgrade pip
+"$VENV/bin/python" -m pip install -q "scikit-build-core>=0.10" "pybind11>=2.13" "cmake>=3.21" "ninja>=1.11"
+start=$(date +%s)
+"$VENV/bin/python" -m pip install --no-build-isolation ".[test,server]" \
+    -C build-dir="$BUILD_DIR" -C cmake.define.LUCEBOX_BUILD_TESTS=ON
+echo "build+install: $(( $(date +%s) - start )) s"
+PATH="$VENV/bin:$PATH" ctest --test-dir "$BUILD_DIR" --output-on-failure
+cd "$ROOT"
+"$VENV/bin/python" -m pytest "$@"

@@ -8,4 +8,5 @@ PYBIND11_MODULE(_core, m) {
     lucebox::bindings::register_errors(m);
     lucebox::bindings::register_system(m);
     lucebox::bindings::register_models(m);
+    lucebox::bindings::register_engine(m);
 }

@@ -8,5 +8,6 @@ namespace lucebox::bindings {
 void register_errors(pybind11::module_ & m);
 void register_system(pybind11::module_ & m);
 void register_models(pybind11::module_ & m);
+void register_engine(pybind11::module_ & m);
 
 }  // namespace lucebox::bindings

@@ -12,6 +12,9 @@ from lucebox.errors import (
     UnsupportedError,
 )
 
+from lucebox.config import EngineConfig, SamplingConfig
+from lucebox.engine import Engine, GenerationChunk, GenerationResult, GenerationStats, Session
+
 try:
     __version__ = _version("lucebox")
 except PackageNotFoundError:  # running from a source tree without installing
@@ -19,6 +22,13 @@ except PackageNotFoundError:  # running from a source tree without installing
 
 __all__ = [
     "__version__",
+    "Engine",
+    "EngineConfig",
+    "GenerationChunk",
+    "GenerationResult",
+    "GenerationStats",
+    "SamplingConfig",
+    "Session",
     "ConfigError",
     "DraftMismatchError",
     "GGUFError",

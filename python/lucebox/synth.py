@@ -835,16 +835,21 @@ _PROGRESS_MIN_BYTES = 256 << 20
 
 
 def _progress_printer(label: str) -> Callable[[int, int], None]:
+    """Percent of bytes written, to stderr: one updating line on a terminal, else every 10%."""
     last = [-1]
+    tty = sys.stderr.isatty()
+    step = 1 if tty else 10
 
     def report(done: int, total: int) -> None:
         if total < _PROGRESS_MIN_BYTES:
             return
-        pct = 100 * done // total
+        pct = 100 * done // total // step * step
         if pct != last[0]:
             last[0] = pct
-            end = "\n" if done >= total else ""
-            print(f"\r{label}: {pct:3d}%", end=end, file=sys.stderr, flush=True)
+            if tty:
+                print(f"\r{label}: {pct:3d}%", end="\n" if done >= total else "", file=sys.stderr, flush=True)
+            else:
+                print(f"{label}: {pct}%", file=sys.stderr, flush=True)
 
     return report
 

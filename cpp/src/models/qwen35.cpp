@@ -4,11 +4,14 @@
 // GGUF conventions (from the upstream converter): norm gains are stored as 1+w, ssm_a = -exp(A_log),
 // V heads are in tiled order (V head h uses K head h % n_k_heads).
 #include <algorithm>
+#include <cmath>
 #include <sstream>
 
 #include "lucebox/errors.h"
 #include "lucebox/gguf_file.h"
 #include "lucebox/models.h"
+#include "../graph/builders.h"
+#include "qwen35_model.h"
 
 namespace lucebox {
 
@@ -262,6 +265,255 @@ std::vector<tensor_spec> qwen35_tensor_specs(const qwen35_hparams & hp) {
         s.push_back({p + "ffn_down.weight", {hp.n_ff, E}, R::matrix});
     }
     return s;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Runtime: weights, state, graph
+// ---------------------------------------------------------------------------------------------
+
+std::vector<std::string> qwen35_used_tensors(const qwen35_hparams & hp, const gguf_file & file) {
+    std::vector<std::string> names;
+    for (const tensor_spec & s : qwen35_tensor_specs(hp)) {
+        if (s.required || file.find_tensor(s.name) != nullptr) {
+            names.push_back(s.name);
+        }
+    }
+    return names;
+}
+
+qwen35_weights bind_qwen35_weights(const qwen35_hparams & hp, const tensor_store & st) {
+    qwen35_weights w;
+    w.token_embd = st.get("token_embd.weight");
+    w.output_norm = st.get("output_norm.weight");
+    w.output = hp.has_output ? st.get("output.weight") : w.token_embd;
+    w.layers.resize(hp.n_layer);
+    for (uint32_t il = 0; il < hp.n_layer; ++il) {
+        const std::string p = "blk." + std::to_string(il) + ".";
+        qwen35_layer_weights & l = w.layers[il];
+        l.attn_norm = st.get(p + "attn_norm.weight");
+        l.post_attention_norm = st.get(p + "post_attention_norm.weight");
+        l.ffn_gate = st.get(p + "ffn_gate.weight");
+        l.ffn_up = st.get(p + "ffn_up.weight");
+        l.ffn_down = st.get(p + "ffn_down.weight");
+        if (hp.is_recurrent[il]) {
+            l.ssm_qkv = st.get(p + "attn_qkv.weight");
+            l.ssm_gate = st.get(p + "attn_gate.weight");
+            l.ssm_conv1d = st.get(p + "ssm_conv1d.weight");
+            l.ssm_dt_bias = st.get(p + "ssm_dt.bias");
+            l.ssm_a = st.get(p + "ssm_a");
+            l.ssm_beta = st.get(p + "ssm_beta.weight");
+            l.ssm_alpha = st.get(p + "ssm_alpha.weight");
+            l.ssm_norm = st.get(p + "ssm_norm.weight");
+            l.ssm_out = st.get(p + "ssm_out.weight");
+        } else {
+            l.wq = st.get(p + "attn_q.weight");
+            l.wk = st.get(p + "attn_k.weight");
+            l.wv = st.get(p + "attn_v.weight");
+            l.wo = st.get(p + "attn_output.weight");
+            l.q_norm = st.get(p + "attn_q_norm.weight");
+            l.k_norm = st.get(p + "attn_k_norm.weight");
+        }
+    }
+    return w;
+}
+
+qwen35_state qwen35_state::allocate(const qwen35_hparams & hp, uint32_t kv_size, ggml_type type_k, ggml_type type_v,
+                                    const std::vector<int32_t> & capture_layers, uint32_t ring_size,
+                                    ggml_backend_buffer_type_t buft, ggml_backend_dev_t dev) {
+    qwen35_state s;
+    s.kv_size = kv_size;
+    s.capture_layers = capture_layers;
+    s.ring_size = capture_layers.empty() ? 0 : ring_size;
+    s.k.assign(hp.n_layer, nullptr);
+    s.v.assign(hp.n_layer, nullptr);
+    s.conv.assign(hp.n_layer, nullptr);
+    s.ssm.assign(hp.n_layer, nullptr);
+    s.ring.assign(capture_layers.size(), nullptr);
+    const size_t n_tensors = 2 * size_t(hp.n_layer) + capture_layers.size();
+    s.store = tensor_store::allocate(buft, dev, n_tensors, [&](ggml_context * ctx) {
+        for (uint32_t il = 0; il < hp.n_layer; ++il) {
+            if (hp.is_recurrent[il]) {
+                s.conv[il] = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, hp.ssm_d_conv - 1, hp.conv_dim());
+                ggml_format_name(s.conv[il], "cache_conv-%u", il);
+                s.ssm[il] = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, hp.ssm_d_state, hp.ssm_d_state, hp.ssm_n_v_heads);
+                ggml_format_name(s.ssm[il], "cache_ssm-%u", il);
+            } else {
+                const int64_t row = int64_t(hp.n_head_kv) * hp.head_dim;
+                s.k[il] = ggml_new_tensor_2d(ctx, type_k, row, kv_size);
+                ggml_format_name(s.k[il], "cache_k-%u", il);
+                s.v[il] = ggml_new_tensor_2d(ctx, type_v, row, kv_size);
+                ggml_format_name(s.v[il], "cache_v-%u", il);
+            }
+        }
+        for (size_t i = 0; i < capture_layers.size(); ++i) {
+            s.ring[i] = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, hp.n_embd, ring_size);
+            ggml_format_name(s.ring[i], "feature_ring-%d", capture_layers[i]);
+        }
+    }, "the sequence state (KV cache, recurrent state, feature ring)");
+    s.store.clear();
+    return s;
+}
+
+namespace {
+
+using graph::named;
+
+// Gated DeltaNet mixer. x: [E, T] (normed) -> [E, T]. Updates conv and ssm state in place.
+ggml_tensor * build_delta_net(ggml_context * ctx, ggml_cgraph * gf, const qwen35_hparams & hp,
+                              const qwen35_layer_weights & l, ggml_tensor * conv_state, ggml_tensor * ssm_state,
+                              ggml_tensor * x, int il) {
+    const int64_t T = x->ne[1];
+    const int64_t dk = hp.ssm_d_state, Hk = hp.ssm_n_k_heads, Hv = hp.ssm_n_v_heads;
+    const int64_t key_dim = hp.key_dim(), conv_dim = hp.conv_dim(), d_conv = hp.ssm_d_conv;
+
+    ggml_tensor * qkv = named(ggml_mul_mat(ctx, l.ssm_qkv, x), "gdn_qkv", il);  // [conv_dim, T]
+    ggml_tensor * z = named(ggml_mul_mat(ctx, l.ssm_gate, x), "gdn_z", il);     // [value_dim, T]
+    ggml_tensor * beta = ggml_sigmoid(ctx, ggml_mul_mat(ctx, l.ssm_beta, x));  // [Hv, T]
+    beta = named(ggml_reshape_4d(ctx, beta, 1, Hv, T, 1), "gdn_beta", il);
+    ggml_tensor * alpha = ggml_add(ctx, ggml_mul_mat(ctx, l.ssm_alpha, x), l.ssm_dt_bias);
+    ggml_tensor * g = ggml_mul(ctx, ggml_softplus(ctx, alpha), l.ssm_a);  // log decay <= 0
+    g = named(ggml_reshape_4d(ctx, g, 1, Hv, T, 1), "gdn_g", il);
+
+    // causal depthwise conv over [carried d_conv-1 inputs, this batch]
+    ggml_tensor * conv_in = ggml_concat(ctx, conv_state, ggml_transpose(ctx, qkv), 0);  // [d_conv-1+T, conv_dim]
+    named(conv_in, "gdn_conv_in", il);
+    ggml_tensor * new_conv = ggml_view_2d(ctx, conv_in, d_conv - 1, conv_dim, conv_in->nb[1],
+                                          T * ggml_element_size(conv_in));
+    ggml_build_forward_expand(gf, ggml_cpy(ctx, new_conv, conv_state));
+    ggml_tensor * conv_out = ggml_ssm_conv(ctx, ggml_reshape_3d(ctx, conv_in, d_conv - 1 + T, conv_dim, 1),
+                                           l.ssm_conv1d);                           // [conv_dim, T, 1]
+    conv_out = named(ggml_silu(ctx, conv_out), "gdn_conv_out", il);
+
+    const size_t es = ggml_element_size(conv_out);
+    ggml_tensor * q = ggml_view_4d(ctx, conv_out, dk, Hk, T, 1, dk * es, conv_out->nb[1], conv_out->nb[2], 0);
+    ggml_tensor * k = ggml_view_4d(ctx, conv_out, dk, Hk, T, 1, dk * es, conv_out->nb[1], conv_out->nb[2],
+                                   key_dim * es);
+    ggml_tensor * v = ggml_view_4d(ctx, conv_out, dk, Hv, T, 1, dk * es, conv_out->nb[1], conv_out->nb[2],
+                                   2 * key_dim * es);
+    q = named(graph::l2_norm(ctx, q, hp.rms_eps), "gdn_q", il);
+    k = named(graph::l2_norm(ctx, k, hp.rms_eps), "gdn_k", il);
+    v = named(ggml_cont(ctx, v), "gdn_v", il);
+
+    ggml_tensor * s0 = ggml_reshape_4d(ctx, ssm_state, dk, dk, Hv, 1);
+    ggml_tensor * res = named(ggml_gated_delta_net(ctx, q, k, v, g, beta, s0, /*K=*/1), "gdn_result", il);
+    ggml_tensor * out = ggml_view_4d(ctx, res, dk, Hv, T, 1, ggml_row_size(res->type, dk),
+                                     ggml_row_size(res->type, dk * Hv), ggml_row_size(res->type, dk * Hv * T), 0);
+    ggml_tensor * new_state = ggml_view_1d(ctx, res, dk * dk * Hv, ggml_row_size(res->type, dk * Hv * T));
+    ggml_build_forward_expand(gf, ggml_cpy(ctx, new_state, ggml_reshape_1d(ctx, ssm_state, dk * dk * Hv)));
+
+    // gated norm: RMSNorm per head * ssm_norm * silu(z)
+    ggml_tensor * zr = ggml_reshape_4d(ctx, z, dk, Hv, T, 1);
+    ggml_tensor * o = ggml_mul(ctx, graph::rms_norm(ctx, out, l.ssm_norm, hp.rms_eps), ggml_silu(ctx, zr));
+    o = named(ggml_reshape_2d(ctx, o, dk * Hv, T), "gdn_gated", il);
+    return named(ggml_mul_mat(ctx, l.ssm_out, o), "gdn_out", il);
+}
+
+// Gated full attention. x: [E, T] (normed) -> [E, T]. Writes this batch's K/V into the cache.
+ggml_tensor * build_gated_attention(ggml_context * ctx, ggml_cgraph * gf, const qwen35_hparams & hp,
+                                    const qwen35_layer_weights & l, ggml_tensor * k_cache, ggml_tensor * v_cache,
+                                    const qwen35_inputs & in, uint32_t n_kv, ggml_tensor * x, int il) {
+    const int64_t T = x->ne[1];
+    const int64_t hd = hp.head_dim, H = hp.n_head, Hkv = hp.n_head_kv;
+
+    ggml_tensor * qg = named(ggml_mul_mat(ctx, l.wq, x), "attn_qg", il);  // [2*hd*H, T]
+    const size_t es = ggml_element_size(qg);
+    ggml_tensor * q = ggml_view_3d(ctx, qg, hd, H, T, 2 * hd * es, qg->nb[1], 0);
+    ggml_tensor * gate = ggml_view_3d(ctx, qg, hd, H, T, 2 * hd * es, qg->nb[1], hd * es);
+    gate = named(ggml_cont_2d(ctx, gate, hd * H, T), "attn_gate", il);
+    q = named(graph::rms_norm(ctx, q, l.q_norm, hp.rms_eps), "attn_q", il);  // [hd, H, T]
+
+    ggml_tensor * k = ggml_reshape_3d(ctx, ggml_mul_mat(ctx, l.wk, x), hd, Hkv, T);
+    k = named(graph::rms_norm(ctx, k, l.k_norm, hp.rms_eps), "attn_k", il);
+    ggml_tensor * v = named(ggml_mul_mat(ctx, l.wv, x), "attn_v", il);  // [hd*Hkv, T]
+
+    int sections[GGML_MROPE_SECTIONS] = {hp.rope_sections[0], hp.rope_sections[1], hp.rope_sections[2],
+                                         hp.rope_sections[3]};
+    q = ggml_rope_multi(ctx, q, in.pos, nullptr, hp.n_rot, sections, GGML_ROPE_TYPE_IMROPE, int(hp.n_ctx_train),
+                        hp.rope_freq_base, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f);
+    k = ggml_rope_multi(ctx, k, in.pos, nullptr, hp.n_rot, sections, GGML_ROPE_TYPE_IMROPE, int(hp.n_ctx_train),
+                        hp.rope_freq_base, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f);
+    named(q, "attn_q_rope", il);
+    named(k, "attn_k_rope", il);
+
+    ggml_build_forward_expand(gf, ggml_set_rows(ctx, k_cache, ggml_reshape_2d(ctx, k, hd * Hkv, T), in.kv_rows));
+    ggml_build_forward_expand(gf, ggml_set_rows(ctx, v_cache, v, in.kv_rows));
+
+    ggml_tensor * kv_k = ggml_view_3d(ctx, k_cache, hd, Hkv, n_kv, ggml_row_size(k_cache->type, hd), k_cache->nb[1], 0);
+    ggml_tensor * kv_v = ggml_view_3d(ctx, v_cache, hd, Hkv, n_kv, ggml_row_size(v_cache->type, hd), v_cache->nb[1], 0);
+    kv_k = ggml_permute(ctx, kv_k, 0, 2, 1, 3);  // [hd, n_kv, Hkv]
+    kv_v = ggml_permute(ctx, kv_v, 0, 2, 1, 3);
+    ggml_tensor * qp = ggml_permute(ctx, q, 0, 2, 1, 3);  // [hd, T, H]
+
+    const float scale = hp.attn_scale != 0.0f ? hp.attn_scale : 1.0f / std::sqrt(float(hd));
+    ggml_tensor * att = ggml_flash_attn_ext(ctx, qp, kv_k, kv_v, in.kq_mask, scale, 0.0f, 0.0f);  // [hd, H, T]
+    att = named(ggml_reshape_2d(ctx, att, hd * H, T), "attn_out", il);
+    att = named(ggml_mul(ctx, att, ggml_sigmoid(ctx, gate)), "attn_gated", il);
+    return named(ggml_mul_mat(ctx, l.wo, att), "attn_proj", il);
+}
+
+}  // namespace
+
+qwen35_graph build_qwen35_graph(ggml_context * ctx, const qwen35_hparams & hp, const qwen35_weights & w,
+                                const qwen35_state & st, uint32_t n_tokens, uint32_t n_kv, uint32_t n_out,
+                                bool want_argmax) {
+    qwen35_graph g;
+    g.gf = ggml_new_graph_custom(ctx, 16384, false);
+    const int64_t T = n_tokens;
+
+    qwen35_inputs & in = g.in;
+    in.tokens = named(ggml_new_tensor_1d(ctx, GGML_TYPE_I32, T), "inp_tokens");
+    in.pos = named(ggml_new_tensor_1d(ctx, GGML_TYPE_I32, 4 * T), "inp_pos");
+    in.kv_rows = named(ggml_new_tensor_1d(ctx, GGML_TYPE_I64, T), "inp_kv_rows");
+    if (n_out != n_tokens) {
+        in.out_rows = named(ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n_out), "inp_out_rows");
+    }
+    if (hp.n_attention_layers() > 0) {
+        in.kq_mask = named(ggml_new_tensor_2d(ctx, GGML_TYPE_F16, n_kv, T), "inp_kq_mask");
+    }
+    if (!st.capture_layers.empty()) {
+        in.ring_rows = named(ggml_new_tensor_1d(ctx, GGML_TYPE_I64, T), "inp_ring_rows");
+    }
+    for (ggml_tensor * t : {in.tokens, in.pos, in.kv_rows, in.out_rows, in.kq_mask, in.ring_rows}) {
+        if (t != nullptr) {
+            ggml_set_input(t);
+        }
+    }
+
+    auto capture = [&](ggml_tensor * hidden, int32_t layer) {
+        for (size_t i = 0; i < st.capture_layers.size(); ++i) {
+            if (st.capture_layers[i] == layer) {
+                ggml_build_forward_expand(g.gf, ggml_set_rows(ctx, st.ring[i], hidden, in.ring_rows));
+            }
+        }
+    };
+
+    ggml_tensor * cur = named(ggml_get_rows(ctx, w.token_embd, in.tokens), "embd");  // [E, T]
+    for (uint32_t il = 0; il < hp.n_layer; ++il) {
+        const qwen35_layer_weights & l = w.layers[il];
+        capture(cur, int32_t(il));
+        ggml_tensor * x = named(graph::rms_norm(ctx, cur, l.attn_norm, hp.rms_eps), "attn_norm", il);
+        ggml_tensor * mix = hp.is_recurrent[il]
+                                ? build_delta_net(ctx, g.gf, hp, l, st.conv[il], st.ssm[il], x, il)
+                                : build_gated_attention(ctx, g.gf, hp, l, st.k[il], st.v[il], in, n_kv, x, il);
+        cur = named(ggml_add(ctx, mix, cur), "attn_residual", il);
+        ggml_tensor * h = named(graph::rms_norm(ctx, cur, l.post_attention_norm, hp.rms_eps), "ffn_norm", il);
+        cur = named(ggml_add(ctx, graph::swiglu_ffn(ctx, h, l.ffn_gate, l.ffn_up, l.ffn_down, il), cur), "l_out", il);
+    }
+    capture(cur, int32_t(hp.n_layer));
+
+    if (n_out != n_tokens) {
+        cur = ggml_get_rows(ctx, cur, in.out_rows);
+    }
+    cur = named(graph::rms_norm(ctx, cur, w.output_norm, hp.rms_eps), "result_norm");
+    g.logits = named(ggml_mul_mat(ctx, w.output, cur), "result_logits");  // [V, n_out]
+    ggml_set_output(g.logits);
+    ggml_build_forward_expand(g.gf, g.logits);
+    if (want_argmax) {
+        g.argmax = named(ggml_argmax(ctx, g.logits), "result_argmax");
+        ggml_set_output(g.argmax);
+        ggml_build_forward_expand(g.gf, g.argmax);
+    }
+    return g;
 }
 
 }  // namespace lucebox

@@ -1,0 +1,116 @@
+// Engine and Session. Long calls release the GIL; callbacks into Python re-acquire it.
+#include <pybind11/functional.h>
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstring>
+
+#include "lucebox/engine.h"
+#include "module.h"
+
+namespace py = pybind11;
+
+namespace lucebox::bindings {
+
+void register_engine(py::module_ & m) {
+    py::class_<sampling_params>(m, "SamplingParams")
+        .def(py::init<>())
+        .def_readwrite("temperature", &sampling_params::temperature)
+        .def_readwrite("top_k", &sampling_params::top_k)
+        .def_readwrite("top_p", &sampling_params::top_p)
+        .def_readwrite("min_p", &sampling_params::min_p)
+        .def_readwrite("presence_penalty", &sampling_params::presence_penalty)
+        .def_readwrite("frequency_penalty", &sampling_params::frequency_penalty)
+        .def_readwrite("repetition_penalty", &sampling_params::repetition_penalty)
+        .def_readwrite("penalty_last_n", &sampling_params::penalty_last_n)
+        .def_readwrite("seed", &sampling_params::seed)
+        .def("validate", &sampling_params::validate);
+
+    py::class_<engine_config>(m, "EngineConfig")
+        .def(py::init<>())
+        .def_readwrite("model_path", &engine_config::model_path)
+        .def_readwrite("n_ctx", &engine_config::n_ctx)
+        .def_readwrite("kv_type_k", &engine_config::kv_type_k)
+        .def_readwrite("kv_type_v", &engine_config::kv_type_v)
+        .def_readwrite("device", &engine_config::device)
+        .def_readwrite("n_ubatch", &engine_config::n_ubatch)
+        .def_readwrite("n_threads", &engine_config::n_threads)
+        .def_readwrite("capture_layers", &engine_config::capture_layers)
+        .def("validate", &engine_config::validate);
+
+    py::class_<generate_result>(m, "GenerateResult")
+        .def_readonly("tokens", &generate_result::tokens)
+        .def_readonly("finish_reason", &generate_result::finish_reason)
+        .def_property_readonly("n_prompt", [](const generate_result & r) { return r.stats.n_prompt; })
+        .def_property_readonly("n_generated", [](const generate_result & r) { return r.stats.n_generated; })
+        .def_property_readonly("prefill_seconds", [](const generate_result & r) { return r.stats.prefill_seconds; })
+        .def_property_readonly("decode_seconds", [](const generate_result & r) { return r.stats.decode_seconds; });
+
+    py::class_<session>(m, "Session")
+        .def("eval", [](session & s, const std::vector<int32_t> & tokens, bool all_logits) {
+            std::vector<float> logits;
+            {
+                py::gil_scoped_release nogil;
+                logits = s.eval(tokens, all_logits);
+            }
+            const int64_t V = s.n_vocab();
+            const int64_t rows = static_cast<int64_t>(logits.size()) / V;
+            py::array_t<float> out({rows, V});
+            std::memcpy(out.mutable_data(), logits.data(), logits.size() * sizeof(float));
+            return out;
+        }, py::arg("tokens"), py::arg("all_logits") = true)
+        .def("generate", [](session & s, const std::vector<int32_t> & prompt, uint32_t max_tokens,
+                            const sampling_params & sampling, const std::vector<int32_t> & stop_tokens,
+                            py::object on_token) {
+            generate_params p;
+            p.max_tokens = max_tokens;
+            p.sampling = sampling;
+            p.stop_tokens = stop_tokens;
+            token_callback cb;
+            if (!on_token.is_none()) {
+                cb = [on_token](int32_t t) {
+                    py::gil_scoped_acquire gil;
+                    py::object r = on_token(t);
+                    return r.is_none() || r.cast<bool>();
+                };
+            }
+            py::gil_scoped_release nogil;
+            return s.generate(prompt, p, cb);
+        }, py::arg("prompt"), py::arg("max_tokens"), py::arg("sampling"), py::arg("stop_tokens"),
+           py::arg("on_token") = py::none())
+        .def("reset", &session::reset, py::call_guard<py::gil_scoped_release>())
+        .def_property_readonly("n_past", &session::n_past)
+        .def_property_readonly("tokens", &session::tokens)
+        .def_property_readonly("pending_token", &session::pending_token)
+        .def_property_readonly("n_ctx", &session::n_ctx)
+        .def_property_readonly("n_vocab", &session::n_vocab);
+
+    py::class_<engine>(m, "Engine")
+        .def(py::init([](const engine_config & cfg, py::object progress) {
+            progress_callback cb;
+            if (!progress.is_none()) {
+                cb = [progress](uint64_t done, uint64_t total) {
+                    py::gil_scoped_acquire gil;
+                    progress(done, total);
+                };
+            }
+            py::gil_scoped_release nogil;
+            return std::make_unique<engine>(cfg, cb);
+        }), py::arg("config"), py::arg("progress") = py::none())
+        .def("new_session", &engine::new_session, py::call_guard<py::gil_scoped_release>(), py::keep_alive<0, 1>())
+        .def_property_readonly("hparams", &engine::hparams, py::return_value_policy::reference_internal)
+        .def_property_readonly("device_name", &engine::device_name)
+        .def_property_readonly("device_description", &engine::device_description)
+        .def("plan", [](const engine & e) {
+            const memory_plan p = e.plan();
+            py::dict d;
+            d["target_weight_bytes"] = p.target_weight_bytes;
+            d["kv_bytes"] = p.kv_bytes;
+            d["recurrent_bytes"] = p.recurrent_bytes;
+            d["total_bytes"] = p.total();
+            return d;
+        });
+}
+
+}  // namespace lucebox::bindings

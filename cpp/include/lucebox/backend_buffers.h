@@ -1,0 +1,53 @@
+// Tensors that live in one backend buffer: model weights loaded from a GGUF file, or engine
+// state (KV cache, recurrent state, feature ring). Owns the ggml context holding the tensor
+// metadata and the backend buffer holding the data.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "ggml-backend.h"
+#include "ggml.h"
+
+namespace lucebox {
+
+class gguf_file;
+
+// Called with (bytes done, bytes total) while loading.
+using progress_callback = std::function<void(uint64_t, uint64_t)>;
+
+class tensor_store {
+  public:
+    tensor_store() = default;
+    tensor_store(const tensor_store &) = delete;
+    tensor_store & operator=(const tensor_store &) = delete;
+    tensor_store(tensor_store && o) noexcept;
+    tensor_store & operator=(tensor_store && o) noexcept;
+    ~tensor_store();
+
+    // Creates tensors through `define(ctx)` (which calls ggml_new_tensor on ctx), then allocates one
+    // buffer for all of them on `buft`. Throws out_of_memory_error naming `what`, the size needed
+    // and the device's free memory if the allocation fails.
+    static tensor_store allocate(ggml_backend_buffer_type_t buft, ggml_backend_dev_t dev, size_t max_tensors,
+                                 const std::function<void(ggml_context *)> & define, const std::string & what);
+
+    // Loads the named tensors of `file` (shapes and types as in the file) onto `buft`.
+    static tensor_store load(const gguf_file & file, const std::vector<std::string> & names,
+                             ggml_backend_buffer_type_t buft, ggml_backend_dev_t dev, const progress_callback & progress);
+
+    ggml_tensor * get(const std::string & name) const;   // throws if absent
+    ggml_tensor * find(const std::string & name) const;  // null if absent
+    size_t size_bytes() const { return buffer_ ? ggml_backend_buffer_get_size(buffer_) : 0; }
+    void clear();  // zero the whole buffer
+
+  private:
+    void release();
+    ggml_context * ctx_ = nullptr;
+    ggml_backend_buffer_t buffer_ = nullptr;
+    std::unordered_map<std::string, ggml_tensor *> by_name_;
+};
+
+}  // namespace lucebox

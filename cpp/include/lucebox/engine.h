@@ -1,0 +1,117 @@
+// The engine: a loaded qwen35 target on one device, and sessions (sequences) that evaluate and
+// generate tokens on it. One call runs a whole prefill or generation in C++; committed tokens are
+// streamed through a callback. Sessions of one engine share its compute scheduler, so calls into
+// them are serialised by the engine.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "lucebox/backend_buffers.h"
+#include "lucebox/memory_plan.h"
+#include "lucebox/models.h"
+#include "lucebox/sampling.h"
+
+namespace lucebox {
+
+struct engine_config {
+    std::string model_path;
+    uint32_t n_ctx = 4096;            // tokens per session; at most the model's trained context
+    std::string kv_type_k = "f16";    // f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1
+    std::string kv_type_v = "f16";
+    std::string device = "auto";      // auto | cpu | cuda | cuda:N | a ggml device name (CUDA0)
+    uint32_t n_ubatch = 512;          // prefill micro-batch (tokens per forward)
+    int n_threads = 0;                // CPU threads (0: all hardware threads)
+    std::vector<int32_t> capture_layers;  // layer inputs captured into the feature ring (n_layer: final hidden)
+
+    void validate() const;  // throws config_error
+};
+
+struct generate_params {
+    uint32_t max_tokens = 256;
+    sampling_params sampling;
+    std::vector<int32_t> stop_tokens;  // generation ends (without emitting it) at any of these
+};
+
+struct generate_stats {
+    uint32_t n_prompt = 0;      // tokens prefilled by this call
+    uint32_t n_generated = 0;   // tokens emitted
+    double prefill_seconds = 0;
+    double decode_seconds = 0;  // from the first generated token to the last
+};
+
+struct generate_result {
+    std::vector<int32_t> tokens;  // generated ids (stop token excluded)
+    std::string finish_reason;    // "stop" | "length" | "context" | "cancelled"
+    generate_stats stats;
+};
+
+// Receives each committed token; return false to stop generating.
+using token_callback = std::function<bool(int32_t)>;
+
+class session;
+
+class engine {
+  public:
+    explicit engine(const engine_config & cfg, const progress_callback & progress = {});
+    ~engine();
+    engine(const engine &) = delete;
+    engine & operator=(const engine &) = delete;
+
+    const engine_config & config() const;
+    const qwen35_hparams & hparams() const;
+    memory_plan plan() const;
+    std::string device_name() const;         // e.g. "CUDA0", "CPU"
+    std::string device_description() const;  // e.g. "NVIDIA H200"
+
+    std::unique_ptr<session> new_session();
+
+    struct impl;
+
+  private:
+    std::unique_ptr<impl> impl_;
+};
+
+class session {
+  public:
+    ~session();
+    session(const session &) = delete;
+    session & operator=(const session &) = delete;
+
+    // Appends `tokens` to the context and returns their logits, row-major [n_rows, n_vocab]:
+    // every position when all_logits, else only the last. Throws config_error if the tokens do not
+    // fit in the context or are outside the vocabulary; the session is unchanged then.
+    std::vector<float> eval(const std::vector<int32_t> & tokens, bool all_logits);
+
+    // Appends `prompt` and generates. The last emitted token is not evaluated until the next call
+    // (which feeds it first), so a one-shot generation costs no extra forward; `prompt` may be empty
+    // when such a pending token exists.
+    generate_result generate(const std::vector<int32_t> & prompt, const generate_params & params,
+                             const token_callback & on_token);
+
+    void reset();  // empty context
+    uint32_t n_past() const { return static_cast<uint32_t>(tokens_.size()); }  // evaluated tokens
+    const std::vector<int32_t> & tokens() const { return tokens_; }
+    int32_t pending_token() const { return pending_; }  // -1 if none
+    uint32_t n_ctx() const;
+    uint32_t n_vocab() const;
+
+  private:
+    friend class engine;
+    struct state;
+    session(engine::impl * eng, std::unique_ptr<state> st);
+    // Runs `n` tokens (already validated) through the model in micro-batches. Returns logits of the
+    // requested rows; when `argmax` is set and only the last row is wanted, returns its argmax instead.
+    std::vector<float> forward(const int32_t * tokens, uint32_t n, bool all_logits, int32_t * argmax);
+    void check_fits(size_t n_new) const;
+
+    engine::impl * eng_;
+    std::unique_ptr<state> st_;
+    std::vector<int32_t> tokens_;  // evaluated tokens, in order
+    int32_t pending_ = -1;         // emitted by generate() but not yet evaluated
+};
+
+}  // namespace lucebox

@@ -1,0 +1,24 @@
+// Shared ggml graph builders for the model files. Shapes use ggml order ([ne0, ne1, ...]);
+// T = tokens in the batch, E = hidden size. Every intermediate gets a name (layer-suffixed).
+#pragma once
+
+#include <string>
+
+#include "ggml.h"
+
+namespace lucebox::graph {
+
+// Names a tensor "<name>-<layer>" (layer < 0: just "<name>") and returns it.
+ggml_tensor * named(ggml_tensor * t, const char * name, int layer = -1);
+
+// RMSNorm over ne0, times the gain `w` ([ne0]); w may be null.
+ggml_tensor * rms_norm(ggml_context * ctx, ggml_tensor * x, ggml_tensor * w, float eps);
+
+// x / sqrt(sum(x^2) + eps) over ne0 (the L2 norm Qwen's DeltaNet applies to q and k).
+ggml_tensor * l2_norm(ggml_context * ctx, ggml_tensor * x, float eps);
+
+// SwiGLU FFN: down(silu(gate x) * up x). x [E, T] -> [E, T].
+ggml_tensor * swiglu_ffn(ggml_context * ctx, ggml_tensor * x, ggml_tensor * w_gate, ggml_tensor * w_up,
+                         ggml_tensor * w_down, int layer);
+
+}  // namespace lucebox::graph

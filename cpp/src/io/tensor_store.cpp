@@ -1,0 +1,159 @@
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+
+#include "lucebox/backend_buffers.h"
+#include "lucebox/errors.h"
+#include "lucebox/gguf_file.h"
+
+namespace lucebox {
+
+namespace {
+std::string gib(uint64_t n) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.2f GiB", n / 1073741824.0);
+    return buf;
+}
+}  // namespace
+
+tensor_store::tensor_store(tensor_store && o) noexcept
+    : ctx_(o.ctx_), buffer_(o.buffer_), by_name_(std::move(o.by_name_)) {
+    o.ctx_ = nullptr;
+    o.buffer_ = nullptr;
+}
+
+tensor_store & tensor_store::operator=(tensor_store && o) noexcept {
+    if (this != &o) {
+        release();
+        ctx_ = o.ctx_;
+        buffer_ = o.buffer_;
+        by_name_ = std::move(o.by_name_);
+        o.ctx_ = nullptr;
+        o.buffer_ = nullptr;
+    }
+    return *this;
+}
+
+tensor_store::~tensor_store() { release(); }
+
+void tensor_store::release() {
+    by_name_.clear();
+    if (buffer_) {
+        ggml_backend_buffer_free(buffer_);
+        buffer_ = nullptr;
+    }
+    if (ctx_) {
+        ggml_free(ctx_);
+        ctx_ = nullptr;
+    }
+}
+
+tensor_store tensor_store::allocate(ggml_backend_buffer_type_t buft, ggml_backend_dev_t dev, size_t max_tensors,
+                                    const std::function<void(ggml_context *)> & define, const std::string & what) {
+    tensor_store s;
+    ggml_init_params ip{ggml_tensor_overhead() * (max_tensors + 1), nullptr, /*no_alloc=*/true};
+    s.ctx_ = ggml_init(ip);
+    if (s.ctx_ == nullptr) {
+        throw out_of_memory_error("could not create a ggml context for " + what);
+    }
+    define(s.ctx_);
+    size_t needed = 0;
+    for (ggml_tensor * t = ggml_get_first_tensor(s.ctx_); t != nullptr; t = ggml_get_next_tensor(s.ctx_, t)) {
+        needed += ggml_backend_buft_get_alloc_size(buft, t);
+        s.by_name_[ggml_get_name(t)] = t;
+    }
+    if (needed == 0) {
+        return s;
+    }
+    s.buffer_ = ggml_backend_alloc_ctx_tensors_from_buft(s.ctx_, buft);
+    if (s.buffer_ == nullptr) {
+        size_t free = 0, total = 0;
+        if (dev != nullptr) {
+            ggml_backend_dev_memory(dev, &free, &total);
+        }
+        throw out_of_memory_error("out of memory allocating " + what + ": needed " + gib(needed) + " on " +
+                                  ggml_backend_buft_name(buft) + " (device free: " + gib(free) + " of " + gib(total) +
+                                  ")");
+    }
+    ggml_backend_buffer_set_usage(s.buffer_, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+    return s;
+}
+
+tensor_store tensor_store::load(const gguf_file & file, const std::vector<std::string> & names,
+                                ggml_backend_buffer_type_t buft, ggml_backend_dev_t dev, const progress_callback & progress) {
+    std::vector<const gguf_tensor_entry *> entries;
+    uint64_t total = 0;
+    for (const std::string & n : names) {
+        const gguf_tensor_entry * e = file.find_tensor(n);
+        if (e == nullptr) {
+            throw gguf_error(file.where() + "missing tensor '" + n + "'");
+        }
+        entries.push_back(e);
+        total += e->nbytes;
+    }
+    tensor_store s = allocate(buft, dev, entries.size(), [&](ggml_context * ctx) {
+        for (const gguf_tensor_entry * e : entries) {
+            ggml_tensor * t = ggml_new_tensor(ctx, e->type, 4, e->ne.data());
+            ggml_set_name(t, e->name.c_str());
+        }
+    }, "the weights of '" + file.path() + "'");
+
+    std::unique_ptr<FILE, int (*)(FILE *)> fp(std::fopen(file.path().c_str(), "rb"), &std::fclose);
+    if (!fp) {
+        throw gguf_error(file.where() + "cannot open for reading (" + std::strerror(errno) + ")");
+    }
+    const bool host = ggml_backend_buffer_is_host(s.buffer_);
+    std::vector<uint8_t> staging;
+    uint64_t done = 0;
+    for (const gguf_tensor_entry * e : entries) {
+        ggml_tensor * t = s.get(e->name);
+        if (fseeko(fp.get(), static_cast<off_t>(e->offset), SEEK_SET) != 0) {
+            throw gguf_error(file.where() + "seek failed for tensor '" + e->name + "'");
+        }
+        const size_t chunk = 64u << 20;
+        for (uint64_t off = 0; off < e->nbytes; off += chunk) {
+            const size_t n = static_cast<size_t>(std::min<uint64_t>(chunk, e->nbytes - off));
+            uint8_t * dst = nullptr;
+            if (host) {
+                dst = static_cast<uint8_t *>(t->data) + off;
+            } else {
+                staging.resize(std::max(staging.size(), n));
+                dst = staging.data();
+            }
+            if (std::fread(dst, 1, n, fp.get()) != n) {
+                throw gguf_error(file.where() + "truncated while reading tensor '" + e->name + "'");
+            }
+            if (!host) {
+                ggml_backend_tensor_set(t, dst, off, n);
+            }
+            done += n;
+            if (progress) {
+                progress(done, total);
+            }
+        }
+    }
+    return s;
+}
+
+ggml_tensor * tensor_store::find(const std::string & name) const {
+    auto it = by_name_.find(name);
+    return it == by_name_.end() ? nullptr : it->second;
+}
+
+ggml_tensor * tensor_store::get(const std::string & name) const {
+    ggml_tensor * t = find(name);
+    if (t == nullptr) {
+        throw error("internal: tensor '" + name + "' was not loaded");
+    }
+    return t;
+}
+
+void tensor_store::clear() {
+    if (buffer_) {
+        ggml_backend_buffer_clear(buffer_, 0);
+    }
+}
+
+}  // namespace lucebox

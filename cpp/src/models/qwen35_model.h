@@ -1,0 +1,94 @@
+// qwen35 runtime pieces: weights bound to ggml tensors, per-sequence state, and the forward graph.
+// Internal to the core (used by the engine); hparams and tensor layout are in lucebox/models.h.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "ggml-backend.h"
+#include "ggml.h"
+#include "lucebox/backend_buffers.h"
+#include "lucebox/models.h"
+
+namespace lucebox {
+
+struct qwen35_layer_weights {
+    ggml_tensor * attn_norm = nullptr;            // [E]
+    ggml_tensor * post_attention_norm = nullptr;  // [E] (pre-FFN norm)
+    ggml_tensor * ffn_gate = nullptr;             // [E, n_ff]
+    ggml_tensor * ffn_up = nullptr;               // [E, n_ff]
+    ggml_tensor * ffn_down = nullptr;             // [n_ff, E]
+    // Gated DeltaNet
+    ggml_tensor * ssm_qkv = nullptr;      // [E, conv_dim]   rows: q (key_dim), k (key_dim), v (value_dim)
+    ggml_tensor * ssm_gate = nullptr;     // [E, value_dim]  z
+    ggml_tensor * ssm_conv1d = nullptr;   // [d_conv, conv_dim]
+    ggml_tensor * ssm_dt_bias = nullptr;  // [Hv]
+    ggml_tensor * ssm_a = nullptr;        // [Hv]  = -exp(A_log)
+    ggml_tensor * ssm_beta = nullptr;     // [E, Hv]
+    ggml_tensor * ssm_alpha = nullptr;    // [E, Hv]
+    ggml_tensor * ssm_norm = nullptr;     // [dk]
+    ggml_tensor * ssm_out = nullptr;      // [value_dim, E]
+    // gated attention
+    ggml_tensor * wq = nullptr;       // [E, 2*H*hd]  per head: hd query then hd gate
+    ggml_tensor * wk = nullptr;       // [E, Hkv*hd]
+    ggml_tensor * wv = nullptr;       // [E, Hkv*hd]
+    ggml_tensor * wo = nullptr;       // [H*hd, E]
+    ggml_tensor * q_norm = nullptr;   // [hd]
+    ggml_tensor * k_norm = nullptr;   // [hd]
+};
+
+struct qwen35_weights {
+    ggml_tensor * token_embd = nullptr;   // [E, V]
+    ggml_tensor * output_norm = nullptr;  // [E]
+    ggml_tensor * output = nullptr;       // [E, V] (token_embd when tied)
+    std::vector<qwen35_layer_weights> layers;
+};
+
+// Names of the tensors the forward pass uses (MTP blocks and extras are not loaded).
+std::vector<std::string> qwen35_used_tensors(const qwen35_hparams & hp, const gguf_file & file);
+qwen35_weights bind_qwen35_weights(const qwen35_hparams & hp, const tensor_store & store);
+
+// State of one sequence: KV cache of the attention layers, conv + ssm state of the DeltaNet
+// layers, and the ring of captured hidden features. Per-layer vectors are indexed by layer
+// (null where the layer has no such state).
+struct qwen35_state {
+    uint32_t kv_size = 0;  // cache capacity in tokens (multiple of the KV padding)
+    std::vector<ggml_tensor *> k;     // [Hkv*hd, kv_size] of kv_type_k
+    std::vector<ggml_tensor *> v;     // [Hkv*hd, kv_size] of kv_type_v
+    std::vector<ggml_tensor *> conv;  // [d_conv-1, conv_dim] F32: the last d_conv-1 conv inputs
+    std::vector<ggml_tensor *> ssm;   // [dk, dk, Hv] F32: the recurrent state (k index fastest)
+    std::vector<int32_t> capture_layers;  // layer ids whose *input* is captured (n_layer: final hidden)
+    std::vector<ggml_tensor *> ring;  // per capture layer: [E, ring_size] F32
+    uint32_t ring_size = 0;
+    tensor_store store;
+
+    static qwen35_state allocate(const qwen35_hparams & hp, uint32_t kv_size, ggml_type type_k, ggml_type type_v,
+                                 const std::vector<int32_t> & capture_layers, uint32_t ring_size,
+                                 ggml_backend_buffer_type_t buft, ggml_backend_dev_t dev);
+};
+
+// Input tensors of one forward graph, filled by the caller before compute.
+struct qwen35_inputs {
+    ggml_tensor * tokens = nullptr;    // [T] I32
+    ggml_tensor * pos = nullptr;       // [4*T] I32: IMRoPE streams (t, h, w = position; extra = 0)
+    ggml_tensor * kq_mask = nullptr;   // [n_kv, T] F16: 0 where visible, -inf elsewhere
+    ggml_tensor * kv_rows = nullptr;   // [T] I64: cache rows written by this batch (= positions)
+    ggml_tensor * ring_rows = nullptr; // [T] I64: feature ring rows (positions mod ring size), if capturing
+    ggml_tensor * out_rows = nullptr;  // [n_out] I32: batch rows whose logits are produced (null: all rows)
+};
+
+struct qwen35_graph {
+    ggml_cgraph * gf = nullptr;
+    qwen35_inputs in;
+    ggml_tensor * logits = nullptr;  // [V, n_out] F32
+    ggml_tensor * argmax = nullptr;  // [n_out] I32 (when requested)
+};
+
+// Builds the forward graph of T tokens appended at positions [n_past, n_past+T) whose attention
+// sees the first n_kv cache rows. The graph updates the state in place (KV rows, conv/ssm state,
+// feature ring). `ctx` must be a no_alloc context large enough for the graph's tensors.
+qwen35_graph build_qwen35_graph(ggml_context * ctx, const qwen35_hparams & hp, const qwen35_weights & w,
+                                const qwen35_state & st, uint32_t n_tokens, uint32_t n_kv, uint32_t n_out,
+                                bool want_argmax);
+
+}  // namespace lucebox

@@ -1,0 +1,128 @@
+"""Typed configuration of the engine and of sampling, validated at construction.
+
+These dataclasses are the Python face of the C++ structs `engine_config` and `sampling_params`
+(cpp/include/lucebox/engine.h, sampling.h); `to_core()` converts them.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from lucebox import _core
+from lucebox.errors import ConfigError
+
+KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
+SPEC_MODES = ("auto", "off", "chain")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How an engine loads and runs a model.
+
+    ctx: tokens of context per session. kv_type_k / kv_type_v: KV cache types. device: "auto"
+    (first GPU, else CPU), "cpu", "cuda", "cuda:N" or a ggml device name. ubatch: prefill
+    micro-batch. threads: CPU threads (0: all). spec: speculative decoding mode ("off" until a
+    draft is given; "chain" needs a DFlash draft).
+    """
+
+    ctx: int = 4096
+    kv_type_k: str = "f16"
+    kv_type_v: str = "f16"
+    device: str = "auto"
+    ubatch: int = 512
+    threads: int = 0
+    spec: str = "auto"
+    capture_layers: tuple[int, ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        _check_int("ctx", self.ctx, 1, 1 << 24)
+        _check_int("ubatch", self.ubatch, 1, 8192)
+        _check_int("threads", self.threads, 0, 4096)
+        for name in ("kv_type_k", "kv_type_v"):
+            value = getattr(self, name)
+            if value not in KV_TYPES:
+                raise ConfigError(f"{name}={value!r} is not a supported KV cache type (expected one of {', '.join(KV_TYPES)})")
+        if not isinstance(self.device, str) or not self.device:
+            raise ConfigError(f"device={self.device!r} must be a non-empty string")
+        if self.spec not in SPEC_MODES:
+            raise ConfigError(f"spec={self.spec!r} must be one of {', '.join(SPEC_MODES)}")
+
+    def to_core(self, model_path: str) -> _core.EngineConfig:
+        c = _core.EngineConfig()
+        c.model_path = model_path
+        c.n_ctx = self.ctx
+        c.kv_type_k = self.kv_type_k
+        c.kv_type_v = self.kv_type_v
+        c.device = self.device
+        c.n_ubatch = self.ubatch
+        c.n_threads = self.threads
+        c.capture_layers = list(self.capture_layers)
+        return c
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """Token sampling. temperature 0 is greedy; the filters apply in the order penalties,
+    top_k, temperature, top_p, min_p (as in llama.cpp's default chain)."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    penalty_last_n: int = 64
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _check_float("temperature", self.temperature, 0.0, math.inf, lo_open=False)
+        _check_int("top_k", self.top_k, 0, 1 << 31)
+        _check_float("top_p", self.top_p, 0.0, 1.0, lo_open=True)
+        _check_float("min_p", self.min_p, 0.0, 1.0, lo_open=False, hi_open=True)
+        _check_float("presence_penalty", self.presence_penalty, -math.inf, math.inf)
+        _check_float("frequency_penalty", self.frequency_penalty, -math.inf, math.inf)
+        _check_float("repetition_penalty", self.repetition_penalty, 0.0, math.inf, lo_open=True)
+        _check_int("penalty_last_n", self.penalty_last_n, -1, 1 << 31)
+        _check_int("seed", self.seed, 0, (1 << 64) - 1)
+
+    def to_core(self) -> _core.SamplingParams:
+        p = _core.SamplingParams()
+        for name in ("temperature", "top_k", "top_p", "min_p", "presence_penalty", "frequency_penalty",
+                     "repetition_penalty", "penalty_last_n", "seed"):
+            setattr(p, name, getattr(self, name))
+        return p
+
+
+def _check_int(name: str, value: object, lo: int, hi: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{name}={value!r} must be an integer")
+    if not lo <= value <= hi:
+        raise ConfigError(f"{name}={value} must be in [{lo}, {hi}]")
+
+
+def _check_float(name: str, value: object, lo: float, hi: float, *, lo_open: bool = False,
+                 hi_open: bool = False) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{name}={value!r} must be a number")
+    v = float(value)
+    if math.isnan(v) or math.isinf(v) and not (math.isinf(lo) and v < 0 or math.isinf(hi) and v > 0):
+        raise ConfigError(f"{name}={value!r} must be finite")
+    if math.isinf(v):
+        raise ConfigError(f"{name}={value!r} must be finite")
+    if (v <= lo if lo_open else v < lo) or (v >= hi if hi_open else v > hi):
+        lb = "(" if lo_open else "["
+        rb = ")" if hi_open else "]"
+        raise ConfigError(f"{name}={value} must be in {lb}{lo}, {hi}{rb}")
+
+
+def stop_list(stop: str | Sequence[str] | None) -> list[str]:
+    """Normalise the `stop` argument (a string or a list of strings) and validate it."""
+    if stop is None:
+        return []
+    items = [stop] if isinstance(stop, str) else list(stop)
+    for s in items:
+        if not isinstance(s, str) or not s:
+            raise ConfigError(f"stop strings must be non-empty strings, got {s!r}")
+    return items

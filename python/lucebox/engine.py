@@ -1,0 +1,284 @@
+"""`lucebox.Engine` and `lucebox.Session`: load a qwen35 GGUF and generate.
+
+The C++ core runs every forward pass and the whole token loop with the GIL released; Python
+turns text or chat messages into token ids, applies stop strings, and streams decoded text.
+"""
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Sequence, Union
+
+import numpy as np
+
+from lucebox import _core
+from lucebox.chat_template import ChatTemplate
+from lucebox.config import EngineConfig, SamplingConfig, stop_list
+from lucebox.errors import ConfigError, UnsupportedError
+from lucebox.tokenizer import Tokenizer
+
+Prompt = Union[str, Sequence[int], Sequence[dict]]
+
+
+@dataclass
+class GenerationStats:
+    n_prompt: int
+    n_generated: int
+    prefill_seconds: float
+    decode_seconds: float
+
+    @property
+    def prefill_tokens_per_second(self) -> float:
+        return self.n_prompt / self.prefill_seconds if self.prefill_seconds > 0 else 0.0
+
+    @property
+    def decode_tokens_per_second(self) -> float:
+        return self.n_generated / self.decode_seconds if self.decode_seconds > 0 else 0.0
+
+
+@dataclass
+class GenerationResult:
+    """A finished generation: text (stop string excluded), token ids, why it ended, and stats.
+    finish_reason is "stop" (stop token or string), "length" (max_tokens), "context" (the
+    context is full) or "cancelled"."""
+
+    text: str
+    tokens: list[int]
+    finish_reason: str
+    stats: GenerationStats
+
+
+@dataclass
+class GenerationChunk:
+    """One streamed piece: new text and the token ids that produced it. The last chunk has
+    finish_reason set and carries the final stats."""
+
+    text: str
+    tokens: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    stats: GenerationStats | None = None
+
+
+class Engine:
+    """A qwen35 target loaded on one device.
+
+    >>> engine = lucebox.Engine("model.gguf", ctx=8192)
+    >>> engine.generate("Hello", max_tokens=32).text
+    """
+
+    def __init__(self, model: str | os.PathLike[str], draft: str | os.PathLike[str] | None = None, *,
+                 ctx: int = 4096, kv_type: str | None = None, kv_type_k: str = "f16", kv_type_v: str = "f16",
+                 device: str = "auto", spec: str = "auto", ubatch: int = 512, threads: int = 0,
+                 capture_layers: Sequence[int] = (), progress: Callable[[int, int], None] | None = None) -> None:
+        if kv_type is not None:
+            kv_type_k = kv_type_v = kv_type
+        self.config = EngineConfig(ctx=ctx, kv_type_k=kv_type_k, kv_type_v=kv_type_v, device=device,
+                                   ubatch=ubatch, threads=threads, spec=spec,
+                                   capture_layers=tuple(capture_layers))
+        self.model_path = os.fspath(model)
+        target = _core.TargetFile.open(self.model_path)
+        if draft is not None:
+            draft_file = _core.DraftFile.open(os.fspath(draft))
+            _core.validate_draft(target, draft_file)
+            if spec != "off":
+                raise UnsupportedError("speculative decoding with a DFlash draft is not implemented yet; "
+                                       "pass spec='off' or no draft")
+        elif spec == "chain":
+            raise ConfigError("spec='chain' needs a DFlash draft")
+        self.tokenizer = Tokenizer.from_gguf(self.model_path)
+        self.chat_template = ChatTemplate.from_gguf(self.model_path)
+        self._core = _core.Engine(self.config.to_core(self.model_path), progress)
+        self._default_session: Session | None = None
+
+    @property
+    def hparams(self) -> _core.Qwen35HParams:
+        return self._core.hparams
+
+    @property
+    def device(self) -> str:
+        return f"{self._core.device_name} ({self._core.device_description})"
+
+    def session(self) -> "Session":
+        """A new, empty sequence with its own KV cache and recurrent state."""
+        return Session(self)
+
+    def encode_prompt(self, prompt: Prompt, *, add_generation_prompt: bool = True,
+                      enable_thinking: bool | None = None, tools: list[dict[str, Any]] | None = None) -> list[int]:
+        """Token ids for a text prompt, chat messages (rendered with the model's template) or ids."""
+        if isinstance(prompt, str):
+            return self.tokenizer.encode(prompt)
+        items = list(prompt)
+        if not items:
+            raise ConfigError("the prompt is empty")
+        if all(isinstance(m, dict) for m in items):
+            text = self.chat_template.render(items, tools=tools, add_generation_prompt=add_generation_prompt,
+                                             enable_thinking=enable_thinking)
+            return self.tokenizer.encode(text, parse_special=True)
+        if all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in items):
+            return [int(t) for t in items]
+        raise ConfigError("prompt must be a string, a list of chat messages (dicts) or a list of token ids")
+
+    def generate(self, prompt: Prompt, *, max_tokens: int = 256, temperature: float = 0.0, top_k: int = 0,
+                 top_p: float = 1.0, min_p: float = 0.0, presence_penalty: float = 0.0,
+                 frequency_penalty: float = 0.0, repetition_penalty: float = 1.0, seed: int = 0,
+                 stop: str | Sequence[str] | None = None, stream: bool = False, tools: list[dict[str, Any]] | None = None,
+                 enable_thinking: bool | None = None) -> GenerationResult | Iterator[GenerationChunk]:
+        """Generate from a fresh session. Returns a GenerationResult, or an iterator of chunks when
+        stream=True. Raises ConfigError for invalid parameters or a prompt longer than the context,
+        before any work."""
+        ids = self.encode_prompt(prompt, tools=tools, enable_thinking=enable_thinking)
+        session = self.session()
+        kwargs = dict(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                      presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
+                      repetition_penalty=repetition_penalty, seed=seed, stop=stop)
+        if stream:
+            return session.stream(ids, **kwargs)
+        return session.generate(ids, **kwargs)
+
+
+class Session:
+    """One sequence on an engine: holds its context (KV cache and recurrent state).
+
+    `append(ids)` evaluates tokens; `generate(...)` continues the context; `reset()` empties it.
+    A session is not thread-safe; use one per concurrent request."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._core = engine._core.new_session()
+
+    @property
+    def n_past(self) -> int:
+        return self._core.n_past
+
+    @property
+    def tokens(self) -> list[int]:
+        """Evaluated tokens plus the pending (generated, not yet evaluated) one, if any."""
+        toks = list(self._core.tokens)
+        if self._core.pending_token >= 0:
+            toks.append(self._core.pending_token)
+        return toks
+
+    def reset(self) -> None:
+        self._core.reset()
+
+    def eval(self, tokens: Sequence[int], *, all_logits: bool = True) -> np.ndarray:
+        """Append tokens and return their logits, float32 [len(tokens) or 1, n_vocab]."""
+        return self._core.eval([int(t) for t in tokens], all_logits)
+
+    def append(self, tokens: Sequence[int]) -> None:
+        """Append tokens (prefill) without returning logits."""
+        self._core.eval([int(t) for t in tokens], False)
+
+    def _prepare(self, prompt: Prompt, max_tokens: int, stop: str | Sequence[str] | None,
+                 **sampling: Any) -> tuple[list[int], SamplingConfig, list[str]]:
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
+            raise ConfigError(f"max_tokens={max_tokens!r} must be a non-negative integer")
+        ids = self.engine.encode_prompt(prompt) if not (isinstance(prompt, (list, tuple)) and not prompt) else []
+        return ids, SamplingConfig(**sampling), stop_list(stop)
+
+    def _run(self, ids: list[int], max_tokens: int, sampling: SamplingConfig, stops: list[str],
+             emit: Callable[[str, list[int]], None],
+             cancelled: Callable[[], bool] = lambda: False) -> tuple[Any, str, list[int]]:
+        """Runs the C++ generation; `emit(text, ids)` receives decoded pieces. Returns the core
+        result, the full text (cut at a stop string) and the kept token ids."""
+        tok = self.engine.tokenizer
+        decoder = tok.incremental_decoder()
+        text_parts: list[str] = []
+        kept: list[int] = []
+        state = {"text": "", "stopped": False, "held": ""}
+        longest = max((len(s) for s in stops), default=0)
+
+        def on_token(t: int) -> bool:
+            kept.append(t)
+            piece = decoder.feed(t)
+            if not stops:
+                if piece:
+                    text_parts.append(piece)
+                    emit(piece, [t])
+                return not cancelled()
+            state["held"] += piece
+            full = state["text"] + state["held"]
+            hits = [full.find(s, max(0, len(state["text"]) - longest)) for s in stops]
+            hits = [h for h in hits if h >= 0]
+            if hits:
+                cut = min(hits)
+                out = full[len(state["text"]):cut]
+                if out:
+                    text_parts.append(out)
+                    emit(out, [t])
+                state["stopped"] = True
+                return False
+            # hold back a tail that could start a stop string
+            safe = len(full) - (longest - 1)
+            if safe > len(state["text"]):
+                out = full[len(state["text"]):safe]
+                state["text"] = full[:safe]
+                state["held"] = full[safe:]
+                text_parts.append(out)
+                emit(out, [t])
+            return not cancelled()
+
+        stop_ids = sorted(tok.eos_ids)
+        res = self._core.generate(ids, max_tokens, sampling.to_core(), stop_ids, on_token)
+        if not state["stopped"]:
+            tail = state["held"] + decoder.flush()
+            if tail:
+                text_parts.append(tail)
+                emit(tail, [])
+        return res, "".join(text_parts), kept
+
+    @staticmethod
+    def _stats(res: Any) -> GenerationStats:
+        return GenerationStats(res.n_prompt, res.n_generated, res.prefill_seconds, res.decode_seconds)
+
+    def generate(self, prompt: Prompt = (), *, max_tokens: int = 256, stop: str | Sequence[str] | None = None,
+                 **sampling: Any) -> GenerationResult:
+        """Append `prompt` (text, messages or ids) and generate up to max_tokens tokens."""
+        ids, cfg, stops = self._prepare(prompt, max_tokens, stop, **sampling)
+        res, text, kept = self._run(ids, max_tokens, cfg, stops, lambda _t, _i: None)
+        finish = "stop" if res.finish_reason == "cancelled" and stops else res.finish_reason
+        return GenerationResult(text=text, tokens=kept if stops else list(res.tokens), finish_reason=finish,
+                                stats=self._stats(res))
+
+    def stream(self, prompt: Prompt = (), *, max_tokens: int = 256, stop: str | Sequence[str] | None = None,
+               **sampling: Any) -> Iterator[GenerationChunk]:
+        """Like generate(), yielding chunks as tokens are committed. Parameters are validated
+        before the first chunk; closing the iterator cancels the generation."""
+        ids, cfg, stops = self._prepare(prompt, max_tokens, stop, **sampling)
+        q: queue.Queue[Any] = queue.Queue()
+        cancel = threading.Event()
+        done = object()
+
+        def emit(text: str, toks: list[int]) -> None:
+            q.put(GenerationChunk(text=text, tokens=toks))
+
+        def worker() -> None:
+            try:
+                res, _text, _kept = self._run(ids, max_tokens, cfg, stops, emit, cancel.is_set)
+                finish = "stop" if res.finish_reason == "cancelled" and not cancel.is_set() else res.finish_reason
+                q.put(GenerationChunk(text="", finish_reason=finish, stats=self._stats(res)))
+            except BaseException as exc:  # delivered to the consumer
+                q.put(exc)
+            finally:
+                q.put(done)
+
+        thread = threading.Thread(target=worker, name="lucebox-generate", daemon=True)
+        thread.start()
+        return self._drain(q, done, thread, cancel)
+
+    @staticmethod
+    def _drain(q: "queue.Queue[Any]", done: object, thread: threading.Thread,
+               cancel: threading.Event) -> Iterator[GenerationChunk]:
+        try:
+            while True:
+                item = q.get()
+                if item is done:
+                    break
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            cancel.set()
+            thread.join()

@@ -1,0 +1,541 @@
+// Token sampler: greedy, penalties, top-k / top-p / min-p, distribution(), RNG determinism, statistics.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <numeric>
+#include <vector>
+
+#include "check.h"
+#include "lucebox/errors.h"
+#include "lucebox/sampling.h"
+
+using namespace lucebox;
+
+namespace {
+
+const float NEG_INF = -std::numeric_limits<float>::infinity();
+
+int32_t greedy_of(const std::vector<float> & logits, const std::vector<int32_t> & history, sampling_params p) {
+    p.temperature = 0.0f;
+    sampler s(p);
+    return s.sample(logits.data(), static_cast<int32_t>(logits.size()), history);
+}
+
+std::vector<std::pair<int32_t, float>> dist_of(const std::vector<float> & logits, const sampling_params & p,
+                                               const std::vector<int32_t> & history = {}) {
+    sampler s(p);
+    return s.distribution(logits.data(), static_cast<int32_t>(logits.size()), history);
+}
+
+bool near(double a, double b, double tol = 1e-5) { return std::fabs(a - b) <= tol; }
+
+// Expected distribution as (id, prob) in the order distribution() must return.
+bool dist_equals(const std::vector<std::pair<int32_t, float>> & got,
+                 const std::vector<std::pair<int32_t, double>> & want, double tol = 1e-5) {
+    if (got.size() != want.size()) {
+        std::fprintf(stderr, "  distribution has %zu entries, expected %zu\n", got.size(), want.size());
+        return false;
+    }
+    for (size_t i = 0; i < got.size(); ++i) {
+        if (got[i].first != want[i].first || !near(got[i].second, want[i].second, tol)) {
+            std::fprintf(stderr, "  entry %zu: got (%d, %.7f), expected (%d, %.7f)\n", i, got[i].first,
+                         got[i].second, want[i].first, want[i].second);
+            return false;
+        }
+    }
+    return true;
+}
+
+// Logits whose T=1 softmax is `probs` (up to a constant).
+std::vector<float> logits_from_probs(const std::vector<double> & probs) {
+    std::vector<float> l;
+    for (double p : probs) l.push_back(p > 0 ? static_cast<float>(std::log(p)) : NEG_INF);
+    return l;
+}
+
+// Test-local deterministic logits generator (independent of the sampler's RNG).
+std::vector<float> random_logits(size_t n, uint64_t seed, float scale) {
+    std::vector<float> l(n);
+    uint64_t x = seed * 6364136223846793005ull + 1442695040888963407ull;
+    for (auto & v : l) {
+        double s = 0;
+        for (int k = 0; k < 4; ++k) {  // roughly normal
+            x = x * 6364136223846793005ull + 1442695040888963407ull;
+            s += static_cast<double>(x >> 11) * 0x1.0p-53;
+        }
+        v = static_cast<float>((s - 2.0) * scale);
+    }
+    return l;
+}
+
+// Naive reference of the whole chain (full sort, double math).
+std::vector<std::pair<int32_t, double>> reference(const std::vector<float> & logits, const sampling_params & p) {
+    std::vector<std::pair<float, int32_t>> c;
+    for (size_t i = 0; i < logits.size(); ++i) {
+        if (logits[i] != NEG_INF) c.emplace_back(logits[i], static_cast<int32_t>(i));
+    }
+    std::sort(c.begin(), c.end(), [](const auto & a, const auto & b) {
+        return a.first > b.first || (a.first == b.first && a.second < b.second);
+    });
+    if (p.top_k > 0 && static_cast<size_t>(p.top_k) < c.size()) c.resize(p.top_k);
+    std::vector<double> w;
+    for (const auto & e : c) w.push_back(std::exp((static_cast<double>(e.first) - c[0].first) / p.temperature));
+    double z = 0;
+    for (double v : w) z += v;
+    size_t keep = c.size();
+    if (p.top_p < 1.0f) {
+        double cum = 0;
+        for (size_t i = 0; i < c.size(); ++i) {
+            cum += w[i] / z;
+            if (cum >= p.top_p) {
+                keep = i + 1;
+                break;
+            }
+        }
+    }
+    if (p.min_p > 0.0f) {
+        size_t m = 0;
+        while (m < keep && w[m] / w[0] >= p.min_p) ++m;
+        keep = std::max<size_t>(m, 1);
+    }
+    double zk = 0;
+    for (size_t i = 0; i < keep; ++i) zk += w[i];
+    std::vector<std::pair<int32_t, double>> out;
+    for (size_t i = 0; i < keep; ++i) {
+        if (w[i] / zk > 0) out.emplace_back(c[i].second, w[i] / zk);
+    }
+    return out;
+}
+
+}  // namespace
+
+TEST_CASE(greedy_is_argmax_lowest_id_on_ties) {
+    sampling_params p;
+    CHECK(p.is_greedy());
+    CHECK(greedy_of({1.0f, 3.0f, 3.0f, 2.0f}, {}, p) == 1);
+    CHECK(greedy_of({5.0f, 1.0f, 5.0f}, {}, p) == 0);
+    CHECK(greedy_of({NEG_INF, NEG_INF, -7.5f}, {}, p) == 2);
+    CHECK(greedy_of({-3.0f, -1.0f, -2.0f, -1.0f}, {}, p) == 1);
+    // distribution() of a greedy sampler is the one-hot argmax.
+    const auto d = dist_of({0.5f, 2.0f, 2.0f}, p);
+    CHECK(d.size() == 1 && d[0].first == 1 && d[0].second == 1.0f);
+    // The greedy path draws nothing from the RNG.
+    sampler a(p), b(p);
+    const std::vector<float> l = {0.0f, 1.0f};
+    for (int i = 0; i < 10; ++i) a.sample(l.data(), 2, {});
+    CHECK(a.uniform() == b.uniform());
+}
+
+TEST_CASE(presence_penalty_changes_argmax) {
+    sampling_params p;
+    p.presence_penalty = 0.6f;  // 2.0 - 0.6 = 1.4 < 1.5
+    CHECK(greedy_of({2.0f, 1.5f, 1.0f}, {0}, p) == 1);
+    CHECK(greedy_of({2.0f, 1.5f, 1.0f}, {}, p) == 0);
+    p.presence_penalty = 0.4f;  // 1.6 > 1.5
+    CHECK(greedy_of({2.0f, 1.5f, 1.0f}, {0}, p) == 0);
+    // Presence counts once however often the token occurs: 2.0 - 0.4 = 1.6 > 1.5.
+    CHECK(greedy_of({2.0f, 1.5f, 1.0f}, {0, 0, 0, 0}, p) == 0);
+    // Negative presence penalty boosts: 1.0 + 1.2 = 2.2 > 2.0.
+    p.presence_penalty = -1.2f;
+    CHECK(greedy_of({2.0f, 1.5f, 1.0f}, {2}, p) == 2);
+}
+
+TEST_CASE(frequency_penalty_changes_argmax) {
+    sampling_params p;
+    p.frequency_penalty = 0.2f;
+    CHECK(greedy_of({2.0f, 1.5f}, {0}, p) == 0);        // 1.8
+    CHECK(greedy_of({2.0f, 1.5f}, {0, 0}, p) == 0);     // 1.6
+    CHECK(greedy_of({2.0f, 1.5f}, {0, 0, 0}, p) == 1);  // 1.4
+    CHECK(greedy_of({2.0f, 1.5f}, {0, 1, 0, 0}, p) == 0);  // 1.4 vs 1.3
+    CHECK(greedy_of({2.0f, 1.5f}, {0, 0, 0, 0}, p) == 1);  // 1.2 vs 1.5
+    CHECK(greedy_of({2.0f, 1.5f}, {0, 1, 1, 0, 0, 1, 1}, p) == 0);  // 1.4 vs 0.7
+}
+
+TEST_CASE(repetition_penalty_changes_argmax) {
+    sampling_params p;
+    p.repetition_penalty = 1.5f;
+    CHECK(greedy_of({2.0f, 1.5f}, {0}, p) == 1);  // 2 / 1.5 = 1.333 < 1.5
+    CHECK(greedy_of({2.0f, 1.2f}, {0}, p) == 0);  // 1.333 > 1.2
+    // Negative logits are multiplied: -1.0 * 1.5 = -1.5 < -1.2 (dividing would give -0.667 and keep id 0).
+    CHECK(greedy_of({-1.0f, -1.2f}, {0}, p) == 1);
+    // Repetition counts once: 3 occurrences are the same as one.
+    CHECK(greedy_of({2.0f, 1.3f}, {0, 0, 0}, p) == 0);  // 1.333 > 1.3
+    // rp < 1 rewards repeats: 1.0 / 0.5 = 2.0 > 1.5.
+    p.repetition_penalty = 0.5f;
+    CHECK(greedy_of({1.5f, 1.0f}, {1}, p) == 1);
+}
+
+TEST_CASE(penalty_window) {
+    sampling_params p;
+    p.presence_penalty = 0.5f;
+    const std::vector<float> l = {2.0f, 0.0f, 1.8f};
+    const std::vector<int32_t> h = {0, 1, 1};
+    p.penalty_last_n = 2;  // id 0 is outside the window
+    CHECK(greedy_of(l, h, p) == 0);
+    p.penalty_last_n = 3;  // 2.0 - 0.5 = 1.5 < 1.8
+    CHECK(greedy_of(l, h, p) == 2);
+    p.penalty_last_n = -1;
+    CHECK(greedy_of(l, h, p) == 2);
+    p.penalty_last_n = 100;
+    CHECK(greedy_of(l, h, p) == 2);
+    p.penalty_last_n = 0;  // no penalties
+    CHECK(greedy_of(l, h, p) == 0);
+    // Counts do not leak from one call to the next.
+    p.penalty_last_n = -1;
+    sampler s(p);
+    CHECK(s.sample(l.data(), 3, h) == 2);
+    CHECK(s.sample(l.data(), 3, {}) == 0);
+}
+
+TEST_CASE(penalty_order_repetition_then_frequency) {
+    // logits {2, 0}, id 0 seen twice, rp 2, frequency 0.5: 2 / 2 - 2 * 0.5 = 0 -> probs {0.5, 0.5}.
+    // The other order would give (2 - 1) / 2 = 0.5.
+    sampling_params p;
+    p.temperature = 1.0f;
+    p.repetition_penalty = 2.0f;
+    p.frequency_penalty = 0.5f;
+    const auto d = dist_of({2.0f, 0.0f}, p, {0, 0});
+    CHECK(dist_equals(d, {{0, 0.5}, {1, 0.5}}));
+    // Presence on top: 0 - 0.25 -> softmax(-0.25, 0).
+    p.presence_penalty = 0.25f;
+    const double e = std::exp(-0.25);
+    CHECK(dist_equals(dist_of({2.0f, 0.0f}, p, {0, 0}), {{1, 1.0 / (1.0 + e)}, {0, e / (1.0 + e)}}));
+}
+
+TEST_CASE(top_k_1_equals_greedy) {
+    const std::vector<float> l = random_logits(1000, 7, 3.0f);
+    const std::vector<int32_t> hist = {5, 17, 17, 400};
+    for (float t : {0.05f, 0.7f, 1.0f, 5.0f, 1000.0f}) {
+        for (uint64_t seed : {0ull, 1ull, 99ull}) {
+            sampling_params p;
+            p.temperature = t;
+            p.top_k = 1;
+            p.seed = seed;
+            p.frequency_penalty = 0.3f;
+            sampler s(p);
+            const int32_t g = greedy_of(l, hist, p);
+            for (int i = 0; i < 20; ++i) CHECK(s.sample(l.data(), 1000, hist) == g);
+            const auto d = s.distribution(l.data(), 1000, hist);
+            CHECK(d.size() == 1 && d[0].first == g && d[0].second == 1.0f);
+        }
+    }
+}
+
+TEST_CASE(top_k_keeps_k_best) {
+    sampling_params p;
+    p.temperature = 1.0f;
+    p.top_k = 2;
+    // probs by id {0.15, 0.5, 0.05, 0.3}: the two best are ids 1 and 3 -> {0.625, 0.375}.
+    const auto l = logits_from_probs({0.15, 0.5, 0.05, 0.3});
+    CHECK(dist_equals(dist_of(l, p), {{1, 0.625}, {3, 0.375}}));
+    // Ties at the boundary go to the lower id.
+    CHECK(dist_equals(dist_of({1.0f, 0.0f, 1.0f, 1.0f}, p), {{0, 0.5}, {2, 0.5}}));
+    // top_k larger than the vocabulary is the whole vocabulary.
+    p.top_k = 100;
+    CHECK(dist_of(l, p).size() == 4);
+}
+
+TEST_CASE(top_p_keeps_minimal_prefix) {
+    sampling_params p;
+    p.temperature = 1.0f;
+    const auto l = logits_from_probs({0.15, 0.5, 0.05, 0.3});  // sorted: 1 (0.5), 3 (0.3), 0 (0.15), 2 (0.05)
+    p.top_p = 0.45f;  // 0.5 alone reaches 0.45
+    CHECK(dist_equals(dist_of(l, p), {{1, 1.0}}));
+    p.top_p = 0.75f;  // 0.5 < 0.75 <= 0.8
+    CHECK(dist_equals(dist_of(l, p), {{1, 0.625}, {3, 0.375}}));
+    p.top_p = 0.81f;  // needs 0.95
+    CHECK(dist_equals(dist_of(l, p), {{1, 0.5 / 0.95}, {3, 0.3 / 0.95}, {0, 0.15 / 0.95}}));
+    p.top_p = 0.99f;
+    CHECK(dist_of(l, p).size() == 4);
+    p.top_p = 1.0f;
+    CHECK(dist_equals(dist_of(l, p), {{1, 0.5}, {3, 0.3}, {0, 0.15}, {2, 0.05}}));
+    // top_p sees the temperature-scaled distribution: at T = 0.5 probs are {25, 9, 2.25, 0.25} / 36.5,
+    // so 0.9 is reached by the first two (34 / 36.5 = 0.93), whereas at T = 1 it needs three.
+    p.temperature = 0.5f;
+    p.top_p = 0.9f;
+    CHECK(dist_equals(dist_of(l, p), {{1, 25.0 / 34.0}, {3, 9.0 / 34.0}}));
+    p.temperature = 1.0f;
+    CHECK(dist_of(l, p).size() == 3);
+}
+
+TEST_CASE(min_p_drops_below_fraction_of_max) {
+    sampling_params p;
+    p.temperature = 1.0f;
+    const auto l = logits_from_probs({0.15, 0.5, 0.05, 0.3});
+    p.min_p = 0.2f;  // threshold 0.1: drops 0.05
+    CHECK(dist_equals(dist_of(l, p), {{1, 0.5 / 0.95}, {3, 0.3 / 0.95}, {0, 0.15 / 0.95}}));
+    p.min_p = 0.5f;  // threshold 0.25: keeps 0.5, 0.3
+    CHECK(dist_equals(dist_of(l, p), {{1, 0.625}, {3, 0.375}}));
+    p.min_p = 0.65f;  // threshold 0.325: only the max
+    CHECK(dist_equals(dist_of(l, p), {{1, 1.0}}));
+    // Combined with top_p the tighter one wins: top_p 0.81 keeps 3, min_p 0.5 keeps 2.
+    p.min_p = 0.5f;
+    p.top_p = 0.81f;
+    CHECK(dist_of(l, p).size() == 2);
+    p.min_p = 0.2f;
+    p.top_p = 0.75f;
+    CHECK(dist_of(l, p).size() == 2);
+}
+
+TEST_CASE(distribution_matches_softmax_at_temperature_2) {
+    sampling_params p;
+    p.temperature = 2.0f;
+    // exp(l / 2) / sum for l = {1, 2, 3, 0}, computed independently.
+    const auto d = dist_of({1.0f, 2.0f, 3.0f, 0.0f}, p);
+    CHECK(dist_equals(d, {{2, 0.45505423392341127}, {1, 0.27600434470659363}, {0, 0.16740509727844333},
+                          {3, 0.1015363240915518}},
+                      1e-6));
+    double sum = 0;
+    for (const auto & e : d) sum += e.second;
+    CHECK(near(sum, 1.0, 1e-6));
+    // Masked tokens are absent, and shifting all logits changes nothing.
+    const auto m = dist_of({1001.0f, 1002.0f, 1003.0f, 1000.0f, NEG_INF}, p);
+    CHECK(dist_equals(m, {{2, 0.45505423392341127}, {1, 0.27600434470659363}, {0, 0.16740509727844333},
+                          {3, 0.1015363240915518}},
+                      1e-6));
+}
+
+TEST_CASE(distribution_matches_reference_on_larger_vocab) {
+    // Flat-ish logits over 5000 ids make top_p / min_p need thousands of candidates, exercising the
+    // incremental partial sort; compared with a naive full-sort reference.
+    const std::vector<float> l = random_logits(5000, 3, 1.0f);
+    struct cfg { float t; int32_t k; float tp; float mp; };
+    const cfg cfgs[] = {{1.0f, 0, 1.0f, 0.0f}, {1.0f, 0, 0.9f, 0.0f}, {0.3f, 0, 0.95f, 0.0f}, {1.0f, 0, 1.0f, 0.3f},
+                        {0.7f, 0, 0.8f, 0.1f}, {1.0f, 3000, 0.9f, 0.0f}, {1.3f, 40, 0.9f, 0.05f}, {0.01f, 0, 0.5f, 0.0f}};
+    for (const cfg & c : cfgs) {
+        sampling_params p;
+        p.temperature = c.t;
+        p.top_k = c.k;
+        p.top_p = c.tp;
+        p.min_p = c.mp;
+        const auto d = dist_of(l, p);
+        const auto r = reference(l, p);
+        CHECK(dist_equals(d, r, 1e-6));
+        double sum = 0;
+        for (const auto & e : d) sum += e.second;
+        CHECK(near(sum, 1.0, 1e-4));
+        for (size_t i = 1; i < d.size(); ++i) CHECK(d[i - 1].second >= d[i].second);
+    }
+}
+
+TEST_CASE(rng_is_pinned) {
+    // xoshiro256** seeded by splitmix64; values from an independent implementation.
+    sampling_params p;
+    sampler s(p);
+    CHECK(s.uniform() == 0x1.33d8be6d96ebep-1);
+    CHECK(s.uniform() == 0x1.7edc3ef092ac8p-1);
+    CHECK(s.uniform() == 0x1.a5f849d4933e0p-4);
+    s.reseed(12345);
+    CHECK(s.uniform() == 0x1.7cd46c6e82c1ap-1);
+    CHECK(s.uniform() == 0x1.0a555031bd344p-3);
+    CHECK(s.uniform() == 0x1.ed3a2dbd32a9ap-1);
+    p.seed = 12345;
+    sampler t(p);
+    CHECK(t.uniform() == 0x1.7cd46c6e82c1ap-1);
+}
+
+TEST_CASE(sample_is_inverse_cdf_of_distribution) {
+    const std::vector<float> l = random_logits(2000, 11, 2.0f);
+    sampling_params p;
+    p.temperature = 0.9f;
+    p.top_p = 0.95f;
+    p.seed = 5;
+    sampler s(p);
+    const auto d = s.distribution(l.data(), 2000, {});
+    int mismatches = 0;
+    for (int i = 0; i < 2000; ++i) {
+        s.reseed(1000 + i);
+        const double u = s.uniform();
+        s.reseed(1000 + i);
+        const int32_t got = s.sample(l.data(), 2000, {});
+        double cum = 0;
+        int32_t want = d.back().first;
+        for (const auto & e : d) {
+            cum += e.second;
+            if (cum > u) {
+                want = e.first;
+                break;
+            }
+        }
+        mismatches += got != want;
+    }
+    CHECK(mismatches == 0);
+}
+
+TEST_CASE(statistical_frequencies_match_distribution) {
+    const std::vector<float> l = {0.1f, 1.0f, -0.5f, 2.0f, 0.7f};
+    for (float top_p : {1.0f, 0.8f}) {
+        sampling_params p;
+        p.temperature = 0.8f;
+        p.top_p = top_p;
+        p.seed = 42;
+        sampler s(p);
+        const auto d = s.distribution(l.data(), 5, {});
+        std::vector<double> want(5, 0.0);
+        for (const auto & e : d) want[e.first] = e.second;
+        const int n = 200000;
+        std::vector<int> count(5, 0);
+        for (int i = 0; i < n; ++i) ++count[s.sample(l.data(), 5, {})];
+        double max_abs = 0, chi2 = 0;
+        for (int i = 0; i < 5; ++i) {
+            const double f = static_cast<double>(count[i]) / n;
+            max_abs = std::max(max_abs, std::fabs(f - want[i]));
+            if (want[i] > 0) chi2 += (count[i] - n * want[i]) * (count[i] - n * want[i]) / (n * want[i]);
+            else CHECK(count[i] == 0);  // truncated tokens are never drawn
+        }
+        std::printf("  top_p %.1f: %zu tokens, max |freq - prob| = %.5f, chi2 = %.2f\n", top_p, d.size(), max_abs,
+                    chi2);
+        CHECK(max_abs < 0.01);
+        CHECK(chi2 < 20.0);  // df <= 4: p ~ 5e-4
+    }
+}
+
+TEST_CASE(same_seed_same_sequence) {
+    const std::vector<float> l = {0.1f, 1.0f, -0.5f, 2.0f, 0.7f};
+    sampling_params p;
+    p.temperature = 1.5f;
+    p.seed = 7;
+    sampler a(p), b(p);
+    p.seed = 8;
+    sampler c(p);
+    std::vector<int32_t> sa, sb, sc;
+    for (int i = 0; i < 1000; ++i) {
+        sa.push_back(a.sample(l.data(), 5, {}));
+        sb.push_back(b.sample(l.data(), 5, {}));
+        sc.push_back(c.sample(l.data(), 5, {}));
+    }
+    CHECK(sa == sb);
+    CHECK(sa != sc);
+    // reseed restarts the stream.
+    a.reseed(7);
+    std::vector<int32_t> again;
+    for (int i = 0; i < 1000; ++i) again.push_back(a.sample(l.data(), 5, {}));
+    CHECK(again == sa);
+}
+
+TEST_CASE(validate_rejects_each_bad_field) {
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    const float inf = std::numeric_limits<float>::infinity();
+    sampling_params ok;
+    ok.validate();
+    ok.top_p = 1.0f;
+    ok.min_p = 0.0f;
+    ok.temperature = 0.0f;
+    ok.penalty_last_n = -1;
+    ok.presence_penalty = -2.0f;
+    ok.validate();
+
+    auto bad = [](auto mutate) {
+        sampling_params p;
+        mutate(p);
+        return p;
+    };
+    CHECK_THROWS(bad([](sampling_params & p) { p.temperature = -0.1f; }).validate(), config_error, "temperature");
+    CHECK_THROWS(bad([&](sampling_params & p) { p.temperature = nan; }).validate(), config_error, "temperature");
+    CHECK_THROWS(bad([&](sampling_params & p) { p.temperature = inf; }).validate(), config_error, ">= 0");
+    CHECK_THROWS(bad([](sampling_params & p) { p.top_k = -1; }).validate(), config_error, "top_k");
+    CHECK_THROWS(bad([](sampling_params & p) { p.top_p = 0.0f; }).validate(), config_error, "top_p must be in (0, 1]");
+    CHECK_THROWS(bad([](sampling_params & p) { p.top_p = 1.5f; }).validate(), config_error, "top_p");
+    CHECK_THROWS(bad([&](sampling_params & p) { p.top_p = nan; }).validate(), config_error, "top_p");
+    CHECK_THROWS(bad([](sampling_params & p) { p.min_p = -0.1f; }).validate(), config_error, "min_p must be in [0, 1)");
+    CHECK_THROWS(bad([](sampling_params & p) { p.min_p = 1.0f; }).validate(), config_error, "min_p");
+    CHECK_THROWS(bad([&](sampling_params & p) { p.presence_penalty = inf; }).validate(), config_error,
+                 "presence_penalty");
+    CHECK_THROWS(bad([&](sampling_params & p) { p.frequency_penalty = nan; }).validate(), config_error,
+                 "frequency_penalty");
+    CHECK_THROWS(bad([](sampling_params & p) { p.repetition_penalty = 0.0f; }).validate(), config_error,
+                 "repetition_penalty");
+    CHECK_THROWS(bad([](sampling_params & p) { p.repetition_penalty = -1.0f; }).validate(), config_error,
+                 "repetition_penalty");
+    CHECK_THROWS(bad([](sampling_params & p) { p.penalty_last_n = -2; }).validate(), config_error, "penalty_last_n");
+    // The constructor validates.
+    CHECK_THROWS(sampler(bad([](sampling_params & p) { p.top_p = 2.0f; })), config_error, "top_p");
+}
+
+TEST_CASE(bad_logits_and_history) {
+    sampling_params g;
+    sampling_params t;
+    t.temperature = 1.0f;
+    for (const sampling_params & p : {g, t}) {
+        sampler s(p);
+        const std::vector<float> nan_l = {0.0f, 1.0f, 2.0f, std::numeric_limits<float>::quiet_NaN()};
+        CHECK_THROWS(s.sample(nan_l.data(), 4, {}), error, "logits contain NaN at id 3");
+        CHECK_THROWS(s.distribution(nan_l.data(), 4, {}), error, "NaN at id 3");
+        const std::vector<float> inf_l = {0.0f, std::numeric_limits<float>::infinity()};
+        CHECK_THROWS(s.sample(inf_l.data(), 2, {}), error, "+inf at id 1");
+        const std::vector<float> masked = {NEG_INF, NEG_INF};
+        CHECK_THROWS(s.sample(masked.data(), 2, {}), error, "-inf");
+        const std::vector<float> l = {0.0f, 1.0f};
+        CHECK_THROWS(s.sample(nullptr, 2, {}), error, "no logits");
+        sampling_params pp = p;
+        pp.presence_penalty = 1.0f;
+        sampler sp(pp);
+        CHECK_THROWS(sp.sample(l.data(), 2, {0, 2}), error, "history token id 2");
+        CHECK_THROWS(sp.sample(l.data(), 2, {-1}), error, "outside the vocabulary");
+        // After the error the sampler still works and no counts leaked.
+        const int32_t after = sp.sample(l.data(), 2, {});
+        CHECK(p.is_greedy() ? after == 1 : (after == 0 || after == 1));
+        const auto d = sp.distribution(l.data(), 2, {});
+        if (!p.is_greedy()) CHECK(d.size() == 2 && d[0].first == 1 && near(d[0].second, 1.0 / (1.0 + std::exp(-1.0))));
+    }
+    // Masked tokens are never drawn.
+    sampler s(t);
+    const std::vector<float> l = {0.0f, NEG_INF, 0.0f, NEG_INF};
+    for (int i = 0; i < 1000; ++i) {
+        const int32_t id = s.sample(l.data(), 4, {});
+        CHECK(id == 0 || id == 2);
+    }
+}
+
+TEST_CASE(full_vocab_timing) {
+    const int32_t n_vocab = 248320;
+    const std::vector<float> l = random_logits(n_vocab, 2024, 4.0f);
+    std::vector<int32_t> history;
+    for (int i = 0; i < 200; ++i) history.push_back((i * 7919) % n_vocab);
+
+    std::vector<float> sorted = l;
+    std::nth_element(sorted.begin(), sorted.begin() + 39, sorted.end(), std::greater<float>());
+    const float kth = sorted[39];
+
+    struct cfg { const char * name; float t; int32_t k; float tp; float mp; float rp; };
+    const cfg cfgs[] = {{"greedy", 0.0f, 0, 1.0f, 0.0f, 1.0f},
+                        {"top_k=40 top_p=0.9 T=0.7", 0.7f, 40, 0.9f, 0.0f, 1.0f},
+                        {"top_k=40 top_p=0.9 T=0.7 rp=1.1", 0.7f, 40, 0.9f, 0.0f, 1.1f},
+                        {"top_k=20 top_p=0.95 T=0.6", 0.6f, 20, 0.95f, 0.0f, 1.0f},
+                        {"top_p=0.9 T=1", 1.0f, 0, 0.9f, 0.0f, 1.0f},
+                        {"min_p=0.05 T=1", 1.0f, 0, 1.0f, 0.05f, 1.0f},
+                        {"T=1 only", 1.0f, 0, 1.0f, 0.0f, 1.0f}};
+    for (const cfg & c : cfgs) {
+        sampling_params p;
+        p.temperature = c.t;
+        p.top_k = c.k;
+        p.top_p = c.tp;
+        p.min_p = c.mp;
+        p.repetition_penalty = c.rp;
+        p.seed = 1;
+        sampler s(p);
+        const int iters = 50;
+        int32_t id = 0;
+        const auto t0 = std::chrono::steady_clock::now();
+        for (int i = 0; i < iters; ++i) id = s.sample(l.data(), n_vocab, history);
+        const auto t1 = std::chrono::steady_clock::now();
+        const double ms = std::chrono::duration<double, std::milli>(t1 - t0).count() / iters;
+        std::printf("  vocab %d, %-32s %.3f ms/sample (last id %d)\n", n_vocab, c.name, ms, id);
+        CHECK(id >= 0 && id < n_vocab);
+        if (c.k == 40 && c.rp == 1.0f) CHECK(l[id] >= kth);
+    }
+    sampling_params p;
+    p.temperature = 0.7f;
+    p.top_k = 40;
+    p.top_p = 0.9f;
+    sampler s(p);
+    const auto d = s.distribution(l.data(), n_vocab, history);
+    CHECK(!d.empty() && d.size() <= 40);
+    double sum = 0;
+    for (const auto & e : d) sum += e.second;
+    CHECK(near(sum, 1.0, 1e-5));
+}
+
+TEST_MAIN()

@@ -1,0 +1,186 @@
+"""Upstream llama.cpp as the independent oracle for lucebox's numerics.
+
+Upstream llama.cpp at the pinned version (the ``llama-cpp-python`` build installed by
+``scripts/install_oracle.sh``) evaluates the same GGUF on the CPU; lucebox's logits must agree
+with it position by position (DESIGN.md, "Oracle agreement"). Everything here goes through the
+``llama_cpp.Llama`` class of llama-cpp-python 0.3.36, fed token ids directly (no tokenization):
+
+- ``logits_all=True``: every position of every ``llama_decode`` batch requests its logits
+  (``Llama.eval`` marks each batch entry), and ``Llama.scores[:n_tokens]`` holds them row by row;
+- ``flash_attn=True`` sets ``llama_context_params.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_ENABLED``
+  (llama.cpp refuses a quantized V cache without flash attention);
+- ``type_k`` / ``type_v`` are ggml type ids (``llama_cpp.GGML_TYPE_*``) written into
+  ``llama_context_params.type_k`` / ``type_v``;
+- ``n_batch`` is the most tokens per ``llama_decode`` call (``Llama.eval`` splits longer inputs),
+  ``n_ubatch`` the micro-batch llama.cpp splits each decode into; ``Llama`` clamps
+  ``n_batch <= n_ctx`` and ``n_ubatch <= n_batch``;
+- ``Llama.reset()`` clears the memory of a hybrid model (KV cache and recurrent state).
+
+The module imports ``llama_cpp`` lazily, so importing it never fails; callers skip when
+`available()` is false.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+#: Defaults: small enough for CI, large enough for the integration prompts.
+DEFAULT_N_CTX = 512
+DEFAULT_N_BATCH = 512
+DEFAULT_N_UBATCH = 512
+#: Threads for the oracle; ggml's CPU kernels split work by rows, so results do not depend on it.
+DEFAULT_N_THREADS = 2
+
+# ggml type names (as lucebox spells KV types) -> ggml type ids (enum ggml_type).
+_GGML_TYPE_IDS = {
+    "f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "iq4_nl": 20,
+    "bf16": 30,
+}
+
+
+def available() -> tuple[bool, str]:
+    """(True, version) when llama_cpp imports, else (False, the reason)."""
+    try:
+        import llama_cpp
+    except Exception as exc:  # ImportError, or OSError from a broken shared library
+        return False, f"llama_cpp (upstream oracle) not importable: {type(exc).__name__}: {exc}"
+    return True, getattr(llama_cpp, "__version__", "?")
+
+
+def ggml_type_id(name: str | int) -> int:
+    """ggml type id of a KV cache type given by name ('f16', 'q8_0', ...) or already as an id."""
+    if isinstance(name, (int, np.integer)):
+        return int(name)
+    try:
+        return _GGML_TYPE_IDS[name.lower()]
+    except KeyError:
+        raise ValueError(f"unknown KV cache type {name!r}; known: {sorted(_GGML_TYPE_IDS)}") from None
+
+
+class ReferenceSession:
+    """One llama.cpp context on a model: `eval` appends tokens and returns their logits.
+
+    Mirrors lucebox's ``Session.eval(tokens, all_logits=True)`` so the two can be driven the
+    same way (one shot, or in chunks).
+    """
+
+    def __init__(self, model_path: str | os.PathLike[str], *, n_ctx: int = DEFAULT_N_CTX,
+                 type_k: str | int = "f16", type_v: str | int = "f16",
+                 n_batch: int = DEFAULT_N_BATCH, n_ubatch: int = DEFAULT_N_UBATCH,
+                 n_threads: int = DEFAULT_N_THREADS, flash_attn: bool = True) -> None:
+        import llama_cpp
+
+        # Llama clamps n_batch to n_ctx and n_ubatch to n_batch; do it here so `n_ubatch` below
+        # is what runs.
+        n_batch = min(n_batch, n_ctx)
+        n_ubatch = min(n_ubatch, n_batch)
+        self._llm: Any = llama_cpp.Llama(
+            model_path=os.fspath(model_path),
+            n_gpu_layers=0,
+            n_ctx=n_ctx,
+            n_batch=n_batch,
+            n_ubatch=n_ubatch,
+            n_threads=n_threads,
+            n_threads_batch=n_threads,
+            type_k=ggml_type_id(type_k),
+            type_v=ggml_type_id(type_v),
+            flash_attn=flash_attn,
+            logits_all=True,
+            verbose=False,
+        )
+        ctx = self._llm.ctx
+        #: What the context really uses (llama.cpp may round n_ctx up).
+        self.n_ctx = int(llama_cpp.llama_n_ctx(ctx))
+        self.n_batch = int(llama_cpp.llama_n_batch(ctx))
+        self.n_ubatch = int(llama_cpp.llama_n_ubatch(ctx))
+        if self.n_ctx < n_ctx or self.n_ubatch != n_ubatch:
+            raise RuntimeError(f"llama.cpp context has n_ctx={self.n_ctx}, n_ubatch={self.n_ubatch}; "
+                               f"asked for {n_ctx}, {n_ubatch}")
+        self.n_vocab: int = self._llm.n_vocab()
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self._llm.n_tokens)
+
+    def eval(self, tokens: Sequence[int]) -> np.ndarray:
+        """Append `tokens` to the context; return their logits, float32 [len(tokens), n_vocab]."""
+        tokens = [int(t) for t in tokens]
+        if not tokens:
+            return np.zeros((0, self.n_vocab), dtype=np.float32)
+        bad = [t for t in tokens if not 0 <= t < self.n_vocab]
+        if bad:
+            raise ValueError(f"token ids out of range [0, {self.n_vocab}): {bad[:5]}")
+        start = self.n_tokens
+        if start + len(tokens) > self.n_ctx:
+            raise ValueError(f"{start} + {len(tokens)} tokens exceed n_ctx={self.n_ctx}")
+        self._llm.eval(tokens)
+        return np.array(self._llm.scores[start:start + len(tokens)], dtype=np.float32, copy=True)
+
+    def reset(self) -> None:
+        """Forget all tokens (KV cache and recurrent state)."""
+        self._llm.reset()
+
+    def close(self) -> None:
+        if self._llm is not None:
+            self._llm.close()
+            self._llm = None
+
+    def __enter__(self) -> ReferenceSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def reference_logits(model_path: str | os.PathLike[str], tokens: Sequence[int], *,
+                     n_ctx: int = DEFAULT_N_CTX, type_k: str | int = "f16", type_v: str | int = "f16",
+                     n_batch: int = DEFAULT_N_BATCH, n_ubatch: int = DEFAULT_N_UBATCH,
+                     n_threads: int = DEFAULT_N_THREADS,
+                     chunks: Sequence[int] | None = None) -> np.ndarray:
+    """Logits of every position of `tokens` from llama.cpp on the CPU: float32 [len, n_vocab].
+
+    Row i is the distribution of the token after ``tokens[: i + 1]`` (causal, from an empty
+    context). `chunks` optionally gives sizes of successive ``eval`` calls (their sum must be
+    ``len(tokens)``); by default the whole prompt is one call, split by llama.cpp into batches
+    of `n_batch` and micro-batches of `n_ubatch`.
+    """
+    tokens = list(tokens)
+    sizes = [len(tokens)] if chunks is None else [int(c) for c in chunks]
+    if sum(sizes) != len(tokens) or any(c < 0 for c in sizes):
+        raise ValueError(f"chunks {sizes} do not add up to {len(tokens)} tokens")
+    with ReferenceSession(model_path, n_ctx=n_ctx, type_k=type_k, type_v=type_v, n_batch=n_batch,
+                          n_ubatch=n_ubatch, n_threads=n_threads) as ref:
+        out, pos = [], 0
+        for size in sizes:
+            out.append(ref.eval(tokens[pos:pos + size]))
+            pos += size
+    return np.concatenate(out, axis=0)
+
+
+def reference_greedy(model_path: str | os.PathLike[str], prompt_tokens: Sequence[int], n_predict: int,
+                     *, n_ctx: int = DEFAULT_N_CTX, type_k: str | int = "f16", type_v: str | int = "f16",
+                     n_batch: int = DEFAULT_N_BATCH, n_ubatch: int = DEFAULT_N_UBATCH,
+                     n_threads: int = DEFAULT_N_THREADS) -> list[int]:
+    """Greedy continuation (temperature 0, no penalties, no stop tokens): `n_predict` token ids.
+
+    Each step takes the argmax of the last position's logits (lowest id on ties, like
+    llama.cpp's greedy sampler) and feeds it back one token at a time.
+    """
+    prompt = list(prompt_tokens)
+    if not prompt:
+        raise ValueError("prompt_tokens must not be empty")
+    if len(prompt) + n_predict > n_ctx:
+        raise ValueError(f"prompt ({len(prompt)}) + n_predict ({n_predict}) exceed n_ctx={n_ctx}")
+    out: list[int] = []
+    with ReferenceSession(model_path, n_ctx=n_ctx, type_k=type_k, type_v=type_v, n_batch=n_batch,
+                          n_ubatch=n_ubatch, n_threads=n_threads) as ref:
+        last = ref.eval(prompt)[-1]
+        for i in range(n_predict):
+            tok = int(np.argmax(last))
+            out.append(tok)
+            if i + 1 < n_predict:
+                last = ref.eval([tok])[-1]
+    return out

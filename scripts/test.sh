@@ -21,6 +21,8 @@ start=$(date +%s)
 "$VENV/bin/python" -m pip install --no-build-isolation ".[test,server]" \
     -C build-dir="$BUILD_DIR" -C cmake.define.LUCEBOX_BUILD_TESTS=ON
 echo "build+install: $(( $(date +%s) - start )) s"
+# upstream llama.cpp at the same pin, the oracle of tests/integration (built once, cached)
+bash scripts/install_oracle.sh "$VENV/bin/python"
 PATH="$VENV/bin:$PATH" ctest --test-dir "$BUILD_DIR" --output-on-failure
 cd "$ROOT"
 "$VENV/bin/python" -m pytest "$@"

@@ -274,8 +274,10 @@ std::vector<float> session::forward(const int32_t * tokens, uint32_t n, bool all
             pos[i] = pos[T + i] = pos[2 * T + i] = static_cast<int32_t>(n_past + i);
             rows[i] = n_past + i;
         }
-        ggml_backend_tensor_set(g.in.pos, pos.data(), 0, sizeof(int32_t) * pos.size());
-        ggml_backend_tensor_set(g.in.kv_rows, rows.data(), 0, sizeof(int64_t) * T);
+        if (g.in.pos != nullptr) {
+            ggml_backend_tensor_set(g.in.pos, pos.data(), 0, sizeof(int32_t) * pos.size());
+            ggml_backend_tensor_set(g.in.kv_rows, rows.data(), 0, sizeof(int64_t) * T);
+        }
         if (g.in.ring_rows != nullptr) {
             std::vector<int64_t> ring_rows(T);
             for (uint32_t i = 0; i < T; ++i) {

@@ -178,114 +178,203 @@ int32_t sampler::argmax(const float * logits, int32_t n_vocab) const {
 
 // ---- stochastic ----
 
-size_t sampler::select_mass(size_t lo, size_t hi, double target, bool strict) const {
-    auto reaches = [strict](double cum, double t) { return strict ? cum > t : cum >= t; };
-    const better bt;
-    std::vector<cand> & c = cands_;
-    while (hi - lo > 32) {
-        // Median of three as pivot, moved to hi - 1; Lomuto partition, best first.
-        size_t a = lo, b = lo + (hi - lo) / 2, d = hi - 1;
-        if (bt(c[b], c[a])) std::swap(a, b);
-        if (bt(c[d], c[b])) std::swap(b, d);
-        if (bt(c[b], c[a])) std::swap(a, b);
-        std::swap(c[b], c[hi - 1]);
-        const cand pv = c[hi - 1];
-        size_t store = lo;
-        double upper = 0.0;
-        for (size_t i = lo; i < hi - 1; ++i) {
-            if (bt(c[i], pv)) {
-                upper += c[i].w;
-                std::swap(c[i], c[store++]);
-            }
+namespace {
+
+// exp(-d) for d >= 0 from a table at bucket starts and a 4th-order Taylor polynomial inside the
+// bucket (width 1/32: relative error < 3e-10). Much cheaper than libm exp() per token, and libm is
+// only used for the 2048 table entries and the far tail (d >= 64).
+constexpr double bucket_width = 1.0 / 32.0;
+
+const double * exp_table() {
+    static const std::vector<double> t = [] {
+        std::vector<double> v(64 * 32);
+        for (size_t b = 0; b < v.size(); ++b) v[b] = std::exp(-static_cast<double>(b) * bucket_width);
+        return v;
+    }();
+    return t.data();
+}
+
+inline double exp_neg(const double * table, double d, int b, int n_buckets) {
+    if (b >= n_buckets) return std::exp(-d);
+    const double x = d - b * bucket_width;
+    return table[b] * (1.0 - x * (1.0 - x * (0.5 - x * (1.0 / 6.0 - x * (1.0 / 24.0)))));
+}
+
+}  // namespace
+
+int sampler::bucket_of(float logit) const {
+    // Monotone in the logit (higher logit -> same or lower bucket), so buckets follow the order.
+    const double d = (static_cast<double>(max_logit_) - static_cast<double>(logit)) * inv_t_;
+    return d < 64.0 ? static_cast<int>(d * 32.0) : n_buckets;
+}
+
+double sampler::weight_of(float logit) const {
+    const double d = (static_cast<double>(max_logit_) - static_cast<double>(logit)) * inv_t_;
+    return exp_neg(exp_table(), d, d < 64.0 ? static_cast<int>(d * 32.0) : n_buckets, n_buckets);
+}
+
+void sampler::gather(const float * logits, int32_t n_vocab, int b, std::vector<cand> & out) const {
+    out.clear();
+    const uint16_t * bi = bucket_idx_.data();
+    const uint16_t key = static_cast<uint16_t>(b);
+    for (int32_t i = 0; i < n_vocab; ++i) {
+        if (bi[i] == key) {
+            const float v = value(logits, i);
+            out.push_back({v, i, weight_of(v)});
         }
-        std::swap(c[store], c[hi - 1]);
-        if (reaches(upper, target)) {
-            hi = store;
-            continue;
-        }
-        target -= upper;
-        if (reaches(pv.w, target)) return store;
-        target -= pv.w;
-        lo = store + 1;
     }
-    std::sort(c.begin() + static_cast<std::ptrdiff_t>(lo), c.begin() + static_cast<std::ptrdiff_t>(hi), bt);
-    double cum = 0.0;
-    for (size_t i = lo; i < hi; ++i) {
-        cum += c[i].w;
-        if (reaches(cum, target)) return i;
-    }
-    return SIZE_MAX;
+    std::sort(out.begin(), out.end(), better{});
 }
 
 double sampler::prepare(const float * logits, int32_t n_vocab) const {
     const better bt;
     const float neg_inf = -std::numeric_limits<float>::infinity();
-    cands_.clear();
     const int32_t top_k = params_.top_k;
-    if (top_k > 0 && top_k < n_vocab && top_k <= 4096) {
-        // A heap of the k best seen so far, worst on top; most tokens cost one comparison.
-        cands_.reserve(top_k);
-        for (int32_t i = 0; i < n_vocab; ++i) {
-            const float v = value_at(logits, i);
-            if (v == neg_inf) continue;
-            const cand x{v, i, 0.0};
-            if (cands_.size() < static_cast<size_t>(top_k)) {
-                cands_.push_back(x);
-                std::push_heap(cands_.begin(), cands_.end(), bt);
-            } else if (bt(x, cands_.front())) {
-                std::pop_heap(cands_.begin(), cands_.end(), bt);
-                cands_.back() = x;
-                std::push_heap(cands_.begin(), cands_.end(), bt);
+    const double min_p = params_.min_p;
+    inv_t_ = 1.0 / static_cast<double>(params_.temperature);
+
+    if (top_k > 0 && top_k < n_vocab) {
+        // ---- top_k path: the k best, sorted, then prefix walks. ----
+        sorted_path_ = true;
+        cands_.clear();
+        if (top_k <= 4096) {
+            // A heap of the k best so far, worst on top. Ids come in ascending order, so a token
+            // whose logit equals the worst kept one loses the tie: `v <= thr` skips it.
+            cands_.reserve(top_k);
+            const int32_t * cnt = touched_.empty() ? nullptr : counts_.data();
+            float thr = neg_inf;
+            bool bad = false;
+            for (int32_t i = 0; i < n_vocab; ++i) {
+                float v = logits[i];
+                bad |= !(v < std::numeric_limits<float>::infinity());  // NaN or +inf
+                if (cnt != nullptr && cnt[i] != 0) {
+                    v = penalized(v, cnt[i]);
+                    bad |= !(v < std::numeric_limits<float>::infinity());
+                }
+                if (!(v > thr)) continue;  // also skips NaN and -inf
+                if (cands_.size() < static_cast<size_t>(top_k)) {
+                    cands_.push_back({v, i, 0.0});
+                    std::push_heap(cands_.begin(), cands_.end(), bt);
+                    if (cands_.size() == static_cast<size_t>(top_k)) thr = cands_.front().logit;
+                } else {
+                    std::pop_heap(cands_.begin(), cands_.end(), bt);
+                    cands_.back() = {v, i, 0.0};
+                    std::push_heap(cands_.begin(), cands_.end(), bt);
+                    thr = cands_.front().logit;
+                }
+            }
+            if (bad) {
+                for (int32_t i = 0; i < n_vocab; ++i) value_at(logits, i);  // throws naming the first bad id
+            }
+        } else {
+            argmax(logits, n_vocab);  // validates
+            cands_.reserve(n_vocab);
+            for (int32_t i = 0; i < n_vocab; ++i) {
+                const float v = value(logits, i);
+                if (v != neg_inf) cands_.push_back({v, i, 0.0});
+            }
+            if (static_cast<size_t>(top_k) < cands_.size()) {
+                std::nth_element(cands_.begin(), cands_.begin() + top_k, cands_.end(), bt);
+                cands_.resize(top_k);
             }
         }
+        if (cands_.empty()) throw error("all " + std::to_string(n_vocab) + " logits are -inf (every token masked)");
         std::sort(cands_.begin(), cands_.end(), bt);
-    } else {
-        cands_.reserve(n_vocab);
-        for (int32_t i = 0; i < n_vocab; ++i) {
-            const float v = value_at(logits, i);
-            if (v != neg_inf) cands_.push_back({v, i, 0.0});
+        max_logit_ = cands_[0].logit;
+        double z = 0.0;
+        for (cand & c : cands_) {
+            c.w = weight_of(c.logit);
+            z += c.w;
         }
-        if (top_k > 0 && static_cast<size_t>(top_k) < cands_.size()) {
-            std::nth_element(cands_.begin(), cands_.begin() + top_k, cands_.end(), bt);
-            cands_.resize(top_k);
-            std::sort(cands_.begin(), cands_.end(), bt);  // a unique order for the sums below
+        const size_t k = cands_.size();
+        size_t n = k;
+        if (params_.top_p < 1.0f) {  // shortest prefix with mass >= top_p
+            const double target = static_cast<double>(params_.top_p) * z;
+            double cum = 0.0;
+            for (size_t i = 0; i < k; ++i) {
+                cum += cands_[i].w;
+                if (cum >= target) {
+                    n = i + 1;
+                    break;
+                }
+            }
         }
-    }
-    if (cands_.empty()) throw error("all " + std::to_string(n_vocab) + " logits are -inf (every token masked)");
-    const size_t k = cands_.size();
-
-    // Softmax weights of the top_k set (temperature applied), their sum, and the min_p set:
-    // p_i >= min_p * p_max  <=>  w_i >= min_p, since w_max = 1.
-    float mx = neg_inf;
-    for (const cand & x : cands_) mx = std::max(mx, x.logit);
-    const double inv_t = 1.0 / static_cast<double>(params_.temperature);
-    const double min_p = params_.min_p;
-    double z = 0.0;
-    size_t n_min_p = 0;
-    for (cand & x : cands_) {
-        x.w = std::exp((static_cast<double>(x.logit) - static_cast<double>(mx)) * inv_t);
-        z += x.w;
-        if (x.w >= min_p) ++n_min_p;
-    }
-    if (n_min_p < k) {  // move the min_p set to the front (it is the n_min_p best)
-        size_t out = 0;
-        for (size_t i = 0; i < k; ++i) {
-            if (cands_[i].w >= min_p) std::swap(cands_[out++], cands_[i]);
-        }
+        size_t n_min_p = 1;  // w >= min_p (w_max = 1), and w > 0
+        while (n_min_p < n && cands_[n_min_p].w >= min_p && cands_[n_min_p].w > 0.0) ++n_min_p;
+        n_kept_ = std::min(n, n_min_p);
+        if (n_kept_ == k) return z;
+        double zk = 0.0;
+        for (size_t i = 0; i < n_kept_; ++i) zk += cands_[i].w;
+        return zk;
     }
 
-    // top_p: the shortest best-first prefix with mass >= top_p * z; never past the min_p set.
-    size_t n_top_p = k;
-    if (params_.top_p < 1.0f) {
-        const size_t j = select_mass(0, n_min_p, static_cast<double>(params_.top_p) * z, false);
-        if (j != SIZE_MAX) n_top_p = j + 1;
+    // ---- full-vocabulary path: mass histogram over logit buckets. ----
+    sorted_path_ = false;
+    const int32_t best = argmax(logits, n_vocab);  // validates, throws if all masked
+    max_logit_ = value(logits, best);
+    bucket_mass_.assign(n_buckets + 1, 0.0);
+    bucket_idx_.resize(n_vocab);
+    double * mass = bucket_mass_.data();
+    uint16_t * bidx = bucket_idx_.data();
+    const int32_t * cnt = touched_.empty() ? nullptr : counts_.data();
+    const double * table = exp_table();
+    const double mx = max_logit_;
+    const double inv_t = inv_t_;
+    cand worst{max_logit_, best, 1.0};  // the worst token with w >= min_p and w > 0
+    for (int32_t i = 0; i < n_vocab; ++i) {
+        const float v = cnt != nullptr && cnt[i] != 0 ? penalized(logits[i], cnt[i]) : logits[i];
+        if (v == neg_inf) {
+            bidx[i] = masked_bucket;
+            continue;
+        }
+        const double d = (mx - static_cast<double>(v)) * inv_t;
+        const int b = d < 64.0 ? static_cast<int>(d * 32.0) : n_buckets;
+        const double w = exp_neg(table, d, b, n_buckets);
+        bidx[i] = static_cast<uint16_t>(b);
+        mass[b] += w;
+        if (v <= worst.logit && (v < worst.logit || i > worst.id) && w >= min_p && w > 0.0) worst = {v, i, w};
+    }
+    double z = 0.0;  // summed per bucket, in the order the walks below use
+    for (int b = 0; b <= n_buckets; ++b) z += mass[b];
+    cut_ = worst;
+    cut_bucket_ = -1;
+
+    if (params_.top_p < 1.0f) {  // the token where the best-first mass first reaches top_p * z
+        const double target = static_cast<double>(params_.top_p) * z;
+        double cum = 0.0;
+        for (int b = 0; b <= n_buckets; ++b) {
+            if (cum + bucket_mass_[b] < target) {
+                cum += bucket_mass_[b];
+                continue;
+            }
+            gather(logits, n_vocab, b, cut_bucket_items_);
+            cut_bucket_ = b;
+            cand cp = cut_bucket_items_.empty() ? cut_ : cut_bucket_items_.back();
+            for (const cand & c : cut_bucket_items_) {
+                cum += c.w;
+                if (cum >= target) {
+                    cp = c;
+                    break;
+                }
+            }
+            if (bt(cp, cut_)) cut_ = cp;
+            break;
+        }
     }
 
-    n_kept_ = std::min({k, n_min_p, n_top_p});
-    if (n_kept_ == k) return z;
-    double zk = 0.0;
-    for (size_t i = 0; i < n_kept_; ++i) zk += cands_[i].w;
-    return zk;
+    const int cb = bucket_of(cut_.logit);
+    if (cb != cut_bucket_) {
+        gather(logits, n_vocab, cb, cut_bucket_items_);
+        cut_bucket_ = cb;
+    }
+    prefix_mass_ = 0.0;
+    for (int b = 0; b < cb; ++b) prefix_mass_ += bucket_mass_[b];
+    double zl = prefix_mass_;
+    for (const cand & c : cut_bucket_items_) {
+        zl += c.w;
+        if (c.id == cut_.id) break;
+    }
+    return zl;
 }
 
 int32_t sampler::sample(const float * logits, int32_t n_vocab, const std::vector<int32_t> & history) {
@@ -295,15 +384,34 @@ int32_t sampler::sample(const float * logits, int32_t n_vocab, const std::vector
     if (params_.is_greedy()) return argmax(logits, n_vocab);
 
     const double z = prepare(logits, n_vocab);
-    const size_t j = select_mass(0, n_kept_, uniform() * z, true);
-    if (j != SIZE_MAX) return cands_[j].id;
-    // Rounding left the total just short of the target: the worst kept token with mass.
-    const better bt;
-    size_t worst = 0;
-    for (size_t i = 1; i < n_kept_; ++i) {
-        if (cands_[i].w > 0.0 && bt(cands_[worst], cands_[i])) worst = i;
+    const double target = uniform() * z;
+    double cum = 0.0;
+    if (sorted_path_) {
+        for (size_t i = 0; i < n_kept_; ++i) {
+            cum += cands_[i].w;
+            if (cum > target) return cands_[i].id;
+        }
+        return cands_[n_kept_ - 1].id;  // rounding: the worst kept token (w > 0)
     }
-    return cands_[worst].id;
+    for (int b = 0; b < cut_bucket_; ++b) {
+        if (cum + bucket_mass_[b] <= target) {
+            cum += bucket_mass_[b];
+            continue;
+        }
+        gather(logits, n_vocab, b, scratch_);
+        for (const cand & c : scratch_) {
+            cum += c.w;
+            if (cum > target) return c.id;
+        }
+        for (size_t i = scratch_.size(); i-- > 0;) {  // rounding: the bucket's worst with mass
+            if (scratch_[i].w > 0.0) return scratch_[i].id;
+        }
+    }
+    for (const cand & c : cut_bucket_items_) {
+        cum += c.w;
+        if (cum > target || c.id == cut_.id) return c.id;
+    }
+    return cut_.id;
 }
 
 std::vector<std::pair<int32_t, float>> sampler::distribution(const float * logits, int32_t n_vocab,
@@ -319,7 +427,20 @@ std::vector<std::pair<int32_t, float>> sampler::distribution(const float * logit
         return out;
     }
     const double z = prepare(logits, n_vocab);
-    std::sort(cands_.begin(), cands_.begin() + static_cast<std::ptrdiff_t>(n_kept_), better{});
+    if (!sorted_path_) {  // every token at least as good as the cut
+        const better bt;
+        const int cb = cut_bucket_;
+        cands_.clear();
+        for (int32_t i = 0; i < n_vocab; ++i) {
+            const int b = bucket_idx_[i];
+            if (b > cb) continue;  // also masked tokens
+            const float v = value(logits, i);
+            if (b == cb && bt(cut_, cand{v, i, 0.0})) continue;
+            cands_.push_back({v, i, weight_of(v)});
+        }
+        std::sort(cands_.begin(), cands_.end(), bt);
+        n_kept_ = cands_.size();
+    }
     out.reserve(n_kept_);
     for (size_t i = 0; i < n_kept_; ++i) {
         const float p = static_cast<float>(cands_[i].w / z);

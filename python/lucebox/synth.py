@@ -49,7 +49,7 @@ import types
 import typing
 import zlib
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -139,7 +139,7 @@ class DraftShape:
 
     `n_embd` and `n_ctx_train` default to the target's; `mask_token_id` to the vocabulary's
     ``<|mask|>`` token. `target_layers` are the ids as stored in ``dflash.target_layers`` (the
-    target layers whose *input* hidden states feed the draft).
+    target layers whose *input* hidden states feed the draft), each < the target's n_layer.
     """
 
     n_layer: int
@@ -282,7 +282,8 @@ def _coerce(value: Any, tp: Any, what: str) -> Any:
                 value = float(value.strip())
             except ValueError:
                 raise ConfigError(f"{what}: expected a number, got {value!r}") from None
-        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        numeric = (int, float, np.integer, np.floating)
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, numeric):
             raise ConfigError(f"{what}: expected a number, got {value!r}")
         value = float(value)
         if not math.isfinite(value):
@@ -295,7 +296,8 @@ def _apply_overrides(shape: Any, overrides: Mapping[str, Any] | None, kind: str)
     if not overrides:
         return shape
     if not isinstance(overrides, Mapping):
-        raise ConfigError(f"{kind} overrides must be a mapping of field name to value, got {overrides!r}")
+        raise ConfigError(f"{kind} overrides must be a mapping of field name to value, "
+                          f"got {overrides!r}")
     hints = typing.get_type_hints(type(shape))
     names = [f.name for f in dataclasses.fields(shape)]
     changes: dict[str, Any] = {}
@@ -351,7 +353,8 @@ def resolve_target(preset: str | Preset = "tiny", overrides: Mapping[str, Any] |
     """
     shape: TargetShape = _apply_overrides(_get_preset(preset).target, overrides, "target")
     if len(shape.rope_sections) != 4:
-        raise ConfigError(f"target field 'rope_sections' needs 4 entries, got {list(shape.rope_sections)}")
+        raise ConfigError(f"target field 'rope_sections' needs 4 entries, "
+                          f"got {list(shape.rope_sections)}")
     if shape.recurrent_layers is None and shape.full_attention_interval == 0:
         raise ConfigError("target field 'full_attention_interval' must be > 0")
     if shape.recurrent_layers is not None and len(shape.recurrent_layers) != shape.n_layer:
@@ -401,8 +404,10 @@ def resolve_draft(preset: str | Preset = "tiny", overrides: Mapping[str, Any] | 
                           f"{tshape.n_vocab} tokens")
     seen: set[int] = set()
     for layer in shape.target_layers:
-        if layer > thp.n_layer:
-            raise ConfigError(f"draft target layer {layer} is out of range [0, {thp.n_layer}] for a "
+        # Upstream llama.cpp extracts the *input* of each listed layer and aborts on id == n_layer
+        # (the output of the last layer is not wired for qwen35), so ids must be < n_layer.
+        if layer >= thp.n_layer:
+            raise ConfigError(f"draft target layer {layer} is out of range [0, {thp.n_layer - 1}] for a "
                               f"target with {thp.n_layer} layers (set draft field 'target_layers')")
         if layer in seen:
             raise ConfigError(f"draft target layer {layer} is listed twice")
@@ -700,7 +705,8 @@ def write_target(path: str | os.PathLike[str], preset: str | Preset = "tiny", *,
     type_, fill = _check_common(type, fill, seed)
     p = _get_preset(preset)
     shape, hp = resolve_target(p, overrides)
-    tensors, fallbacks = _plan(hp.tensor_specs(), type_, lambda name: shape.has_output and name == "output.weight")
+    tensors, fallbacks = _plan(hp.tensor_specs(), type_,
+                               lambda name: shape.has_output and name == "output.weight")
     vocab = dataclasses.replace(_vocab(shape.n_vocab), mask_id=None)  # the mask token is the draft's
     pattern = shape.layer_pattern()
     interval = shape.full_attention_interval
@@ -847,7 +853,8 @@ def _progress_printer(label: str) -> Callable[[int, int], None]:
         if pct != last[0]:
             last[0] = pct
             if tty:
-                print(f"\r{label}: {pct:3d}%", end="\n" if done >= total else "", file=sys.stderr, flush=True)
+                print(f"\r{label}: {pct:3d}%", end="\n" if done >= total else "", file=sys.stderr,
+                      flush=True)
             else:
                 print(f"{label}: {pct}%", file=sys.stderr, flush=True)
 
@@ -855,8 +862,10 @@ def _progress_printer(label: str) -> Callable[[int, int], None]:
 
 
 def _describe(s: dict) -> str:
-    fb = f", {len(s['fallbacks'])} fallback(s) ({', '.join(sorted({f['used'] for f in s['fallbacks']}))})" \
-        if s["fallbacks"] else ""
+    fb = ""
+    if s["fallbacks"]:
+        used = ", ".join(sorted({f["used"] for f in s["fallbacks"]}))
+        fb = f", {len(s['fallbacks'])} fallback(s) to {used}"
     types = ", ".join(f"{k} x{v}" for k, v in sorted(s["types"].items()))
     return (f"wrote {s['path']}: {s['arch']} preset {s['preset']}, {s['n_tensors']} tensors "
             f"[{types}]{fb}, {s['bytes'] / 1e6:.1f} MB, fill {s['fill']}, in {s['seconds']:.1f} s")

@@ -33,14 +33,14 @@ bool near(double a, double b, double tol = 1e-5) { return std::fabs(a - b) <= to
 
 // Expected distribution as (id, prob) in the order distribution() must return.
 bool dist_equals(const std::vector<std::pair<int32_t, float>> & got,
-                 const std::vector<std::pair<int32_t, double>> & want, double tol = 1e-5) {
+                 const std::vector<std::pair<int32_t, double>> & want, double tol = 1e-5, bool quiet = false) {
     if (got.size() != want.size()) {
-        std::fprintf(stderr, "  distribution has %zu entries, expected %zu\n", got.size(), want.size());
+        if (!quiet) std::fprintf(stderr, "  distribution has %zu entries, expected %zu\n", got.size(), want.size());
         return false;
     }
     for (size_t i = 0; i < got.size(); ++i) {
         if (got[i].first != want[i].first || !near(got[i].second, want[i].second, tol)) {
-            std::fprintf(stderr, "  entry %zu: got (%d, %.7f), expected (%d, %.7f)\n", i, got[i].first,
+            if (!quiet) std::fprintf(stderr, "  entry %zu: got (%d, %.7f), expected (%d, %.7f)\n", i, got[i].first,
                          got[i].second, want[i].first, want[i].second);
             return false;
         }
@@ -70,7 +70,8 @@ std::vector<float> random_logits(size_t n, uint64_t seed, float scale) {
     return l;
 }
 
-// Naive reference of the whole chain (full sort, double math).
+// Naive reference of the whole chain (full sort, double math, libm exp); drops probabilities that
+// are 0 as floats, as distribution() does.
 std::vector<std::pair<int32_t, double>> reference(const std::vector<float> & logits, const sampling_params & p) {
     std::vector<std::pair<float, int32_t>> c;
     for (size_t i = 0; i < logits.size(); ++i) {
@@ -104,7 +105,7 @@ std::vector<std::pair<int32_t, double>> reference(const std::vector<float> & log
     for (size_t i = 0; i < keep; ++i) zk += w[i];
     std::vector<std::pair<int32_t, double>> out;
     for (size_t i = 0; i < keep; ++i) {
-        if (w[i] / zk > 0) out.emplace_back(c[i].second, w[i] / zk);
+        if (static_cast<float>(w[i] / zk) > 0.0f) out.emplace_back(c[i].second, w[i] / zk);  // as float
     }
     return out;
 }
@@ -237,46 +238,59 @@ TEST_CASE(top_k_keeps_k_best) {
     CHECK(dist_of(l, p).size() == 4);
 }
 
+// The hand examples run on both paths: top_k 0 (full-vocabulary path) and top_k 4 < n_vocab 5 (top_k
+// path; the fifth token is masked, so top_k 4 removes nothing).
 TEST_CASE(top_p_keeps_minimal_prefix) {
-    sampling_params p;
-    p.temperature = 1.0f;
-    const auto l = logits_from_probs({0.15, 0.5, 0.05, 0.3});  // sorted: 1 (0.5), 3 (0.3), 0 (0.15), 2 (0.05)
-    p.top_p = 0.45f;  // 0.5 alone reaches 0.45
-    CHECK(dist_equals(dist_of(l, p), {{1, 1.0}}));
-    p.top_p = 0.75f;  // 0.5 < 0.75 <= 0.8
-    CHECK(dist_equals(dist_of(l, p), {{1, 0.625}, {3, 0.375}}));
-    p.top_p = 0.81f;  // needs 0.95
-    CHECK(dist_equals(dist_of(l, p), {{1, 0.5 / 0.95}, {3, 0.3 / 0.95}, {0, 0.15 / 0.95}}));
-    p.top_p = 0.99f;
-    CHECK(dist_of(l, p).size() == 4);
-    p.top_p = 1.0f;
-    CHECK(dist_equals(dist_of(l, p), {{1, 0.5}, {3, 0.3}, {0, 0.15}, {2, 0.05}}));
-    // top_p sees the temperature-scaled distribution: at T = 0.5 probs are {25, 9, 2.25, 0.25} / 36.5,
-    // so 0.9 is reached by the first two (34 / 36.5 = 0.93), whereas at T = 1 it needs three.
-    p.temperature = 0.5f;
-    p.top_p = 0.9f;
-    CHECK(dist_equals(dist_of(l, p), {{1, 25.0 / 34.0}, {3, 9.0 / 34.0}}));
-    p.temperature = 1.0f;
-    CHECK(dist_of(l, p).size() == 3);
+    const auto l = logits_from_probs({0.15, 0.5, 0.05, 0.3, 0.0});  // sorted: 1 (0.5), 3 (0.3), 0 (0.15), 2 (0.05)
+    for (int32_t k : {0, 4}) {
+        sampling_params p;
+        p.temperature = 1.0f;
+        p.top_k = k;
+        p.top_p = 0.45f;  // 0.5 alone reaches 0.45
+        CHECK(dist_equals(dist_of(l, p), {{1, 1.0}}));
+        p.top_p = 0.75f;  // 0.5 < 0.75 <= 0.8
+        CHECK(dist_equals(dist_of(l, p), {{1, 0.625}, {3, 0.375}}));
+        p.top_p = 0.81f;  // needs 0.95
+        CHECK(dist_equals(dist_of(l, p), {{1, 0.5 / 0.95}, {3, 0.3 / 0.95}, {0, 0.15 / 0.95}}));
+        p.top_p = 0.99f;
+        CHECK(dist_of(l, p).size() == 4);
+        p.top_p = 1.0f;
+        CHECK(dist_equals(dist_of(l, p), {{1, 0.5}, {3, 0.3}, {0, 0.15}, {2, 0.05}}));
+        // top_p sees the temperature-scaled distribution: at T = 0.5 probs are {25, 9, 2.25, 0.25} / 36.5,
+        // so 0.9 is reached by the first two (34 / 36.5 = 0.93), whereas at T = 1 it needs three.
+        p.temperature = 0.5f;
+        p.top_p = 0.9f;
+        CHECK(dist_equals(dist_of(l, p), {{1, 25.0 / 34.0}, {3, 9.0 / 34.0}}));
+        p.temperature = 1.0f;
+        CHECK(dist_of(l, p).size() == 3);
+    }
 }
 
 TEST_CASE(min_p_drops_below_fraction_of_max) {
-    sampling_params p;
-    p.temperature = 1.0f;
-    const auto l = logits_from_probs({0.15, 0.5, 0.05, 0.3});
-    p.min_p = 0.2f;  // threshold 0.1: drops 0.05
-    CHECK(dist_equals(dist_of(l, p), {{1, 0.5 / 0.95}, {3, 0.3 / 0.95}, {0, 0.15 / 0.95}}));
-    p.min_p = 0.5f;  // threshold 0.25: keeps 0.5, 0.3
-    CHECK(dist_equals(dist_of(l, p), {{1, 0.625}, {3, 0.375}}));
-    p.min_p = 0.65f;  // threshold 0.325: only the max
-    CHECK(dist_equals(dist_of(l, p), {{1, 1.0}}));
-    // Combined with top_p the tighter one wins: top_p 0.81 keeps 3, min_p 0.5 keeps 2.
-    p.min_p = 0.5f;
-    p.top_p = 0.81f;
-    CHECK(dist_of(l, p).size() == 2);
-    p.min_p = 0.2f;
-    p.top_p = 0.75f;
-    CHECK(dist_of(l, p).size() == 2);
+    const auto l = logits_from_probs({0.15, 0.5, 0.05, 0.3, 0.0});
+    for (int32_t k : {0, 4}) {
+        sampling_params p;
+        p.temperature = 1.0f;
+        p.top_k = k;
+        p.min_p = 0.2f;  // threshold 0.1: drops 0.05
+        CHECK(dist_equals(dist_of(l, p), {{1, 0.5 / 0.95}, {3, 0.3 / 0.95}, {0, 0.15 / 0.95}}));
+        p.min_p = 0.5f;  // threshold 0.25: keeps 0.5, 0.3
+        CHECK(dist_equals(dist_of(l, p), {{1, 0.625}, {3, 0.375}}));
+        p.min_p = 0.65f;  // threshold 0.325: only the max
+        CHECK(dist_equals(dist_of(l, p), {{1, 1.0}}));
+        // min_p sees the temperature-scaled distribution: at T = 2 the ratio 0.3 / 0.5 becomes
+        // sqrt(0.6) = 0.775 > 0.65.
+        p.temperature = 2.0f;
+        CHECK(dist_of(l, p).size() == 2);
+        p.temperature = 1.0f;
+        // Combined with top_p the tighter one wins: top_p 0.81 keeps 3, min_p 0.5 keeps 2.
+        p.min_p = 0.5f;
+        p.top_p = 0.81f;
+        CHECK(dist_of(l, p).size() == 2);
+        p.min_p = 0.2f;
+        p.top_p = 0.75f;
+        CHECK(dist_of(l, p).size() == 2);
+    }
 }
 
 TEST_CASE(distribution_matches_softmax_at_temperature_2) {
@@ -303,7 +317,8 @@ TEST_CASE(distribution_matches_reference_on_larger_vocab) {
     const std::vector<float> l = random_logits(5000, 3, 1.0f);
     struct cfg { float t; int32_t k; float tp; float mp; };
     const cfg cfgs[] = {{1.0f, 0, 1.0f, 0.0f}, {1.0f, 0, 0.9f, 0.0f}, {0.3f, 0, 0.95f, 0.0f}, {1.0f, 0, 1.0f, 0.3f},
-                        {0.7f, 0, 0.8f, 0.1f}, {1.0f, 3000, 0.9f, 0.0f}, {1.3f, 40, 0.9f, 0.05f}, {0.01f, 0, 0.5f, 0.0f}};
+                        {0.7f, 0, 0.8f, 0.1f}, {1.0f, 3000, 0.9f, 0.0f}, {1.3f, 40, 0.9f, 0.05f}, {0.01f, 0, 0.5f, 0.0f},
+                        {0.01f, 0, 1.0f, 0.0f}, {1000.0f, 0, 0.5f, 0.0f}, {0.05f, 4999, 0.99f, 0.0f}, {3.0f, 0, 0.3f, 0.9f}};
     for (const cfg & c : cfgs) {
         sampling_params p;
         p.temperature = c.t;
@@ -320,6 +335,54 @@ TEST_CASE(distribution_matches_reference_on_larger_vocab) {
     }
 }
 
+TEST_CASE(ties_and_masks_on_large_vocab) {
+    // 5000 equal logits: one bucket holds everything; ties keep the lowest ids.
+    std::vector<float> l(5000, 0.25f);
+    for (int i = 0; i < 5000; i += 7) l[i] = NEG_INF;
+    for (int32_t k : {0, 100}) {
+        sampling_params p;
+        p.temperature = 0.8f;
+        p.top_k = k;
+        p.top_p = 0.5f;
+        const auto d = dist_of(l, p);
+        CHECK(dist_equals(d, reference(l, p), 1e-7));
+        const size_t n_finite = 5000 - (4999 / 7 + 1);
+        CHECK(d.size() == (k > 0 ? 50 : (n_finite + 1) / 2));
+        CHECK(d.front().first == 1 && d[1].first == 2 && d[6].first == 8);
+    }
+}
+
+TEST_CASE(penalties_equal_prepenalized_logits) {
+    // distribution() with history must equal distribution() of logits penalized by hand, on both
+    // the top_k path and the full-vocabulary path.
+    const std::vector<float> l = random_logits(3000, 9, 2.0f);
+    std::vector<int32_t> hist;
+    for (int i = 0; i < 300; ++i) hist.push_back((i * 37) % 3000);
+    hist.push_back(static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin()));
+    for (int32_t k : {0, 50}) {
+        sampling_params p;
+        p.temperature = 0.9f;
+        p.top_k = k;
+        p.top_p = 0.9f;
+        p.repetition_penalty = 1.3f;
+        p.frequency_penalty = 0.1f;
+        p.presence_penalty = 0.2f;
+        p.penalty_last_n = 200;
+        std::vector<int> count(3000, 0);
+        for (size_t i = hist.size() - 200; i < hist.size(); ++i) ++count[hist[i]];
+        std::vector<float> pen = l;
+        for (int i = 0; i < 3000; ++i) {
+            if (count[i] == 0) continue;
+            pen[i] = pen[i] > 0 ? pen[i] / 1.3f : pen[i] * 1.3f;
+            pen[i] -= count[i] * 0.1f + 0.2f;
+        }
+        const auto a = dist_of(l, p, hist);
+        const auto b = dist_of(pen, p);
+        CHECK(dist_equals(a, std::vector<std::pair<int32_t, double>>(b.begin(), b.end()), 1e-7));
+        CHECK(!dist_equals(a, reference(l, p), 1e-5, true));  // the penalties did change something
+    }
+}
+
 TEST_CASE(rng_is_pinned) {
     // xoshiro256** seeded by splitmix64; values from an independent implementation.
     sampling_params p;
@@ -327,6 +390,10 @@ TEST_CASE(rng_is_pinned) {
     CHECK(s.uniform() == 0x1.33d8be6d96ebep-1);
     CHECK(s.uniform() == 0x1.7edc3ef092ac8p-1);
     CHECK(s.uniform() == 0x1.a5f849d4933e0p-4);
+    CHECK(s.uniform() == 0x1.aa9653c498b4ap-2);
+    CHECK(s.uniform() == 0x1.774b5a943f085p-1);
+    for (int i = 5; i < 999; ++i) s.uniform();
+    CHECK(s.uniform() == 0x1.eab23120e8bb6p-2);  // the 1000th
     s.reseed(12345);
     CHECK(s.uniform() == 0x1.7cd46c6e82c1ap-1);
     CHECK(s.uniform() == 0x1.0a555031bd344p-3);
@@ -337,10 +404,13 @@ TEST_CASE(rng_is_pinned) {
 }
 
 TEST_CASE(sample_is_inverse_cdf_of_distribution) {
-    const std::vector<float> l = random_logits(2000, 11, 2.0f);
+  const std::vector<float> l = random_logits(2000, 11, 2.0f);
+  for (int32_t k : {0, 300}) {
     sampling_params p;
     p.temperature = 0.9f;
+    p.top_k = k;
     p.top_p = 0.95f;
+    p.min_p = 0.001f;
     p.seed = 5;
     sampler s(p);
     const auto d = s.distribution(l.data(), 2000, {});
@@ -362,14 +432,18 @@ TEST_CASE(sample_is_inverse_cdf_of_distribution) {
         mismatches += got != want;
     }
     CHECK(mismatches == 0);
+  }
 }
 
 TEST_CASE(statistical_frequencies_match_distribution) {
     const std::vector<float> l = {0.1f, 1.0f, -0.5f, 2.0f, 0.7f};
-    for (float top_p : {1.0f, 0.8f}) {
+    struct cfg { float top_p; int32_t top_k; };
+    for (const cfg & c : {cfg{1.0f, 0}, cfg{0.8f, 0}, cfg{1.0f, 3}}) {
+        const float top_p = c.top_p;
         sampling_params p;
         p.temperature = 0.8f;
         p.top_p = top_p;
+        p.top_k = c.top_k;
         p.seed = 42;
         sampler s(p);
         const auto d = s.distribution(l.data(), 5, {});
@@ -385,8 +459,8 @@ TEST_CASE(statistical_frequencies_match_distribution) {
             if (want[i] > 0) chi2 += (count[i] - n * want[i]) * (count[i] - n * want[i]) / (n * want[i]);
             else CHECK(count[i] == 0);  // truncated tokens are never drawn
         }
-        std::printf("  top_p %.1f: %zu tokens, max |freq - prob| = %.5f, chi2 = %.2f\n", top_p, d.size(), max_abs,
-                    chi2);
+        std::printf("  top_p %.1f top_k %d: %zu tokens, max |freq - prob| = %.5f, chi2 = %.2f\n", top_p, c.top_k,
+                    d.size(), max_abs, chi2);
         CHECK(max_abs < 0.01);
         CHECK(chi2 < 20.0);  // df <= 4: p ~ 5e-4
     }
@@ -526,16 +600,22 @@ TEST_CASE(full_vocab_timing) {
         CHECK(id >= 0 && id < n_vocab);
         if (c.k == 40 && c.rp == 1.0f) CHECK(l[id] >= kth);
     }
-    sampling_params p;
-    p.temperature = 0.7f;
-    p.top_k = 40;
-    p.top_p = 0.9f;
-    sampler s(p);
-    const auto d = s.distribution(l.data(), n_vocab, history);
-    CHECK(!d.empty() && d.size() <= 40);
-    double sum = 0;
-    for (const auto & e : d) sum += e.second;
-    CHECK(near(sum, 1.0, 1e-5));
+    for (const cfg & c : {cfgs[1], cfgs[4], cfgs[6]}) {
+        sampling_params p;
+        p.temperature = c.t;
+        p.top_k = c.k;
+        p.top_p = c.tp;
+        sampler s(p);
+        const auto t0 = std::chrono::steady_clock::now();
+        const auto d = s.distribution(l.data(), n_vocab, history);
+        const auto t1 = std::chrono::steady_clock::now();
+        std::printf("  vocab %d, distribution() %-19s %.3f ms, %zu tokens\n", n_vocab, c.name,
+                    std::chrono::duration<double, std::milli>(t1 - t0).count(), d.size());
+        CHECK(!d.empty() && (c.k == 0 || d.size() <= static_cast<size_t>(c.k)));
+        double sum = 0;
+        for (const auto & e : d) sum += e.second;
+        CHECK(near(sum, 1.0, 1e-5));
+    }
 }
 
 TEST_MAIN()

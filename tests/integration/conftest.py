@@ -6,9 +6,15 @@ tests need no download. Each file is written at most once per test session, on f
 """
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
+
+# `import oracle` from the test modules, whatever pytest's import mode.
+_HERE = str(Path(__file__).resolve().parent)
+if _HERE not in sys.path:
+    sys.path.insert(0, _HERE)
 
 #: Seed of every synthetic target; fixed so failures reproduce.
 TARGET_SEED = 1234

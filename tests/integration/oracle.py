@@ -14,7 +14,12 @@ with it position by position (DESIGN.md, "Oracle agreement"). Everything here go
 - ``n_batch`` is the most tokens per ``llama_decode`` call (``Llama.eval`` splits longer inputs),
   ``n_ubatch`` the micro-batch llama.cpp splits each decode into; ``Llama`` clamps
   ``n_batch <= n_ctx`` and ``n_ubatch <= n_batch``;
-- ``Llama.reset()`` clears the memory of a hybrid model (KV cache and recurrent state).
+- ``Llama.reset()`` clears the memory of a hybrid model (KV cache and recurrent state);
+- with a quantized K (V) cache and a head size that is a multiple of 64, llama.cpp at this pin
+  rotates Q and K (V and the attention output) by a Walsh-Hadamard matrix before storing them
+  (``attn_rot_k`` / ``attn_rot_v`` in ``llama-kv-cache.cpp``), which spreads outliers before
+  quantization. It reads ``LLAMA_ATTN_ROT_DISABLE`` when the context is created; ``attn_rot=False``
+  sets it for that moment, giving the plain quantized-cache computation.
 
 The module imports ``llama_cpp`` lazily, so importing it never fails; callers skip when
 `available()` is false.
@@ -33,6 +38,8 @@ DEFAULT_N_BATCH = 512
 DEFAULT_N_UBATCH = 512
 #: Threads for the oracle; ggml's CPU kernels split work by rows, so results do not depend on it.
 DEFAULT_N_THREADS = 2
+
+_ATTN_ROT_ENV = "LLAMA_ATTN_ROT_DISABLE"
 
 # ggml type names (as lucebox spells KV types) -> ggml type ids (enum ggml_type).
 _GGML_TYPE_IDS = {
@@ -70,14 +77,43 @@ class ReferenceSession:
     def __init__(self, model_path: str | os.PathLike[str], *, n_ctx: int = DEFAULT_N_CTX,
                  type_k: str | int = "f16", type_v: str | int = "f16",
                  n_batch: int = DEFAULT_N_BATCH, n_ubatch: int = DEFAULT_N_UBATCH,
-                 n_threads: int = DEFAULT_N_THREADS, flash_attn: bool = True) -> None:
+                 n_threads: int = DEFAULT_N_THREADS, flash_attn: bool = True,
+                 attn_rot: bool = True) -> None:
         import llama_cpp
 
         # Llama clamps n_batch to n_ctx and n_ubatch to n_batch; do it here so `n_ubatch` below
         # is what runs.
         n_batch = min(n_batch, n_ctx)
         n_ubatch = min(n_ubatch, n_batch)
-        self._llm: Any = llama_cpp.Llama(
+        self._llm: Any = None
+        saved = os.environ.get(_ATTN_ROT_ENV)
+        if attn_rot:
+            os.environ.pop(_ATTN_ROT_ENV, None)  # upstream's default, whatever the caller's env
+        else:
+            os.environ[_ATTN_ROT_ENV] = "1"
+        try:
+            self._llm = self._load(llama_cpp, model_path, n_ctx, n_batch, n_ubatch, n_threads,
+                                   type_k, type_v, flash_attn)
+        finally:
+            if saved is None:
+                os.environ.pop(_ATTN_ROT_ENV, None)
+            else:
+                os.environ[_ATTN_ROT_ENV] = saved
+        self.attn_rot = attn_rot
+        ctx = self._llm.ctx
+        #: What the context really uses (llama.cpp may round n_ctx up).
+        self.n_ctx = int(llama_cpp.llama_n_ctx(ctx))
+        self.n_batch = int(llama_cpp.llama_n_batch(ctx))
+        self.n_ubatch = int(llama_cpp.llama_n_ubatch(ctx))
+        if self.n_ctx < n_ctx or self.n_ubatch != n_ubatch:
+            raise RuntimeError(f"llama.cpp context has n_ctx={self.n_ctx}, n_ubatch={self.n_ubatch}; "
+                               f"asked for {n_ctx}, {n_ubatch}")
+        self.n_vocab: int = self._llm.n_vocab()
+
+    @staticmethod
+    def _load(llama_cpp: Any, model_path, n_ctx, n_batch, n_ubatch, n_threads, type_k, type_v,
+              flash_attn) -> Any:
+        return llama_cpp.Llama(
             model_path=os.fspath(model_path),
             n_gpu_layers=0,
             n_ctx=n_ctx,
@@ -91,15 +127,6 @@ class ReferenceSession:
             logits_all=True,
             verbose=False,
         )
-        ctx = self._llm.ctx
-        #: What the context really uses (llama.cpp may round n_ctx up).
-        self.n_ctx = int(llama_cpp.llama_n_ctx(ctx))
-        self.n_batch = int(llama_cpp.llama_n_batch(ctx))
-        self.n_ubatch = int(llama_cpp.llama_n_ubatch(ctx))
-        if self.n_ctx < n_ctx or self.n_ubatch != n_ubatch:
-            raise RuntimeError(f"llama.cpp context has n_ctx={self.n_ctx}, n_ubatch={self.n_ubatch}; "
-                               f"asked for {n_ctx}, {n_ubatch}")
-        self.n_vocab: int = self._llm.n_vocab()
 
     @property
     def n_tokens(self) -> int:
@@ -138,21 +165,22 @@ class ReferenceSession:
 def reference_logits(model_path: str | os.PathLike[str], tokens: Sequence[int], *,
                      n_ctx: int = DEFAULT_N_CTX, type_k: str | int = "f16", type_v: str | int = "f16",
                      n_batch: int = DEFAULT_N_BATCH, n_ubatch: int = DEFAULT_N_UBATCH,
-                     n_threads: int = DEFAULT_N_THREADS,
+                     n_threads: int = DEFAULT_N_THREADS, attn_rot: bool = True,
                      chunks: Sequence[int] | None = None) -> np.ndarray:
     """Logits of every position of `tokens` from llama.cpp on the CPU: float32 [len, n_vocab].
 
     Row i is the distribution of the token after ``tokens[: i + 1]`` (causal, from an empty
     context). `chunks` optionally gives sizes of successive ``eval`` calls (their sum must be
     ``len(tokens)``); by default the whole prompt is one call, split by llama.cpp into batches
-    of `n_batch` and micro-batches of `n_ubatch`.
+    of `n_batch` and micro-batches of `n_ubatch`. `attn_rot=False` turns off llama.cpp's
+    Hadamard rotation of quantized K/V caches (no effect on F16/F32 caches).
     """
     tokens = list(tokens)
     sizes = [len(tokens)] if chunks is None else [int(c) for c in chunks]
     if sum(sizes) != len(tokens) or any(c < 0 for c in sizes):
         raise ValueError(f"chunks {sizes} do not add up to {len(tokens)} tokens")
     with ReferenceSession(model_path, n_ctx=n_ctx, type_k=type_k, type_v=type_v, n_batch=n_batch,
-                          n_ubatch=n_ubatch, n_threads=n_threads) as ref:
+                          n_ubatch=n_ubatch, n_threads=n_threads, attn_rot=attn_rot) as ref:
         out, pos = [], 0
         for size in sizes:
             out.append(ref.eval(tokens[pos:pos + size]))
@@ -163,7 +191,7 @@ def reference_logits(model_path: str | os.PathLike[str], tokens: Sequence[int], 
 def reference_greedy(model_path: str | os.PathLike[str], prompt_tokens: Sequence[int], n_predict: int,
                      *, n_ctx: int = DEFAULT_N_CTX, type_k: str | int = "f16", type_v: str | int = "f16",
                      n_batch: int = DEFAULT_N_BATCH, n_ubatch: int = DEFAULT_N_UBATCH,
-                     n_threads: int = DEFAULT_N_THREADS) -> list[int]:
+                     n_threads: int = DEFAULT_N_THREADS, attn_rot: bool = True) -> list[int]:
     """Greedy continuation (temperature 0, no penalties, no stop tokens): `n_predict` token ids.
 
     Each step takes the argmax of the last position's logits (lowest id on ties, like
@@ -176,7 +204,7 @@ def reference_greedy(model_path: str | os.PathLike[str], prompt_tokens: Sequence
         raise ValueError(f"prompt ({len(prompt)}) + n_predict ({n_predict}) exceed n_ctx={n_ctx}")
     out: list[int] = []
     with ReferenceSession(model_path, n_ctx=n_ctx, type_k=type_k, type_v=type_v, n_batch=n_batch,
-                          n_ubatch=n_ubatch, n_threads=n_threads) as ref:
+                          n_ubatch=n_ubatch, n_threads=n_threads, attn_rot=attn_rot) as ref:
         last = ref.eval(prompt)[-1]
         for i in range(n_predict):
             tok = int(np.argmax(last))

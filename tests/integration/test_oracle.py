@@ -41,7 +41,18 @@ from oracle import ReferenceSession, reference_greedy, reference_logits  # noqa:
 # decodes: max |diff| / scale = 3.3e-4 .. 5.1e-4 with F32 weights, 2.1e-2 .. 2.5e-2 with Q8_0
 # weights (ggml's CPU matmul takes a different path by batch size; activations are quantized to
 # Q8_0 against Q8_0 weights), and top-1 identical everywhere. Q8_0 K and V vs F16 KV:
-# 6.4e-3 (F32 weights) and 4.1e-2 (Q8_0 weights), top-1 agreement >= 99%.
+# 6.4e-3 (F32 weights) and 4.1e-2 (Q8_0 weights), top-1 agreement >= 99%. lucebox today (same
+# ggml, same graph) is bit-identical to llama.cpp with an F16 cache, with either weight type.
+#
+# Quantized KV caches: llama.cpp at this pin rotates Q/K and V by a Walsh-Hadamard matrix before
+# quantizing them into the cache (see oracle.py); an engine that does not (lucebox today) carries
+# quantization noise independent of the reference's. Each quantized-KV comparison is therefore
+# made twice: loosely (TOL_QUANT_KV) against upstream's default, and tightly (the F16-KV
+# tolerance of the weight type) against the closer of the two upstream variants (rotation on or
+# off), so an engine with either choice passes and a real error does not. Measured (lucebox,
+# tiny models, 100-300 tokens): bit-identical to the variant without rotation; against the
+# rotated default, max |diff| 5e-3 .. 1.2e-2 (F32 weights) and 3.7e-2 .. 4.5e-2 (Q8_0 weights),
+# top-1 agreement 98.0% .. 100%.
 # ----------------------------------------------------------------------------------------------
 
 
@@ -61,18 +72,23 @@ TOL_F32_F16KV = Tolerance(max_abs=2e-2, min_top1=1.0)
 #: Q8_0 weights, F16 KV: llama.cpp alone differs by up to 2.5e-2 between batch sizes; 6e-2 is
 #: about 2.5x that. Top-1 may flip where the gap is within the tolerance.
 TOL_Q8W_F16KV = Tolerance(max_abs=6e-2, min_top1=0.98)
-#: Quantized KV (Q8_0 K and/or V), any weights: the K/V quantization rounds each stored value
-#: by up to 1/254 of its block's range, and where a row is quantized can differ between
-#: implementations (e.g. before or after RoPE fusion); 0.2 and 98% leave room for that.
-TOL_QUANT_KV = Tolerance(max_abs=0.2, min_top1=0.98)
+#: Quantized KV (Q8_0 K and/or V) against upstream's default (rotated) cache, any weights: the
+#: two sides' quantization noise is independent (each stored value rounded by up to 1/254 of its
+#: block's range); measured 4.5e-2 and 98.0% at worst, so 0.2 and 95% leave room without
+#: hiding a real error, which the tight comparison with the closer variant catches anyway.
+TOL_QUANT_KV = Tolerance(max_abs=0.2, min_top1=0.95)
 #: llama.cpp against itself (chunked vs one-shot, micro-batch 64 vs 512), see the numbers above.
 ORACLE_SELF_TOL = {"f32": 2e-3, "q8_0": 5e-2}
 
 
 def tolerance(weights: str, kv_k: str, kv_v: str) -> Tolerance:
-    if kv_k != "f16" or kv_v != "f16":
+    if quantized_kv(kv_k, kv_v):
         return TOL_QUANT_KV
     return TOL_F32_F16KV if weights == "f32" else TOL_Q8W_F16KV
+
+
+def quantized_kv(kv_k: str, kv_v: str) -> bool:
+    return kv_k != "f16" or kv_v != "f16"
 
 
 def logit_scale(ref: np.ndarray) -> float:
@@ -104,6 +120,20 @@ def assert_logits_close(ours: np.ndarray, ref: np.ndarray, tol: Tolerance, what:
         assert agree[decided].all(), report
     else:
         assert agree.mean() >= tol.min_top1, report
+
+
+def assert_matches_oracle(ours: np.ndarray, model, tokens: list[int], weights: str, kv_k: str, kv_v: str,
+                          what: str, **ref_kw) -> None:
+    """`ours` against reference_logits(model, tokens, **ref_kw) with the tolerances above; for a
+    quantized KV cache also tightly against the closer of upstream's two cache variants."""
+    ref = reference_logits(model, tokens, n_ctx=CTX, type_k=kv_k, type_v=kv_v, **ref_kw)
+    assert_logits_close(ours, ref, tolerance(weights, kv_k, kv_v), what)
+    if quantized_kv(kv_k, kv_v):
+        plain = reference_logits(model, tokens, n_ctx=CTX, type_k=kv_k, type_v=kv_v, attn_rot=False, **ref_kw)
+        closer, name = min(((ref, "rotated"), (plain, "not rotated")),
+                           key=lambda r: float(np.abs(ours.astype(np.float64) - r[0]).max()))
+        assert_logits_close(ours, closer, tolerance(weights, "f16", "f16"),
+                            f"{what} (tight, vs the closer upstream variant: KV {name})")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -191,6 +221,12 @@ def test_oracle_kv_type_is_applied(tiny_f32, prompts):
     assert not np.array_equal(q8k, f16)
     assert not np.array_equal(q8k, q8)
     assert_logits_close(q8, f16, TOL_QUANT_KV, "oracle q8_0 KV vs f16 KV")
+    # The Hadamard rotation applies to quantized caches only.
+    plain = reference_logits(tiny_f32, toks, n_ctx=CTX, n_ubatch=UBATCH, type_k="q8_0", type_v="q8_0",
+                             attn_rot=False)
+    assert not np.array_equal(plain, q8)
+    assert_logits_close(plain, q8, TOL_QUANT_KV, "oracle q8_0 KV, rotation off vs on")
+    assert np.array_equal(reference_logits(tiny_f32, toks, n_ctx=CTX, n_ubatch=UBATCH, attn_rot=False), f16)
 
 
 def test_oracle_greedy_is_teacher_forced_argmax(tiny_model, prompts):
@@ -255,9 +291,9 @@ def test_logits_match_oracle(make_engine, tiny_target, prompts, weights, kv, pro
     """One-shot prefill of a prompt longer than one micro-batch (64), both sides."""
     model = tiny_target(weights)
     toks = prompts[prompt_name]
-    ref = reference_logits(model, toks, n_ctx=CTX, n_ubatch=UBATCH, type_k=kv[0], type_v=kv[1])
     ours = make_engine(model, *kv).session().eval(toks, all_logits=True)
-    assert_logits_close(ours, ref, tolerance(weights, *kv), f"{weights} weights, K {kv[0]} V {kv[1]}, {prompt_name}")
+    assert_matches_oracle(ours, model, toks, weights, *kv, f"{weights} weights, K {kv[0]} V {kv[1]}, {prompt_name}",
+                          n_ubatch=UBATCH)
 
 
 @pytest.mark.parametrize("weights", ["f32", "q8_0"])
@@ -277,13 +313,13 @@ def test_chunked_eval_matches_one_shot_oracle(make_engine, tiny_target, prompts,
     """Prefill, then 8 single-token decodes in the same session = the reference in one shot."""
     model = tiny_target(weights)
     toks = prompts["random"]
-    ref = reference_logits(model, toks, n_ctx=CTX, n_ubatch=UBATCH, type_k=kv[0], type_v=kv[1])
     session = make_engine(model, *kv).session()
     parts = [session.eval(toks[:-8], all_logits=True)]
     parts += [session.eval([t], all_logits=True) for t in toks[-8:]]
     assert all(p.shape[0] == n for p, n in zip(parts, [len(toks) - 8] + [1] * 8))
     ours = np.concatenate(parts, axis=0)
-    assert_logits_close(ours, ref, tolerance(weights, *kv), f"{weights}, K {kv[0]} V {kv[1]}, prefill + 8 decodes")
+    assert_matches_oracle(ours, model, toks, weights, *kv, f"{weights}, K {kv[0]} V {kv[1]}, prefill + 8 decodes",
+                          n_ubatch=UBATCH)
 
 
 def test_session_reset_matches_oracle(make_engine, tiny_f32, prompts):

@@ -462,12 +462,12 @@ qwen35_graph build_qwen35_graph(ggml_context * ctx, const qwen35_hparams & hp, c
 
     qwen35_inputs & in = g.in;
     in.tokens = named(ggml_new_tensor_1d(ctx, GGML_TYPE_I32, T), "inp_tokens");
-    in.pos = named(ggml_new_tensor_1d(ctx, GGML_TYPE_I32, 4 * T), "inp_pos");
-    in.kv_rows = named(ggml_new_tensor_1d(ctx, GGML_TYPE_I64, T), "inp_kv_rows");
     if (n_out != n_tokens) {
         in.out_rows = named(ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n_out), "inp_out_rows");
     }
-    if (hp.n_attention_layers() > 0) {
+    if (hp.n_attention_layers() > 0) {  // inputs only attention uses (an unused input has no buffer)
+        in.pos = named(ggml_new_tensor_1d(ctx, GGML_TYPE_I32, 4 * T), "inp_pos");
+        in.kv_rows = named(ggml_new_tensor_1d(ctx, GGML_TYPE_I64, T), "inp_kv_rows");
         in.kq_mask = named(ggml_new_tensor_2d(ctx, GGML_TYPE_F16, n_kv, T), "inp_kq_mask");
     }
     if (!st.capture_layers.empty()) {

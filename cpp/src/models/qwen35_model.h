@@ -70,7 +70,7 @@ struct qwen35_state {
 // Input tensors of one forward graph, filled by the caller before compute.
 struct qwen35_inputs {
     ggml_tensor * tokens = nullptr;    // [T] I32
-    ggml_tensor * pos = nullptr;       // [4*T] I32: IMRoPE streams (t, h, w = position; extra = 0)
+    ggml_tensor * pos = nullptr;       // [4*T] I32: IMRoPE streams (t, h, w = position; extra = 0); null without attention layers
     ggml_tensor * kq_mask = nullptr;   // [n_kv, T] F16: 0 where visible, -inf elsewhere
     ggml_tensor * kv_rows = nullptr;   // [T] I64: cache rows written by this batch (= positions)
     ggml_tensor * ring_rows = nullptr; // [T] I64: feature ring rows (positions mod ring size), if capturing

@@ -62,11 +62,17 @@ void register_engine(py::module_ & m) {
         }, py::arg("tokens"), py::arg("all_logits") = true)
         .def("generate", [](session & s, const std::vector<int32_t> & prompt, uint32_t max_tokens,
                             const sampling_params & sampling, const std::vector<int32_t> & stop_tokens,
-                            py::object on_token) {
+                            py::object on_token, py::object on_prefill) {
             generate_params p;
             p.max_tokens = max_tokens;
             p.sampling = sampling;
             p.stop_tokens = stop_tokens;
+            if (!on_prefill.is_none()) {
+                p.on_prefill = [on_prefill](uint64_t done, uint64_t total) {
+                    py::gil_scoped_acquire gil;
+                    on_prefill(done, total);
+                };
+            }
             token_callback cb;
             if (!on_token.is_none()) {
                 cb = [on_token](int32_t t) {
@@ -78,7 +84,7 @@ void register_engine(py::module_ & m) {
             py::gil_scoped_release nogil;
             return s.generate(prompt, p, cb);
         }, py::arg("prompt"), py::arg("max_tokens"), py::arg("sampling"), py::arg("stop_tokens"),
-           py::arg("on_token") = py::none())
+           py::arg("on_token") = py::none(), py::arg("on_prefill") = py::none())
         .def("reset", &session::reset, py::call_guard<py::gil_scoped_release>())
         .def_property_readonly("n_past", &session::n_past)
         .def_property_readonly("tokens", &session::tokens)

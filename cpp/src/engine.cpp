@@ -234,7 +234,8 @@ void session::check_fits(size_t n_new) const {
     }
 }
 
-std::vector<float> session::forward(const int32_t * tokens, uint32_t n, bool all_logits, int32_t * argmax) {
+std::vector<float> session::forward(const int32_t * tokens, uint32_t n, bool all_logits, int32_t * argmax,
+                                    const progress_callback & progress) {
     engine::impl & e = *eng_;
     const qwen35_hparams & hp = e.target.hparams;
     const qwen35_state & st = st_->model_state;
@@ -319,6 +320,9 @@ std::vector<float> session::forward(const int32_t * tokens, uint32_t n, bool all
             }
         }
         done += T;
+        if (progress) {
+            progress(done, n);
+        }
     }
     return logits;
 }
@@ -375,7 +379,7 @@ generate_result session::generate(const std::vector<int32_t> & prompt, const gen
     const auto t0 = clock::now();
     int32_t next = -1;
     std::vector<float> logits = forward(pending.data(), static_cast<uint32_t>(pending.size()), false,
-                                        device_argmax ? &next : nullptr);
+                                        device_argmax ? &next : nullptr, params.on_prefill);
     pending_ = -1;
     res.stats.n_prompt = static_cast<uint32_t>(pending.size());
     const auto t1 = clock::now();

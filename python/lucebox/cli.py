@@ -124,10 +124,55 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 2
 
 
+class _Progress:
+    """A one-line progress display on stderr (only when stderr is a terminal or forced)."""
+
+    def __init__(self, label: str, unit: str, enabled: bool) -> None:
+        self.label, self.unit, self.enabled = label, unit, enabled
+        self.last = -1
+
+    def __call__(self, done: int, total: int) -> None:
+        if not self.enabled or total <= 0:
+            return
+        pct = int(100 * done / total)
+        if pct != self.last:
+            self.last = pct
+            shown = (f"{_fmt_bytes(done)} / {_fmt_bytes(total)}" if self.unit == "bytes"
+                     else f"{done} / {total} tokens")
+            end = "\n" if done >= total else ""
+            print(f"\r{self.label}: {pct:3d}% ({shown})", end=end, file=sys.stderr, flush=True)
+
+
 def _cmd_generate(args: argparse.Namespace) -> int:
-    print("lucebox generate: text generation is not built yet in this version "
-          "(the qwen35 forward pass lands next; see the project's open issues).", file=sys.stderr)
-    return 2
+    import lucebox
+
+    show = sys.stderr.isatty() or args.progress
+    engine = lucebox.Engine(args.model, ctx=args.ctx, kv_type_k=args.kv_type_k, kv_type_v=args.kv_type_v,
+                            device=args.device, ubatch=args.ubatch, threads=args.threads, spec="off",
+                            progress=_Progress("loading", "bytes", show))
+    prompt: Any = args.prompt
+    if args.prompt == "-":
+        prompt = sys.stdin.read()
+    if args.chat:
+        prompt = [{"role": "user", "content": prompt}]
+    chunks = engine.generate(prompt, max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
+                             top_p=args.top_p, min_p=args.min_p, presence_penalty=args.presence_penalty,
+                             repetition_penalty=args.repetition_penalty, seed=args.seed, stop=args.stop or None,
+                             stream=True, prefill_progress=_Progress("prefill", "tokens", show))
+    final = None
+    for chunk in chunks:
+        sys.stdout.write(chunk.text)
+        sys.stdout.flush()
+        if chunk.finish_reason is not None:
+            final = chunk
+    sys.stdout.write("\n")
+    if args.stats and final is not None and final.stats is not None:
+        st = final.stats
+        print(f"[{final.finish_reason}] prompt {st.n_prompt} tokens in {st.prefill_seconds:.3f} s "
+              f"({st.prefill_tokens_per_second:.1f} tok/s); generated {st.n_generated} tokens in "
+              f"{st.decode_seconds:.3f} s ({st.decode_tokens_per_second:.1f} tok/s) on {engine.device}",
+              file=sys.stderr)
+    return 0
 
 
 def _positive_int(text: str) -> int:
@@ -165,8 +210,27 @@ def build_parser() -> argparse.ArgumentParser:
     synth.add_arguments(p)
     p.set_defaults(func=_cmd_synth)
 
-    p = sub.add_parser("generate", help="generate text from a prompt (not built yet)")
-    p.add_argument("model", nargs="?")
+    p = sub.add_parser("generate", help="generate text from a prompt")
+    p.add_argument("model", help="qwen35 target GGUF")
+    p.add_argument("prompt", help="prompt text ('-' reads stdin)")
+    p.add_argument("--chat", action="store_true", help="wrap the prompt as a user message in the chat template")
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--min-p", type=float, default=0.0)
+    p.add_argument("--presence-penalty", type=float, default=0.0)
+    p.add_argument("--repetition-penalty", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--stop", action="append", help="stop string (repeatable)")
+    p.add_argument("--ctx", type=_positive_int, default=4096)
+    p.add_argument("--kv-type-k", default="f16")
+    p.add_argument("--kv-type-v", default="f16")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+    p.add_argument("--ubatch", type=_positive_int, default=512)
+    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--stats", action="store_true", help="print timing and token counts to stderr")
+    p.add_argument("--progress", action="store_true", help="show load/prefill progress even when not a terminal")
     p.set_defaults(func=_cmd_generate)
 
     p = sub.add_parser("serve", help="run the OpenAI-compatible HTTP server (not built yet)")

@@ -124,7 +124,8 @@ class Engine:
                  top_p: float = 1.0, min_p: float = 0.0, presence_penalty: float = 0.0,
                  frequency_penalty: float = 0.0, repetition_penalty: float = 1.0, seed: int = 0,
                  stop: str | Sequence[str] | None = None, stream: bool = False, tools: list[dict[str, Any]] | None = None,
-                 enable_thinking: bool | None = None) -> GenerationResult | Iterator[GenerationChunk]:
+                 enable_thinking: bool | None = None,
+                 prefill_progress: Callable[[int, int], None] | None = None) -> GenerationResult | Iterator[GenerationChunk]:
         """Generate from a fresh session. Returns a GenerationResult, or an iterator of chunks when
         stream=True. Raises ConfigError for invalid parameters or a prompt longer than the context,
         before any work."""
@@ -132,7 +133,7 @@ class Engine:
         session = self.session()
         kwargs = dict(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                       presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
-                      repetition_penalty=repetition_penalty, seed=seed, stop=stop)
+                      repetition_penalty=repetition_penalty, seed=seed, stop=stop, prefill_progress=prefill_progress)
         if stream:
             return session.stream(ids, **kwargs)
         return session.generate(ids, **kwargs)
@@ -180,7 +181,8 @@ class Session:
 
     def _run(self, ids: list[int], max_tokens: int, sampling: SamplingConfig, stops: list[str],
              emit: Callable[[str, list[int]], None],
-             cancelled: Callable[[], bool] = lambda: False) -> tuple[Any, str, list[int]]:
+             cancelled: Callable[[], bool] = lambda: False,
+             prefill_progress: Callable[[int, int], None] | None = None) -> tuple[Any, str, list[int]]:
         """Runs the C++ generation; `emit(text, ids)` receives decoded pieces. Returns the core
         result, the full text (cut at a stop string) and the kept token ids."""
         tok = self.engine.tokenizer
@@ -221,7 +223,7 @@ class Session:
             return not cancelled()
 
         stop_ids = sorted(tok.eos_ids)
-        res = self._core.generate(ids, max_tokens, sampling.to_core(), stop_ids, on_token)
+        res = self._core.generate(ids, max_tokens, sampling.to_core(), stop_ids, on_token, prefill_progress)
         if not state["stopped"]:
             tail = state["held"] + decoder.flush()
             if tail:
@@ -234,15 +236,18 @@ class Session:
         return GenerationStats(res.n_prompt, res.n_generated, res.prefill_seconds, res.decode_seconds)
 
     def generate(self, prompt: Prompt = (), *, max_tokens: int = 256, stop: str | Sequence[str] | None = None,
-                 **sampling: Any) -> GenerationResult:
-        """Append `prompt` (text, messages or ids) and generate up to max_tokens tokens."""
+                 prefill_progress: Callable[[int, int], None] | None = None, **sampling: Any) -> GenerationResult:
+        """Append `prompt` (text, messages or ids) and generate up to max_tokens tokens.
+        prefill_progress(done, total) is called after each prefill micro-batch."""
         ids, cfg, stops = self._prepare(prompt, max_tokens, stop, **sampling)
-        res, text, kept = self._run(ids, max_tokens, cfg, stops, lambda _t, _i: None)
+        res, text, kept = self._run(ids, max_tokens, cfg, stops, lambda _t, _i: None,
+                                    prefill_progress=prefill_progress)
         finish = "stop" if res.finish_reason == "cancelled" and stops else res.finish_reason
         return GenerationResult(text=text, tokens=kept if stops else list(res.tokens), finish_reason=finish,
                                 stats=self._stats(res))
 
     def stream(self, prompt: Prompt = (), *, max_tokens: int = 256, stop: str | Sequence[str] | None = None,
+               prefill_progress: Callable[[int, int], None] | None = None,
                **sampling: Any) -> Iterator[GenerationChunk]:
         """Like generate(), yielding chunks as tokens are committed. Parameters are validated
         before the first chunk; closing the iterator cancels the generation."""
@@ -256,7 +261,7 @@ class Session:
 
         def worker() -> None:
             try:
-                res, _text, _kept = self._run(ids, max_tokens, cfg, stops, emit, cancel.is_set)
+                res, _text, _kept = self._run(ids, max_tokens, cfg, stops, emit, cancel.is_set, prefill_progress)
                 finish = "stop" if res.finish_reason == "cancelled" and not cancel.is_set() else res.finish_reason
                 q.put(GenerationChunk(text="", finish_reason=finish, stats=self._stats(res)))
             except BaseException as exc:  # delivered to the consumer

@@ -34,6 +34,7 @@ struct generate_params {
     uint32_t max_tokens = 256;
     sampling_params sampling;
     std::vector<int32_t> stop_tokens;  // generation ends (without emitting it) at any of these
+    progress_callback on_prefill;      // (tokens done, tokens total) after each prefill micro-batch
 };
 
 struct generate_stats {
@@ -105,7 +106,8 @@ class session {
     session(engine::impl * eng, std::unique_ptr<state> st);
     // Runs `n` tokens (already validated) through the model in micro-batches. Returns logits of the
     // requested rows; when `argmax` is set and only the last row is wanted, returns its argmax instead.
-    std::vector<float> forward(const int32_t * tokens, uint32_t n, bool all_logits, int32_t * argmax);
+    std::vector<float> forward(const int32_t * tokens, uint32_t n, bool all_logits, int32_t * argmax,
+                               const progress_callback & progress = {});
     void check_fits(size_t n_new) const;
 
     engine::impl * eng_;

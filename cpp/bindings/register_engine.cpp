@@ -37,6 +37,8 @@ void register_engine(py::module_ & m) {
         .def_readwrite("n_ubatch", &engine_config::n_ubatch)
         .def_readwrite("n_threads", &engine_config::n_threads)
         .def_readwrite("capture_layers", &engine_config::capture_layers)
+        .def_readwrite("draft_path", &engine_config::draft_path)
+        .def_readwrite("spec", &engine_config::spec)
         .def("validate", &engine_config::validate);
 
     py::class_<generate_result>(m, "GenerateResult")
@@ -45,7 +47,24 @@ void register_engine(py::module_ & m) {
         .def_property_readonly("n_prompt", [](const generate_result & r) { return r.stats.n_prompt; })
         .def_property_readonly("n_generated", [](const generate_result & r) { return r.stats.n_generated; })
         .def_property_readonly("prefill_seconds", [](const generate_result & r) { return r.stats.prefill_seconds; })
-        .def_property_readonly("decode_seconds", [](const generate_result & r) { return r.stats.decode_seconds; });
+        .def_property_readonly("decode_seconds", [](const generate_result & r) { return r.stats.decode_seconds; })
+        .def_property_readonly("spec_stats", [](const generate_result & r) {
+            const generate_stats & s = r.stats;
+            py::dict d;
+            d["speculative"] = s.speculative;
+            d["steps"] = s.steps;
+            d["drafted"] = s.drafted;
+            d["accepted"] = s.accepted;
+            d["accept_histogram"] = s.accept_histogram;
+            d["fast_rollbacks"] = s.fast_rollbacks;
+            d["replays"] = s.replays;
+            d["plain_tokens"] = s.plain_tokens;
+            d["fallback_reason"] = s.fallback_reason;
+            d["draft_seconds"] = s.draft_seconds;
+            d["verify_seconds"] = s.verify_seconds;
+            d["commit_seconds"] = s.commit_seconds;
+            return d;
+        });
 
     py::class_<session>(m, "Session")
         .def("eval", [](session & s, const std::vector<int32_t> & tokens, bool all_logits) {
@@ -62,7 +81,8 @@ void register_engine(py::module_ & m) {
         }, py::arg("tokens"), py::arg("all_logits") = true)
         .def("generate", [](session & s, const std::vector<int32_t> & prompt, uint32_t max_tokens,
                             const sampling_params & sampling, const std::vector<int32_t> & stop_tokens,
-                            py::object on_token, py::object on_prefill) {
+                            py::object on_token, py::object on_prefill, py::object propose, uint32_t block_size,
+                            bool phase_timings) {
             generate_params p;
             p.max_tokens = max_tokens;
             p.sampling = sampling;
@@ -71,6 +91,14 @@ void register_engine(py::module_ & m) {
                 p.on_prefill = [on_prefill](uint64_t done, uint64_t total) {
                     py::gil_scoped_acquire gil;
                     on_prefill(done, total);
+                };
+            }
+            p.block_size = block_size;
+            p.phase_timings = phase_timings;
+            if (!propose.is_none()) {
+                p.propose = [propose](const std::vector<int32_t> & ctx, int32_t last, uint32_t n) {
+                    py::gil_scoped_acquire gil;
+                    return propose(ctx, last, n).cast<std::vector<int32_t>>();
                 };
             }
             token_callback cb;
@@ -84,7 +112,8 @@ void register_engine(py::module_ & m) {
             py::gil_scoped_release nogil;
             return s.generate(prompt, p, cb);
         }, py::arg("prompt"), py::arg("max_tokens"), py::arg("sampling"), py::arg("stop_tokens"),
-           py::arg("on_token") = py::none(), py::arg("on_prefill") = py::none())
+           py::arg("on_token") = py::none(), py::arg("on_prefill") = py::none(), py::arg("propose") = py::none(),
+           py::arg("block_size") = 0, py::arg("phase_timings") = false)
         .def("reset", &session::reset, py::call_guard<py::gil_scoped_release>())
         .def_property_readonly("n_past", &session::n_past)
         .def_property_readonly("tokens", &session::tokens)

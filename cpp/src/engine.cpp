@@ -12,7 +12,9 @@
 #include "lucebox/errors.h"
 #include "lucebox/log.h"
 #include "lucebox/model_files.h"
+#include "models/dflash_model.h"
 #include "models/qwen35_model.h"
+#include "spec/chain.h"
 
 namespace lucebox {
 
@@ -20,6 +22,7 @@ namespace {
 
 constexpr uint32_t KV_PAD = 256;         // cache rows are viewed in multiples of this (FA kernels)
 constexpr size_t MAX_GRAPH_NODES = 16384;
+constexpr uint32_t MAX_FORCED_BLOCK = 16;  // verify width available to forced proposals without a draft
 
 uint32_t pad_to(uint32_t n, uint32_t m) { return (n + m - 1) / m * m; }
 
@@ -97,6 +100,12 @@ void engine_config::validate() const {
     }
     parse_kv_type(kv_type_k);
     parse_kv_type(kv_type_v);
+    if (spec != "off" && spec != "chain") {
+        throw config_error("engine: spec '" + spec + "' must be off or chain");
+    }
+    if (spec == "chain" && draft_path.empty()) {
+        throw config_error("engine: spec 'chain' needs a draft model");
+    }
 }
 
 struct engine::impl {
@@ -110,8 +119,32 @@ struct engine::impl {
     ggml_backend_sched_t sched = nullptr;
     tensor_store weights;
     qwen35_weights w;
+    // DFlash draft (optional)
+    std::unique_ptr<draft_model_file> draft;
+    tensor_store draft_weights;
+    dflash_weights dw;
+    std::vector<int32_t> capture;          // target layers captured into feature rings
+    std::vector<size_t> draft_ring_index;  // per draft target layer: index into `capture`
     std::vector<uint8_t> graph_meta;
     std::mutex compute_mutex;
+
+    uint32_t block_size() const { return draft ? draft->hparams.block_size : 0; }
+
+    // Allocates the graph's tensors; the caller then sets inputs and calls compute().
+    void alloc(ggml_cgraph * gf, const std::string & what) {
+        ggml_backend_sched_reset(sched);
+        if (!ggml_backend_sched_alloc_graph(sched, gf)) {
+            throw out_of_memory_error("out of memory allocating compute buffers for " + what + " on " +
+                                      ggml_backend_dev_name(dev) + "; try a smaller ubatch");
+        }
+    }
+    void compute(ggml_cgraph * gf, const std::string & what) {
+        const ggml_status status = ggml_backend_sched_graph_compute(sched, gf);
+        if (status != GGML_STATUS_SUCCESS) {
+            throw error(what + " failed on " + ggml_backend_dev_name(dev) + " (ggml status " +
+                        std::to_string(int(status)) + ")");
+        }
+    }
 
     impl(const engine_config & c, const progress_callback & progress)
         : cfg(c), target(open_target((c.validate(), c.model_path))) {
@@ -130,6 +163,19 @@ struct engine::impl {
         type_k = parse_kv_type(cfg.kv_type_k);
         type_v = parse_kv_type(cfg.kv_type_v);
         kv_size = pad_to(cfg.n_ctx, KV_PAD);
+        capture = cfg.capture_layers;
+        if (!cfg.draft_path.empty()) {
+            draft = std::make_unique<draft_model_file>(open_draft(cfg.draft_path));
+            validate_draft_for_target(target.file, hp, draft->file, draft->hparams);
+            for (int32_t l : draft->hparams.target_layers) {
+                auto it = std::find(capture.begin(), capture.end(), l);
+                if (it == capture.end()) {
+                    capture.push_back(l);
+                    it = capture.end() - 1;
+                }
+                draft_ring_index.push_back(static_cast<size_t>(it - capture.begin()));
+            }
+        }
         plan();  // validates KV row sizes against the types' block sizes
 
         dev = resolve_device(cfg.device);
@@ -149,6 +195,11 @@ struct engine::impl {
         weights = tensor_store::load(target.file, qwen35_used_tensors(hp, target.file),
                                      ggml_backend_dev_buffer_type(dev), dev, progress);
         w = bind_qwen35_weights(hp, weights);
+        if (draft) {
+            draft_weights = tensor_store::load(draft->file, dflash_used_tensors(draft->hparams, draft->file),
+                                               ggml_backend_dev_buffer_type(dev), dev, {});
+            dw = bind_dflash_weights(draft->hparams, draft_weights, w);
+        }
 
         std::vector<ggml_backend_t> backends{backend};
         if (cpu_backend != backend) {
@@ -163,6 +214,7 @@ struct engine::impl {
         if (sched) {
             ggml_backend_sched_free(sched);
         }
+        draft_weights = tensor_store();
         weights = tensor_store();
         if (cpu_backend && cpu_backend != backend) {
             ggml_backend_free(cpu_backend);
@@ -178,8 +230,12 @@ struct engine::impl {
         req.kv_type_k = type_k;
         req.kv_type_v = type_v;
         req.ubatch = cfg.n_ubatch;
-        memory_plan p = plan_memory(target.hparams, nullptr, req);
+        if (draft) {
+            req.verify_tokens = draft->hparams.block_size;
+        }
+        memory_plan p = plan_memory(target.hparams, draft ? &draft->hparams : nullptr, req);
         p.target_weight_bytes = target.weight_bytes;
+        p.draft_weight_bytes = draft ? draft->weight_bytes : 0;
         return p;
     }
 };
@@ -201,14 +257,24 @@ std::string engine::device_description() const { return ggml_backend_dev_descrip
 
 struct session::state {
     qwen35_state model_state;
+    dflash_state draft_state;
+    std::vector<ggml_tensor *> draft_rings;  // target feature rings in draft target_layers order
 };
 
 std::unique_ptr<session> engine::new_session() {
     impl & e = *impl_;
     auto st = std::make_unique<session::state>();
-    const uint32_t ring = std::max(e.cfg.n_ubatch, 64u);
-    st->model_state = qwen35_state::allocate(e.target.hparams, e.kv_size, e.type_k, e.type_v, e.cfg.capture_layers,
-                                             ring, ggml_backend_dev_buffer_type(e.dev), e.dev);
+    const uint32_t ring = std::max({e.cfg.n_ubatch, 64u, e.block_size(), MAX_FORCED_BLOCK});
+    st->model_state = qwen35_state::allocate(e.target.hparams, e.kv_size, e.type_k, e.type_v, e.capture, ring,
+                                             std::max(e.block_size(), MAX_FORCED_BLOCK),
+                                             ggml_backend_dev_buffer_type(e.dev), e.dev);
+    if (e.draft) {
+        st->draft_state = dflash_state::allocate(e.draft->hparams, e.kv_size, e.type_k, e.type_v,
+                                                 ggml_backend_dev_buffer_type(e.dev), e.dev);
+        for (size_t i : e.draft_ring_index) {
+            st->draft_rings.push_back(st->model_state.ring[i]);
+        }
+    }
     return std::unique_ptr<session>(new session(impl_.get(), std::move(st)));
 }
 
@@ -221,8 +287,10 @@ uint32_t session::n_vocab() const { return eng_->target.hparams.n_vocab; }
 void session::reset() {
     std::lock_guard<std::mutex> lock(eng_->compute_mutex);
     st_->model_state.store.clear();
+    st_->draft_state.store.clear();
     tokens_.clear();
     pending_ = -1;
+    n_draft_ctx_ = 0;
 }
 
 void session::check_fits(size_t n_new) const {
@@ -234,90 +302,171 @@ void session::check_fits(size_t n_new) const {
     }
 }
 
-std::vector<float> session::forward(const int32_t * tokens, uint32_t n, bool all_logits, int32_t * argmax,
-                                    const progress_callback & progress) {
+namespace {
+struct ctx_guard {
+    ggml_context * ctx;
+    explicit ctx_guard(std::vector<uint8_t> & meta) {
+        ggml_init_params ip{meta.size(), meta.data(), /*no_alloc=*/true};
+        ctx = ggml_init(ip);
+    }
+    ~ctx_guard() { ggml_free(ctx); }
+};
+
+std::vector<ggml_fp16_t> visible_prefix_mask(uint32_t n_kv, uint32_t rows, const std::function<uint32_t(uint32_t)> & n_visible) {
+    const ggml_fp16_t zero = ggml_fp32_to_fp16(0.0f), ninf = ggml_fp32_to_fp16(-INFINITY);
+    std::vector<ggml_fp16_t> mask(size_t(n_kv) * rows, ninf);
+    for (uint32_t i = 0; i < rows; ++i) {
+        std::fill_n(mask.begin() + size_t(i) * n_kv, n_visible(i), zero);
+    }
+    return mask;
+}
+}  // namespace
+
+std::vector<float> session::run_target(const int32_t * tokens, uint32_t T, bool all_logits, int32_t * argmax_last,
+                                       bool verify, std::vector<int32_t> * argmax_rows) {
     engine::impl & e = *eng_;
     const qwen35_hparams & hp = e.target.hparams;
     const qwen35_state & st = st_->model_state;
     const uint32_t V = hp.n_vocab;
-    std::vector<float> logits;
-    if (all_logits) {
-        logits.resize(size_t(n) * V);
-    }
-    std::lock_guard<std::mutex> lock(e.compute_mutex);
-    for (uint32_t done = 0; done < n;) {
-        const uint32_t T = std::min(e.cfg.n_ubatch, n - done);
-        const bool last_chunk = done + T == n;
-        const uint32_t n_out = all_logits ? T : (last_chunk ? 1 : 0);
-        const uint32_t n_past = static_cast<uint32_t>(tokens_.size());
-        const uint32_t n_kv = std::min(e.kv_size, pad_to(n_past + T, KV_PAD));
+    const uint32_t n_past = static_cast<uint32_t>(tokens_.size());
+    const uint32_t n_kv = std::min(e.kv_size, pad_to(n_past + T, KV_PAD));
+    const bool rows_out = all_logits || argmax_rows != nullptr;
+    const uint32_t n_out = rows_out ? T : 1;
 
-        ggml_init_params ip{e.graph_meta.size(), e.graph_meta.data(), /*no_alloc=*/true};
-        ggml_context * ctx = ggml_init(ip);
-        struct ctx_guard {
-            ggml_context * c;
-            ~ctx_guard() { ggml_free(c); }
-        } guard{ctx};
-        const bool want_argmax = argmax != nullptr && n_out == 1 && !all_logits;
-        qwen35_graph g = build_qwen35_graph(ctx, hp, e.w, st, T, n_kv, std::max(n_out, 1u), want_argmax);
+    ctx_guard g_ctx(e.graph_meta);
+    const bool want_argmax = argmax_last != nullptr || argmax_rows != nullptr;
+    qwen35_graph g = build_qwen35_graph(g_ctx.ctx, hp, e.w, st, T, n_kv, n_out, want_argmax, verify);
+    e.alloc(g.gf, "a batch of " + std::to_string(T) + " tokens");
 
-        ggml_backend_sched_reset(e.sched);
-        if (!ggml_backend_sched_alloc_graph(e.sched, g.gf)) {
-            throw out_of_memory_error("out of memory allocating compute buffers for a batch of " + std::to_string(T) +
-                                      " tokens on " + ggml_backend_dev_name(e.dev) + "; try a smaller ubatch");
-        }
-
-        // inputs
-        ggml_backend_tensor_set(g.in.tokens, tokens + done, 0, sizeof(int32_t) * T);
+    ggml_backend_tensor_set(g.in.tokens, tokens, 0, sizeof(int32_t) * T);
+    if (g.in.pos != nullptr) {
         std::vector<int32_t> pos(4 * size_t(T), 0);
         std::vector<int64_t> rows(T);
         for (uint32_t i = 0; i < T; ++i) {
             pos[i] = pos[T + i] = pos[2 * T + i] = static_cast<int32_t>(n_past + i);
             rows[i] = n_past + i;
         }
-        if (g.in.pos != nullptr) {
-            ggml_backend_tensor_set(g.in.pos, pos.data(), 0, sizeof(int32_t) * pos.size());
-            ggml_backend_tensor_set(g.in.kv_rows, rows.data(), 0, sizeof(int64_t) * T);
+        ggml_backend_tensor_set(g.in.pos, pos.data(), 0, sizeof(int32_t) * pos.size());
+        ggml_backend_tensor_set(g.in.kv_rows, rows.data(), 0, sizeof(int64_t) * T);
+        const auto mask = visible_prefix_mask(n_kv, T, [&](uint32_t i) { return n_past + i + 1; });  // causal
+        ggml_backend_tensor_set(g.in.kq_mask, mask.data(), 0, sizeof(ggml_fp16_t) * mask.size());
+    }
+    if (g.in.ring_rows != nullptr) {
+        std::vector<int64_t> ring_rows(T);
+        for (uint32_t i = 0; i < T; ++i) {
+            ring_rows[i] = (n_past + i) % st.ring_size;
         }
-        if (g.in.ring_rows != nullptr) {
-            std::vector<int64_t> ring_rows(T);
-            for (uint32_t i = 0; i < T; ++i) {
-                ring_rows[i] = (n_past + i) % st.ring_size;
-            }
-            ggml_backend_tensor_set(g.in.ring_rows, ring_rows.data(), 0, sizeof(int64_t) * T);
-        }
-        std::vector<int32_t> out_rows(std::max(n_out, 1u));
-        for (uint32_t i = 0; i < out_rows.size(); ++i) {
-            out_rows[i] = static_cast<int32_t>(all_logits ? i : T - 1);
-        }
-        if (g.in.out_rows != nullptr) {
-            ggml_backend_tensor_set(g.in.out_rows, out_rows.data(), 0, sizeof(int32_t) * out_rows.size());
-        }
-        if (g.in.kq_mask != nullptr) {
-            const ggml_fp16_t zero = ggml_fp32_to_fp16(0.0f), ninf = ggml_fp32_to_fp16(-INFINITY);
-            std::vector<ggml_fp16_t> mask(size_t(n_kv) * T, ninf);
-            for (uint32_t i = 0; i < T; ++i) {
-                std::fill_n(mask.begin() + size_t(i) * n_kv, n_past + i + 1, zero);  // causal
-            }
-            ggml_backend_tensor_set(g.in.kq_mask, mask.data(), 0, sizeof(ggml_fp16_t) * mask.size());
-        }
+        ggml_backend_tensor_set(g.in.ring_rows, ring_rows.data(), 0, sizeof(int64_t) * T);
+    }
+    if (g.in.out_rows != nullptr) {
+        const int32_t last = static_cast<int32_t>(T - 1);
+        ggml_backend_tensor_set(g.in.out_rows, &last, 0, sizeof(int32_t));
+    }
+    e.compute(g.gf, "the target forward pass");
 
-        const ggml_status status = ggml_backend_sched_graph_compute(e.sched, g.gf);
-        if (status != GGML_STATUS_SUCCESS) {
-            throw error(std::string("forward pass failed on ") + ggml_backend_dev_name(e.dev) + " (ggml status " +
-                        std::to_string(int(status)) + ")");
+    std::vector<float> logits;
+    if (all_logits) {
+        logits.resize(size_t(T) * V);
+        ggml_backend_tensor_get(g.logits, logits.data(), 0, sizeof(float) * logits.size());
+    } else if (argmax_last == nullptr && argmax_rows == nullptr) {
+        logits.resize(V);
+        ggml_backend_tensor_get(g.logits, logits.data(), 0, sizeof(float) * V);
+    }
+    if (argmax_rows != nullptr) {
+        argmax_rows->resize(T);
+        ggml_backend_tensor_get(g.argmax, argmax_rows->data(), 0, sizeof(int32_t) * T);
+    }
+    if (argmax_last != nullptr) {
+        ggml_backend_tensor_get(g.argmax, argmax_last, (n_out - 1) * sizeof(int32_t), sizeof(int32_t));
+    }
+    return logits;
+}
+
+std::vector<int32_t> session::run_draft(int32_t last, uint32_t block) {
+    engine::impl & e = *eng_;
+    const dflash_hparams & dh = e.draft->hparams;
+    const uint32_t n_past = static_cast<uint32_t>(tokens_.size());
+    const uint32_t n_inject = n_past - n_draft_ctx_;
+    if (n_inject > st_->model_state.ring_size) {
+        throw error("internal: " + std::to_string(n_inject) + " positions to inject exceed the feature ring");
+    }
+    if (n_inject == 0 && block == 0) {
+        return {};
+    }
+    const uint32_t n_kv = std::min(e.kv_size, pad_to(n_past + block, KV_PAD));
+    ctx_guard g_ctx(e.graph_meta);
+    dflash_graph g = build_dflash_graph(g_ctx.ctx, dh, e.dw, st_->draft_state, st_->draft_rings, n_inject, block,
+                                        n_kv, e.target.hparams.n_ctx_train);
+    e.alloc(g.gf, "the draft");
+    if (n_inject > 0) {
+        std::vector<int64_t> kv_rows(n_inject);
+        std::vector<int32_t> pos(n_inject), ring_rows(n_inject);
+        for (uint32_t i = 0; i < n_inject; ++i) {
+            const uint32_t p = n_draft_ctx_ + i;
+            ring_rows[i] = static_cast<int32_t>(p % st_->model_state.ring_size);
+            kv_rows[i] = p;
+            pos[i] = static_cast<int32_t>(p);
         }
+        ggml_backend_tensor_set(g.in.ctx_ring_rows, ring_rows.data(), 0, sizeof(int32_t) * n_inject);
+        ggml_backend_tensor_set(g.in.ctx_kv_rows, kv_rows.data(), 0, sizeof(int64_t) * n_inject);
+        ggml_backend_tensor_set(g.in.ctx_pos, pos.data(), 0, sizeof(int32_t) * n_inject);
+    }
+    if (block > 0) {
+        std::vector<int32_t> toks(block, static_cast<int32_t>(dh.mask_token_id)), pos(block);
+        std::vector<int64_t> rows(block);
+        toks[0] = last;
+        for (uint32_t i = 0; i < block; ++i) {
+            pos[i] = static_cast<int32_t>(n_past + i);
+            rows[i] = n_past + i;
+        }
+        ggml_backend_tensor_set(g.in.block_tokens, toks.data(), 0, sizeof(int32_t) * block);
+        ggml_backend_tensor_set(g.in.block_pos, pos.data(), 0, sizeof(int32_t) * block);
+        ggml_backend_tensor_set(g.in.block_kv_rows, rows.data(), 0, sizeof(int64_t) * block);
+        const auto mask = visible_prefix_mask(n_kv, block, [&](uint32_t) { return n_past + block; });  // non-causal
+        ggml_backend_tensor_set(g.in.kq_mask, mask.data(), 0, sizeof(ggml_fp16_t) * mask.size());
+    }
+    e.compute(g.gf, "the draft forward pass");
+    n_draft_ctx_ = n_past;
+    std::vector<int32_t> proposals;
+    if (block > 0) {
+        proposals.resize(block - 1);
+        ggml_backend_tensor_get(g.argmax, proposals.data(), 0, sizeof(int32_t) * (block - 1));
+    }
+    return proposals;
+}
+
+void session::commit(uint32_t n_verified, uint32_t last_kept) {
+    engine::impl & e = *eng_;
+    ctx_guard g_ctx(e.graph_meta);
+    ggml_cgraph * gf = build_qwen35_commit_graph(g_ctx.ctx, e.target.hparams, st_->model_state, n_verified, last_kept);
+    if (ggml_graph_n_nodes(gf) == 0) {
+        return;  // no DeltaNet layers
+    }
+    e.alloc(gf, "the commit");
+    e.compute(gf, "the commit");
+}
+
+std::vector<float> session::forward(const int32_t * tokens, uint32_t n, bool all_logits, int32_t * argmax,
+                                    const progress_callback & progress) {
+    engine::impl & e = *eng_;
+    const uint32_t V = e.target.hparams.n_vocab;
+    std::vector<float> logits;
+    if (all_logits) {
+        logits.reserve(size_t(n) * V);
+    }
+    std::lock_guard<std::mutex> lock(e.compute_mutex);
+    for (uint32_t done = 0; done < n;) {
+        const uint32_t T = std::min(e.cfg.n_ubatch, n - done);
+        const bool last_chunk = done + T == n;
+        std::vector<float> part = run_target(tokens + done, T, all_logits, last_chunk ? argmax : nullptr, false, nullptr);
         tokens_.insert(tokens_.end(), tokens + done, tokens + done + T);
-
+        if (e.draft) {
+            run_draft(-1, 0);  // keep the draft's context in step (the feature ring holds one micro-batch)
+        }
         if (all_logits) {
-            ggml_backend_tensor_get(g.logits, logits.data() + size_t(done) * V, 0, sizeof(float) * size_t(T) * V);
-        } else if (last_chunk) {
-            if (want_argmax) {
-                ggml_backend_tensor_get(g.argmax, argmax, 0, sizeof(int32_t));
-            } else {
-                logits.resize(V);
-                ggml_backend_tensor_get(g.logits, logits.data(), 0, sizeof(float) * V);
-            }
+            logits.insert(logits.end(), part.begin(), part.end());
+        } else if (last_chunk && argmax == nullptr) {
+            logits = std::move(part);
         }
         done += T;
         if (progress) {
@@ -360,15 +509,10 @@ generate_result session::generate(const std::vector<int32_t> & prompt, const gen
                                " is outside the vocabulary [0, " + std::to_string(V) + ")");
         }
     }
-
-    generate_result res;
-    sampler smp(params.sampling);
-    const sampling_params & sp = params.sampling;
-    const bool device_argmax = sp.is_greedy() && sp.presence_penalty == 0.0f && sp.frequency_penalty == 0.0f &&
-                               sp.repetition_penalty == 1.0f;
-    auto is_stop = [&](int32_t t) {
-        return std::find(params.stop_tokens.begin(), params.stop_tokens.end(), t) != params.stop_tokens.end();
-    };
+    if (params.block_size > MAX_FORCED_BLOCK) {
+        throw config_error("generate: block_size " + std::to_string(params.block_size) + " exceeds " +
+                           std::to_string(MAX_FORCED_BLOCK));
+    }
 
     // Feed the previous call's last token (emitted but not yet evaluated), then the prompt.
     std::vector<int32_t> pending;
@@ -376,11 +520,27 @@ generate_result session::generate(const std::vector<int32_t> & prompt, const gen
         pending.push_back(pending_);
     }
     pending.insert(pending.end(), prompt.begin(), prompt.end());
+    pending_ = -1;
+
+    const sampling_params & sp = params.sampling;
+    const bool greedy = sp.is_greedy() && !sp.has_penalties();
+    const bool spec_available = (eng_->draft && eng_->cfg.spec == "chain") || params.propose;
+    if (spec_available && greedy) {
+        return generate_speculative(pending, params, on_token);
+    }
+
+    generate_result res;
+    if (eng_->draft && eng_->cfg.spec == "chain") {
+        res.stats.fallback_reason = "speculative decoding currently needs greedy sampling without penalties";
+    }
+    sampler smp(params.sampling);
+    auto is_stop = [&](int32_t t) {
+        return std::find(params.stop_tokens.begin(), params.stop_tokens.end(), t) != params.stop_tokens.end();
+    };
     const auto t0 = clock::now();
     int32_t next = -1;
     std::vector<float> logits = forward(pending.data(), static_cast<uint32_t>(pending.size()), false,
-                                        device_argmax ? &next : nullptr, params.on_prefill);
-    pending_ = -1;
+                                        greedy ? &next : nullptr, params.on_prefill);
     res.stats.n_prompt = static_cast<uint32_t>(pending.size());
     const auto t1 = clock::now();
     res.stats.prefill_seconds = std::chrono::duration<double>(t1 - t0).count();
@@ -388,7 +548,7 @@ generate_result session::generate(const std::vector<int32_t> & prompt, const gen
     std::vector<int32_t> history(tokens_);
     res.finish_reason = "length";
     while (res.tokens.size() < params.max_tokens) {
-        if (!device_argmax) {
+        if (!greedy) {
             next = smp.sample(logits.data(), static_cast<int32_t>(V), history);
         }
         if (is_stop(next)) {
@@ -408,13 +568,125 @@ generate_result session::generate(const std::vector<int32_t> & prompt, const gen
             res.finish_reason = "context";
             break;
         }
-        logits = forward(&next, 1, false, device_argmax ? &next : nullptr);
+        logits = forward(&next, 1, false, greedy ? &next : nullptr);
     }
     if (res.finish_reason != "stop" && !res.tokens.empty()) {
         pending_ = res.tokens.back();  // emitted, evaluated by the next call
     }
     res.stats.n_generated = static_cast<uint32_t>(res.tokens.size());
     res.stats.decode_seconds = std::chrono::duration<double>(clock::now() - t1).count();
+    if (eng_->draft) {
+        res.stats.plain_tokens = res.stats.n_generated;
+    }
+    return res;
+}
+
+generate_result session::generate_speculative(const std::vector<int32_t> & pending, const generate_params & params,
+                                              const token_callback & on_token) {
+    using clock = std::chrono::steady_clock;
+    engine::impl & e = *eng_;
+    generate_result res;
+    generate_stats & stats = res.stats;
+    stats.speculative = true;
+    const uint32_t block = e.draft ? e.block_size() : (params.block_size ? params.block_size : MAX_FORCED_BLOCK);
+    stats.accept_histogram.assign(block, 0);
+    auto is_stop = [&](int32_t t) {
+        return std::find(params.stop_tokens.begin(), params.stop_tokens.end(), t) != params.stop_tokens.end();
+    };
+    auto since = [](clock::time_point t) { return std::chrono::duration<double>(clock::now() - t).count(); };
+
+    const auto t0 = clock::now();
+    int32_t last = -1;  // emitted, not yet evaluated
+    forward(pending.data(), static_cast<uint32_t>(pending.size()), false, &last, params.on_prefill);
+    stats.n_prompt = static_cast<uint32_t>(pending.size());
+    stats.prefill_seconds = since(t0);
+    const auto t1 = clock::now();
+
+    res.finish_reason = "length";
+    if (params.max_tokens == 0) {
+        stats.decode_seconds = 0;
+        return res;
+    }
+    if (is_stop(last)) {
+        res.finish_reason = "stop";
+        return res;
+    }
+    res.tokens.push_back(last);
+    if (on_token && !on_token(last)) {
+        res.finish_reason = "cancelled";
+        pending_ = last;
+        return res;
+    }
+
+    std::lock_guard<std::mutex> lock(e.compute_mutex);
+    while (res.tokens.size() < params.max_tokens) {
+        const uint32_t room = e.cfg.n_ctx - static_cast<uint32_t>(tokens_.size());
+        if (room == 0) {
+            res.finish_reason = "context";
+            break;
+        }
+        const uint32_t n = std::min(block, room);  // tokens verified this step: last + n-1 proposals
+        auto tp = clock::now();
+        std::vector<int32_t> verified{last};
+        if (params.propose) {
+            if (e.draft) {
+                run_draft(-1, 0);  // keep the draft context in step
+            }
+            std::vector<int32_t> forced = params.propose(tokens_, last, n - 1);
+            if (forced.size() != n - 1) {
+                throw config_error("propose returned " + std::to_string(forced.size()) + " tokens, expected " +
+                                   std::to_string(n - 1));
+            }
+            verified.insert(verified.end(), forced.begin(), forced.end());
+        } else if (n > 1) {
+            std::vector<int32_t> proposals = run_draft(last, n);  // n < block only at the end of the context
+            verified.insert(verified.end(), proposals.begin(), proposals.end());
+        }
+        for (int32_t t : verified) {
+            if (t < 0 || static_cast<uint32_t>(t) >= n_vocab()) {
+                throw config_error("proposal token id " + std::to_string(t) + " is outside the vocabulary");
+            }
+        }
+        if (params.phase_timings) {
+            stats.draft_seconds += since(tp);
+        }
+        tp = clock::now();
+        std::vector<int32_t> target;
+        run_target(verified.data(), n, false, nullptr, /*verify=*/true, &target);
+        if (params.phase_timings) {
+            stats.verify_seconds += since(tp);
+        }
+
+        const uint32_t a = spec::accept_greedy(verified, target);
+        const uint32_t budget = params.max_tokens - static_cast<uint32_t>(res.tokens.size());
+        const spec::commit_plan plan = spec::plan_commit(verified, target, a, budget, is_stop, on_token);
+        ++stats.steps;
+        stats.drafted += n - 1;
+        stats.accepted += a;
+        stats.accept_histogram[a] += 1;
+
+        tp = clock::now();
+        commit(n, plan.last_kept);
+        ++stats.fast_rollbacks;
+        tokens_.insert(tokens_.end(), verified.begin(), verified.begin() + plan.last_kept + 1);
+        if (params.phase_timings) {
+            stats.commit_seconds += since(tp);
+        }
+        res.tokens.insert(res.tokens.end(), plan.emitted.begin(), plan.emitted.end());
+        if (plan.stopped) {
+            res.finish_reason = "stop";
+            last = -1;
+            break;
+        }
+        last = plan.pending;
+        if (plan.cancelled) {
+            res.finish_reason = "cancelled";
+            break;
+        }
+    }
+    pending_ = last;
+    stats.n_generated = static_cast<uint32_t>(res.tokens.size());
+    stats.decode_seconds = since(t1);
     return res;
 }
 

@@ -24,10 +24,21 @@ Prompt = Union[str, Sequence[int], Sequence[dict]]
 
 @dataclass
 class GenerationStats:
+    """Counts and timings of one generation. `spec` holds the speculative-decoding counters
+    (steps, drafted, accepted, accept_histogram, fast_rollbacks, replays, plain_tokens,
+    fallback_reason, and draft/verify/commit seconds when phase timings were requested)."""
+
     n_prompt: int
     n_generated: int
     prefill_seconds: float
     decode_seconds: float
+    spec: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def acceptance_length(self) -> float:
+        """Committed tokens per speculative step (accepted proposals + the target's token)."""
+        steps = self.spec.get("steps", 0)
+        return (self.spec.get("accepted", 0) + steps) / steps if steps else 0.0
 
     @property
     def prefill_tokens_per_second(self) -> float:
@@ -79,17 +90,19 @@ class Engine:
                                    capture_layers=tuple(capture_layers))
         self.model_path = os.fspath(model)
         target = _core.TargetFile.open(self.model_path)
-        if draft is not None:
-            draft_file = _core.DraftFile.open(os.fspath(draft))
+        self.draft_path = os.fspath(draft) if draft is not None else None
+        if self.draft_path is not None:
+            draft_file = _core.DraftFile.open(self.draft_path)
             _core.validate_draft(target, draft_file)
-            if spec != "off":
-                raise UnsupportedError("speculative decoding with a DFlash draft is not implemented yet; "
-                                       "pass spec='off' or no draft")
         elif spec == "chain":
             raise ConfigError("spec='chain' needs a DFlash draft")
         self.tokenizer = Tokenizer.from_gguf(self.model_path)
         self.chat_template = ChatTemplate.from_gguf(self.model_path)
-        self._core = _core.Engine(self.config.to_core(self.model_path), progress)
+        core_cfg = self.config.to_core(self.model_path)
+        if self.draft_path is not None:
+            core_cfg.draft_path = self.draft_path
+            core_cfg.spec = "off" if spec == "off" else "chain"
+        self._core = _core.Engine(core_cfg, progress)
         self._default_session: Session | None = None
 
     @property
@@ -182,7 +195,9 @@ class Session:
     def _run(self, ids: list[int], max_tokens: int, sampling: SamplingConfig, stops: list[str],
              emit: Callable[[str, list[int]], None],
              cancelled: Callable[[], bool] = lambda: False,
-             prefill_progress: Callable[[int, int], None] | None = None) -> tuple[Any, str, list[int]]:
+             prefill_progress: Callable[[int, int], None] | None = None,
+             propose: Callable[[list[int], int, int], list[int]] | None = None, block_size: int = 0,
+             phase_timings: bool = False) -> tuple[Any, str, list[int]]:
         """Runs the C++ generation; `emit(text, ids)` receives decoded pieces. Returns the core
         result, the full text (cut at a stop string) and the kept token ids."""
         tok = self.engine.tokenizer
@@ -223,7 +238,8 @@ class Session:
             return not cancelled()
 
         stop_ids = sorted(tok.eos_ids)
-        res = self._core.generate(ids, max_tokens, sampling.to_core(), stop_ids, on_token, prefill_progress)
+        res = self._core.generate(ids, max_tokens, sampling.to_core(), stop_ids, on_token, prefill_progress,
+                                  propose, block_size, phase_timings)
         if not state["stopped"]:
             tail = state["held"] + decoder.flush()
             if tail:
@@ -233,15 +249,21 @@ class Session:
 
     @staticmethod
     def _stats(res: Any) -> GenerationStats:
-        return GenerationStats(res.n_prompt, res.n_generated, res.prefill_seconds, res.decode_seconds)
+        return GenerationStats(res.n_prompt, res.n_generated, res.prefill_seconds, res.decode_seconds,
+                               dict(res.spec_stats))
 
     def generate(self, prompt: Prompt = (), *, max_tokens: int = 256, stop: str | Sequence[str] | None = None,
-                 prefill_progress: Callable[[int, int], None] | None = None, **sampling: Any) -> GenerationResult:
+                 prefill_progress: Callable[[int, int], None] | None = None,
+                 propose: Callable[[list[int], int, int], list[int]] | None = None, block_size: int = 0,
+                 phase_timings: bool = False, **sampling: Any) -> GenerationResult:
         """Append `prompt` (text, messages or ids) and generate up to max_tokens tokens.
-        prefill_progress(done, total) is called after each prefill micro-batch."""
+        prefill_progress(done, total) is called after each prefill micro-batch. `propose(context,
+        last, n)` (tests) replaces the draft's proposals with n forced token ids, verify width
+        `block_size` (default 16); phase_timings measures draft/verify/commit time."""
         ids, cfg, stops = self._prepare(prompt, max_tokens, stop, **sampling)
         res, text, kept = self._run(ids, max_tokens, cfg, stops, lambda _t, _i: None,
-                                    prefill_progress=prefill_progress)
+                                    prefill_progress=prefill_progress, propose=propose, block_size=block_size,
+                                    phase_timings=phase_timings)
         finish = "stop" if res.finish_reason == "cancelled" and stops else res.finish_reason
         return GenerationResult(text=text, tokens=kept if stops else list(res.tokens), finish_reason=finish,
                                 stats=self._stats(res))

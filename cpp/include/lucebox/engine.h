@@ -26,6 +26,8 @@ struct engine_config {
     uint32_t n_ubatch = 512;          // prefill micro-batch (tokens per forward)
     int n_threads = 0;                // CPU threads (0: all hardware threads)
     std::vector<int32_t> capture_layers;  // layer inputs captured into the feature ring (n_layer: final hidden)
+    std::string draft_path;           // DFlash draft GGUF (empty: none); validated against the target
+    std::string spec = "off";         // off | chain (needs a draft)
 
     void validate() const;  // throws config_error
 };
@@ -35,6 +37,11 @@ struct generate_params {
     sampling_params sampling;
     std::vector<int32_t> stop_tokens;  // generation ends (without emitting it) at any of these
     progress_callback on_prefill;      // (tokens done, tokens total) after each prefill micro-batch
+    // Test hook: replaces the draft's proposals. Called with (context tokens, last token, n) and
+    // must return n token ids; enables speculative decoding even without a draft model.
+    std::function<std::vector<int32_t>(const std::vector<int32_t> &, int32_t, uint32_t)> propose;
+    uint32_t block_size = 0;           // verify width with `propose` and no draft (0: 16)
+    bool phase_timings = false;        // measure draft / verify / commit time (adds device syncs)
 };
 
 struct generate_stats {
@@ -42,6 +49,17 @@ struct generate_stats {
     uint32_t n_generated = 0;   // tokens emitted
     double prefill_seconds = 0;
     double decode_seconds = 0;  // from the first generated token to the last
+    // speculative decoding (all zero when it did not run)
+    bool speculative = false;
+    uint32_t steps = 0;            // draft + verify rounds
+    uint32_t drafted = 0;          // proposals verified
+    uint32_t accepted = 0;         // proposals accepted
+    std::vector<uint32_t> accept_histogram;  // [a] = steps that accepted a proposals
+    uint32_t fast_rollbacks = 0;   // steps whose state was set from a verify checkpoint
+    uint32_t replays = 0;          // steps that restored and replayed instead (none yet)
+    uint32_t plain_tokens = 0;     // tokens decoded without speculation while a draft was loaded
+    std::string fallback_reason;   // why speculation did not run, if it did not
+    double draft_seconds = 0, verify_seconds = 0, commit_seconds = 0;  // with phase_timings
 };
 
 struct generate_result {
@@ -108,11 +126,21 @@ class session {
     // requested rows; when `argmax` is set and only the last row is wanted, returns its argmax instead.
     std::vector<float> forward(const int32_t * tokens, uint32_t n, bool all_logits, int32_t * argmax,
                                const progress_callback & progress = {});
+    // One target batch at the current end of the context. verify: keep per-token checkpoints and
+    // return every row's argmax in `argmax_rows` (the state is not advanced; commit() does that).
+    std::vector<float> run_target(const int32_t * tokens, uint32_t n, bool all_logits, int32_t * argmax_last,
+                                  bool verify, std::vector<int32_t> * argmax_rows);
+    // Draft: inject features of positions [n_draft_ctx, n_past) and, if block > 0, propose block-1 tokens.
+    std::vector<int32_t> run_draft(int32_t last, uint32_t block);
+    void commit(uint32_t n_verified, uint32_t last_kept);
+    generate_result generate_speculative(const std::vector<int32_t> & pending, const generate_params & params,
+                                         const token_callback & on_token);
     void check_fits(size_t n_new) const;
 
     engine::impl * eng_;
     std::unique_ptr<state> st_;
     std::vector<int32_t> tokens_;  // evaluated tokens, in order
+    uint32_t n_draft_ctx_ = 0;     // positions whose features the draft has injected
     int32_t pending_ = -1;         // emitted by generate() but not yet evaluated
 };
 

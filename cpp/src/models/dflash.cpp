@@ -4,6 +4,7 @@
 // [last token, MASK x (block_size-1)], attending non-causally. Embedding and LM head are the
 // target's unless the draft carries its own.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <unordered_set>
 
@@ -11,6 +12,9 @@
 #include "lucebox/errors.h"
 #include "lucebox/gguf_file.h"
 #include "lucebox/models.h"
+#include "../graph/builders.h"
+#include "dflash_model.h"
+#include "qwen35_model.h"
 
 namespace lucebox {
 
@@ -182,6 +186,152 @@ void validate_draft_for_target(const gguf_file & tf, const qwen35_hparams & targ
             }
         }
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Runtime: weights, state, graph
+// ---------------------------------------------------------------------------------------------
+
+std::vector<std::string> dflash_used_tensors(const dflash_hparams & hp, const gguf_file & file) {
+    std::vector<std::string> names;
+    for (const tensor_spec & s : dflash_tensor_specs(hp)) {
+        if (s.required || file.find_tensor(s.name) != nullptr) {
+            names.push_back(s.name);
+        }
+    }
+    return names;
+}
+
+dflash_weights bind_dflash_weights(const dflash_hparams & hp, const tensor_store & st, const qwen35_weights & target) {
+    dflash_weights w;
+    w.fc = st.get("fc.weight");
+    w.enc_norm = st.get("enc.output_norm.weight");
+    w.output_norm = st.get("output_norm.weight");
+    w.token_embd = hp.has_token_embd ? st.get("token_embd.weight") : target.token_embd;
+    w.output = hp.has_output ? st.get("output.weight") : (hp.has_token_embd ? w.token_embd : target.output);
+    w.layers.resize(hp.n_layer);
+    for (uint32_t il = 0; il < hp.n_layer; ++il) {
+        const std::string p = "blk." + std::to_string(il) + ".";
+        dflash_layer_weights & l = w.layers[il];
+        l.attn_norm = st.get(p + "attn_norm.weight");
+        l.wq = st.get(p + "attn_q.weight");
+        l.wk = st.get(p + "attn_k.weight");
+        l.wv = st.get(p + "attn_v.weight");
+        l.wo = st.get(p + "attn_output.weight");
+        l.q_norm = st.get(p + "attn_q_norm.weight");
+        l.k_norm = st.get(p + "attn_k_norm.weight");
+        l.ffn_norm = st.get(p + "ffn_norm.weight");
+        l.ffn_gate = st.get(p + "ffn_gate.weight");
+        l.ffn_up = st.get(p + "ffn_up.weight");
+        l.ffn_down = st.get(p + "ffn_down.weight");
+    }
+    return w;
+}
+
+dflash_state dflash_state::allocate(const dflash_hparams & hp, uint32_t kv_size, ggml_type type_k, ggml_type type_v,
+                                    ggml_backend_buffer_type_t buft, ggml_backend_dev_t dev) {
+    dflash_state s;
+    s.kv_size = kv_size;
+    s.k.assign(hp.n_layer, nullptr);
+    s.v.assign(hp.n_layer, nullptr);
+    s.store = tensor_store::allocate(buft, dev, 2 * size_t(hp.n_layer), [&](ggml_context * ctx) {
+        const int64_t row = int64_t(hp.n_head_kv) * hp.head_dim;
+        for (uint32_t il = 0; il < hp.n_layer; ++il) {
+            s.k[il] = ggml_new_tensor_2d(ctx, type_k, row, kv_size);
+            ggml_format_name(s.k[il], "draft_cache_k-%u", il);
+            s.v[il] = ggml_new_tensor_2d(ctx, type_v, row, kv_size);
+            ggml_format_name(s.v[il], "draft_cache_v-%u", il);
+        }
+    }, "the draft KV cache");
+    s.store.clear();
+    return s;
+}
+
+dflash_graph build_dflash_graph(ggml_context * ctx, const dflash_hparams & hp, const dflash_weights & w,
+                                const dflash_state & st, const std::vector<ggml_tensor *> & feature_rings,
+                                uint32_t n_inject, uint32_t block_size, uint32_t n_kv, uint32_t n_ctx_orig) {
+    using graph::named;
+    dflash_graph g;
+    g.gf = ggml_new_graph_custom(ctx, 8192, false);
+    const int64_t hd = hp.head_dim, H = hp.n_head, Hkv = hp.n_head_kv;
+    dflash_inputs & in = g.in;
+
+    auto rope = [&](ggml_tensor * x, ggml_tensor * pos) {
+        return ggml_rope_ext(ctx, x, pos, nullptr, int(hp.n_rot), GGML_ROPE_TYPE_NEOX, int(n_ctx_orig),
+                             hp.rope_freq_base, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f);
+    };
+
+    // A. context injection: g = RMSNorm(fc . concat(features)) * enc_norm; per layer K/V into the cache
+    if (n_inject > 0) {
+        const int64_t N = n_inject;
+        in.ctx_ring_rows = named(ggml_new_tensor_1d(ctx, GGML_TYPE_I32, N), "draft_inp_ring_rows");
+        in.ctx_pos = named(ggml_new_tensor_1d(ctx, GGML_TYPE_I32, N), "draft_inp_ctx_pos");
+        in.ctx_kv_rows = named(ggml_new_tensor_1d(ctx, GGML_TYPE_I64, N), "draft_inp_ctx_kv_rows");
+        for (ggml_tensor * t : {in.ctx_ring_rows, in.ctx_pos, in.ctx_kv_rows}) {
+            ggml_set_input(t);
+        }
+        ggml_tensor * feat = nullptr;  // [n_target_layers*E, N]
+        for (ggml_tensor * ring : feature_rings) {
+            ggml_tensor * f = ggml_get_rows(ctx, ring, in.ctx_ring_rows);
+            feat = feat == nullptr ? f : ggml_concat(ctx, feat, f, 0);
+        }
+        named(feat, "draft_target_features");
+        ggml_tensor * gx = graph::rms_norm(ctx, ggml_mul_mat(ctx, w.fc, feat), w.enc_norm, hp.rms_eps);
+        named(gx, "draft_ctx_hidden");
+        for (uint32_t il = 0; il < hp.n_layer; ++il) {
+            const dflash_layer_weights & l = w.layers[il];
+            ggml_tensor * k = ggml_reshape_3d(ctx, ggml_mul_mat(ctx, l.wk, gx), hd, Hkv, N);
+            k = rope(graph::rms_norm(ctx, k, l.k_norm, hp.rms_eps), in.ctx_pos);
+            ggml_tensor * v = ggml_mul_mat(ctx, l.wv, gx);  // [Hkv*hd, N]
+            named(k, "draft_ctx_k", int(il));
+            ggml_build_forward_expand(g.gf, ggml_set_rows(ctx, st.k[il], ggml_reshape_2d(ctx, k, hd * Hkv, N), in.ctx_kv_rows));
+            ggml_build_forward_expand(g.gf, ggml_set_rows(ctx, st.v[il], v, in.ctx_kv_rows));
+        }
+    }
+    if (block_size == 0) {
+        return g;
+    }
+
+    // B. proposal block [last, MASK x (B-1)], non-causal over context + block
+    const int64_t B = block_size;
+    in.block_tokens = named(ggml_new_tensor_1d(ctx, GGML_TYPE_I32, B), "draft_inp_tokens");
+    in.block_pos = named(ggml_new_tensor_1d(ctx, GGML_TYPE_I32, B), "draft_inp_pos");
+    in.block_kv_rows = named(ggml_new_tensor_1d(ctx, GGML_TYPE_I64, B), "draft_inp_kv_rows");
+    in.kq_mask = named(ggml_new_tensor_2d(ctx, GGML_TYPE_F16, n_kv, B), "draft_inp_kq_mask");
+    for (ggml_tensor * t : {in.block_tokens, in.block_pos, in.block_kv_rows, in.kq_mask}) {
+        ggml_set_input(t);
+    }
+    const float scale = 1.0f / std::sqrt(float(hd));
+    ggml_tensor * h = named(ggml_get_rows(ctx, w.token_embd, in.block_tokens), "draft_embd");  // [E, B]
+    for (uint32_t il = 0; il < hp.n_layer; ++il) {
+        const dflash_layer_weights & l = w.layers[il];
+        const int li = int(il);
+        ggml_tensor * x = named(graph::rms_norm(ctx, h, l.attn_norm, hp.rms_eps), "draft_attn_norm", li);
+        ggml_tensor * q = ggml_reshape_3d(ctx, ggml_mul_mat(ctx, l.wq, x), hd, H, B);
+        ggml_tensor * k = ggml_reshape_3d(ctx, ggml_mul_mat(ctx, l.wk, x), hd, Hkv, B);
+        ggml_tensor * v = ggml_mul_mat(ctx, l.wv, x);  // [Hkv*hd, B]
+        q = named(rope(graph::rms_norm(ctx, q, l.q_norm, hp.rms_eps), in.block_pos), "draft_q", li);
+        k = named(rope(graph::rms_norm(ctx, k, l.k_norm, hp.rms_eps), in.block_pos), "draft_k", li);
+        ggml_build_forward_expand(g.gf, ggml_set_rows(ctx, st.k[il], ggml_reshape_2d(ctx, k, hd * Hkv, B), in.block_kv_rows));
+        ggml_build_forward_expand(g.gf, ggml_set_rows(ctx, st.v[il], v, in.block_kv_rows));
+        ggml_tensor * kk = ggml_permute(ctx, ggml_view_3d(ctx, st.k[il], hd, Hkv, n_kv, ggml_row_size(st.k[il]->type, hd),
+                                                          st.k[il]->nb[1], 0), 0, 2, 1, 3);
+        ggml_tensor * vv = ggml_permute(ctx, ggml_view_3d(ctx, st.v[il], hd, Hkv, n_kv, ggml_row_size(st.v[il]->type, hd),
+                                                          st.v[il]->nb[1], 0), 0, 2, 1, 3);
+        ggml_tensor * att = ggml_flash_attn_ext(ctx, ggml_permute(ctx, q, 0, 2, 1, 3), kk, vv, in.kq_mask, scale, 0.0f, 0.0f);
+        att = named(ggml_mul_mat(ctx, l.wo, ggml_reshape_2d(ctx, att, hd * H, B)), "draft_attn_out", li);
+        h = named(ggml_add(ctx, att, h), "draft_attn_residual", li);
+        ggml_tensor * f = graph::rms_norm(ctx, h, l.ffn_norm, hp.rms_eps);
+        h = named(ggml_add(ctx, graph::swiglu_ffn(ctx, f, l.ffn_gate, l.ffn_up, l.ffn_down, li), h), "draft_l_out", li);
+    }
+    // positions 1..B-1 predict the tokens after the last one
+    ggml_tensor * rows = ggml_view_2d(ctx, h, h->ne[0], B - 1, h->nb[1], h->nb[1]);
+    rows = graph::rms_norm(ctx, ggml_cont(ctx, rows), w.output_norm, hp.rms_eps);
+    g.logits = named(ggml_mul_mat(ctx, w.output, rows), "draft_logits");  // [V, B-1]
+    g.argmax = named(ggml_argmax(ctx, g.logits), "draft_proposals");
+    ggml_set_output(g.argmax);
+    ggml_build_forward_expand(g.gf, g.argmax);
+    return g;
 }
 
 }  // namespace lucebox

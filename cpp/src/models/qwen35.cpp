@@ -319,8 +319,11 @@ qwen35_weights bind_qwen35_weights(const qwen35_hparams & hp, const tensor_store
 
 qwen35_state qwen35_state::allocate(const qwen35_hparams & hp, uint32_t kv_size, ggml_type type_k, ggml_type type_v,
                                     const std::vector<int32_t> & capture_layers, uint32_t ring_size,
-                                    ggml_backend_buffer_type_t buft, ggml_backend_dev_t dev) {
+                                    uint32_t n_checkpoints, ggml_backend_buffer_type_t buft, ggml_backend_dev_t dev) {
     qwen35_state s;
+    s.n_checkpoints = n_checkpoints;
+    s.ssm_ckpt.assign(hp.n_layer, nullptr);
+    s.conv_ckpt.assign(hp.n_layer, nullptr);
     s.kv_size = kv_size;
     s.capture_layers = capture_layers;
     s.ring_size = capture_layers.empty() ? 0 : ring_size;
@@ -329,7 +332,7 @@ qwen35_state qwen35_state::allocate(const qwen35_hparams & hp, uint32_t kv_size,
     s.conv.assign(hp.n_layer, nullptr);
     s.ssm.assign(hp.n_layer, nullptr);
     s.ring.assign(capture_layers.size(), nullptr);
-    const size_t n_tensors = 2 * size_t(hp.n_layer) + capture_layers.size();
+    const size_t n_tensors = 4 * size_t(hp.n_layer) + capture_layers.size();
     s.store = tensor_store::allocate(buft, dev, n_tensors, [&](ggml_context * ctx) {
         for (uint32_t il = 0; il < hp.n_layer; ++il) {
             if (hp.is_recurrent[il]) {
@@ -337,6 +340,14 @@ qwen35_state qwen35_state::allocate(const qwen35_hparams & hp, uint32_t kv_size,
                 ggml_format_name(s.conv[il], "cache_conv-%u", il);
                 s.ssm[il] = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, hp.ssm_d_state, hp.ssm_d_state, hp.ssm_n_v_heads);
                 ggml_format_name(s.ssm[il], "cache_ssm-%u", il);
+                if (n_checkpoints > 0) {
+                    const int64_t d = int64_t(hp.ssm_d_state) * hp.ssm_d_state * hp.ssm_n_v_heads;
+                    s.ssm_ckpt[il] = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, d, n_checkpoints);
+                    ggml_format_name(s.ssm_ckpt[il], "ckpt_ssm-%u", il);
+                    s.conv_ckpt[il] = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, hp.ssm_d_conv - 1 + n_checkpoints,
+                                                         hp.conv_dim());
+                    ggml_format_name(s.conv_ckpt[il], "ckpt_conv-%u", il);
+                }
             } else {
                 const int64_t row = int64_t(hp.n_head_kv) * hp.head_dim;
                 s.k[il] = ggml_new_tensor_2d(ctx, type_k, row, kv_size);
@@ -361,7 +372,8 @@ using graph::named;
 // Gated DeltaNet mixer. x: [E, T] (normed) -> [E, T]. Updates conv and ssm state in place.
 ggml_tensor * build_delta_net(ggml_context * ctx, ggml_cgraph * gf, const qwen35_hparams & hp,
                               const qwen35_layer_weights & l, ggml_tensor * conv_state, ggml_tensor * ssm_state,
-                              ggml_tensor * x, int il) {
+                              ggml_tensor * conv_ckpt, ggml_tensor * ssm_ckpt, ggml_tensor * x, int il) {
+    // conv_ckpt / ssm_ckpt non-null: verify mode (keep every token's state, leave the state alone)
     const int64_t T = x->ne[1];
     const int64_t dk = hp.ssm_d_state, Hk = hp.ssm_n_k_heads, Hv = hp.ssm_n_v_heads;
     const int64_t key_dim = hp.key_dim(), conv_dim = hp.conv_dim(), d_conv = hp.ssm_d_conv;
@@ -377,9 +389,14 @@ ggml_tensor * build_delta_net(ggml_context * ctx, ggml_cgraph * gf, const qwen35
     // causal depthwise conv over [carried d_conv-1 inputs, this batch]
     ggml_tensor * conv_in = ggml_concat(ctx, conv_state, ggml_transpose(ctx, qkv), 0);  // [d_conv-1+T, conv_dim]
     named(conv_in, "gdn_conv_in", il);
-    ggml_tensor * new_conv = ggml_view_2d(ctx, conv_in, d_conv - 1, conv_dim, conv_in->nb[1],
-                                          T * ggml_element_size(conv_in));
-    ggml_build_forward_expand(gf, ggml_cpy(ctx, new_conv, conv_state));
+    if (conv_ckpt != nullptr) {
+        ggml_tensor * dst = ggml_view_2d(ctx, conv_ckpt, d_conv - 1 + T, conv_dim, conv_ckpt->nb[1], 0);
+        ggml_build_forward_expand(gf, ggml_cpy(ctx, conv_in, dst));
+    } else {
+        ggml_tensor * new_conv = ggml_view_2d(ctx, conv_in, d_conv - 1, conv_dim, conv_in->nb[1],
+                                              T * ggml_element_size(conv_in));
+        ggml_build_forward_expand(gf, ggml_cpy(ctx, new_conv, conv_state));
+    }
     ggml_tensor * conv_out = ggml_ssm_conv(ctx, ggml_reshape_3d(ctx, conv_in, d_conv - 1 + T, conv_dim, 1),
                                            l.ssm_conv1d);                           // [conv_dim, T, 1]
     conv_out = named(ggml_silu(ctx, conv_out), "gdn_conv_out", il);
@@ -395,11 +412,18 @@ ggml_tensor * build_delta_net(ggml_context * ctx, ggml_cgraph * gf, const qwen35
     v = named(ggml_cont(ctx, v), "gdn_v", il);
 
     ggml_tensor * s0 = ggml_reshape_4d(ctx, ssm_state, dk, dk, Hv, 1);
-    ggml_tensor * res = named(ggml_gated_delta_net(ctx, q, k, v, g, beta, s0, /*K=*/1), "gdn_result", il);
+    const int64_t n_snap = ssm_ckpt != nullptr ? T : 1;  // snapshots: slot s = state after token T-1-s
+    ggml_tensor * res = named(ggml_gated_delta_net(ctx, q, k, v, g, beta, s0, n_snap), "gdn_result", il);
     ggml_tensor * out = ggml_view_4d(ctx, res, dk, Hv, T, 1, ggml_row_size(res->type, dk),
                                      ggml_row_size(res->type, dk * Hv), ggml_row_size(res->type, dk * Hv * T), 0);
-    ggml_tensor * new_state = ggml_view_1d(ctx, res, dk * dk * Hv, ggml_row_size(res->type, dk * Hv * T));
-    ggml_build_forward_expand(gf, ggml_cpy(ctx, new_state, ggml_reshape_1d(ctx, ssm_state, dk * dk * Hv)));
+    const int64_t D = dk * dk * Hv;
+    ggml_tensor * snaps = ggml_view_2d(ctx, res, D, n_snap, ggml_row_size(res->type, D),
+                                       ggml_row_size(res->type, dk * Hv * T));
+    if (ssm_ckpt != nullptr) {
+        ggml_build_forward_expand(gf, ggml_cpy(ctx, snaps, ggml_view_2d(ctx, ssm_ckpt, D, T, ssm_ckpt->nb[1], 0)));
+    } else {
+        ggml_build_forward_expand(gf, ggml_cpy(ctx, snaps, ggml_reshape_2d(ctx, ssm_state, D, 1)));
+    }
 
     // gated norm: RMSNorm per head * ssm_norm * silu(z)
     ggml_tensor * zr = ggml_reshape_4d(ctx, z, dk, Hv, T, 1);
@@ -455,7 +479,11 @@ ggml_tensor * build_gated_attention(ggml_context * ctx, ggml_cgraph * gf, const 
 
 qwen35_graph build_qwen35_graph(ggml_context * ctx, const qwen35_hparams & hp, const qwen35_weights & w,
                                 const qwen35_state & st, uint32_t n_tokens, uint32_t n_kv, uint32_t n_out,
-                                bool want_argmax) {
+                                bool want_argmax, bool verify) {
+    if (verify && n_tokens > st.n_checkpoints) {
+        throw error("internal: verify of " + std::to_string(n_tokens) + " tokens exceeds the " +
+                    std::to_string(st.n_checkpoints) + " checkpoint slots");
+    }
     qwen35_graph g;
     g.gf = ggml_new_graph_custom(ctx, 16384, false);
     const int64_t T = n_tokens;
@@ -493,7 +521,9 @@ qwen35_graph build_qwen35_graph(ggml_context * ctx, const qwen35_hparams & hp, c
         capture(cur, int32_t(il));
         ggml_tensor * x = named(graph::rms_norm(ctx, cur, l.attn_norm, hp.rms_eps), "attn_norm", il);
         ggml_tensor * mix = hp.is_recurrent[il]
-                                ? build_delta_net(ctx, g.gf, hp, l, st.conv[il], st.ssm[il], x, il)
+                                ? build_delta_net(ctx, g.gf, hp, l, st.conv[il], st.ssm[il],
+                                                  verify ? st.conv_ckpt[il] : nullptr,
+                                                  verify ? st.ssm_ckpt[il] : nullptr, x, il)
                                 : build_gated_attention(ctx, g.gf, hp, l, st.k[il], st.v[il], in, n_kv, x, il);
         cur = named(ggml_add(ctx, mix, cur), "attn_residual", il);
         ggml_tensor * h = named(graph::rms_norm(ctx, cur, l.post_attention_norm, hp.rms_eps), "ffn_norm", il);
@@ -514,6 +544,29 @@ qwen35_graph build_qwen35_graph(ggml_context * ctx, const qwen35_hparams & hp, c
         ggml_build_forward_expand(g.gf, g.argmax);
     }
     return g;
+}
+
+ggml_cgraph * build_qwen35_commit_graph(ggml_context * ctx, const qwen35_hparams & hp, const qwen35_state & st,
+                                        uint32_t n_verified, uint32_t last_kept) {
+    if (last_kept >= n_verified || n_verified > st.n_checkpoints) {
+        throw error("internal: commit of token " + std::to_string(last_kept) + " of " + std::to_string(n_verified));
+    }
+    ggml_cgraph * gf = ggml_new_graph_custom(ctx, 4 * size_t(hp.n_layer) + 16, false);
+    const int64_t D = int64_t(hp.ssm_d_state) * hp.ssm_d_state * hp.ssm_n_v_heads;
+    for (uint32_t il = 0; il < hp.n_layer; ++il) {
+        if (!hp.is_recurrent[il]) {
+            continue;
+        }
+        ggml_tensor * ck = st.ssm_ckpt[il];
+        const size_t slot = n_verified - 1 - last_kept;
+        ggml_tensor * src = ggml_view_1d(ctx, ck, D, slot * ck->nb[1]);
+        ggml_build_forward_expand(gf, ggml_cpy(ctx, src, ggml_reshape_1d(ctx, st.ssm[il], D)));
+        ggml_tensor * cc = st.conv_ckpt[il];
+        ggml_tensor * win = ggml_view_2d(ctx, cc, hp.ssm_d_conv - 1, hp.conv_dim(), cc->nb[1],
+                                         (last_kept + 1) * ggml_element_size(cc));
+        ggml_build_forward_expand(gf, ggml_cpy(ctx, win, st.conv[il]));
+    }
+    return gf;
 }
 
 }  // namespace lucebox

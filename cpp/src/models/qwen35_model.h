@@ -60,11 +60,15 @@ struct qwen35_state {
     std::vector<int32_t> capture_layers;  // layer ids whose *input* is captured (n_layer: final hidden)
     std::vector<ggml_tensor *> ring;  // per capture layer: [E, ring_size] F32
     uint32_t ring_size = 0;
+    // Verify checkpoints (speculative decoding), per DeltaNet layer, for up to n_checkpoints tokens:
+    std::vector<ggml_tensor *> ssm_ckpt;   // [dk*dk*Hv, n_checkpoints]: state after token T-1-s in column s
+    std::vector<ggml_tensor *> conv_ckpt;  // [d_conv-1+n_checkpoints, conv_dim]: the verify batch's conv input
+    uint32_t n_checkpoints = 0;
     tensor_store store;
 
     static qwen35_state allocate(const qwen35_hparams & hp, uint32_t kv_size, ggml_type type_k, ggml_type type_v,
                                  const std::vector<int32_t> & capture_layers, uint32_t ring_size,
-                                 ggml_backend_buffer_type_t buft, ggml_backend_dev_t dev);
+                                 uint32_t n_checkpoints, ggml_backend_buffer_type_t buft, ggml_backend_dev_t dev);
 };
 
 // Input tensors of one forward graph, filled by the caller before compute.
@@ -85,10 +89,18 @@ struct qwen35_graph {
 };
 
 // Builds the forward graph of T tokens appended at positions [n_past, n_past+T) whose attention
-// sees the first n_kv cache rows. The graph updates the state in place (KV rows, conv/ssm state,
-// feature ring). `ctx` must be a no_alloc context large enough for the graph's tensors.
+// sees the first n_kv cache rows. The graph writes KV rows and the feature ring, and either
+// updates the DeltaNet conv/ssm state in place (verify = false), or leaves it untouched and writes
+// the per-token states into the checkpoints (verify = true, T <= n_checkpoints) so that any prefix
+// can be committed afterwards with build_qwen35_commit_graph. `ctx` must be a no_alloc context
+// large enough for the graph's tensors.
 qwen35_graph build_qwen35_graph(ggml_context * ctx, const qwen35_hparams & hp, const qwen35_weights & w,
                                 const qwen35_state & st, uint32_t n_tokens, uint32_t n_kv, uint32_t n_out,
-                                bool want_argmax);
+                                bool want_argmax, bool verify = false);
+
+// After a verify of n_verified tokens: sets every DeltaNet layer's conv and ssm state to the state
+// after verified token `last_kept` (0-based), i.e. commits tokens [0, last_kept] (fast rollback).
+ggml_cgraph * build_qwen35_commit_graph(ggml_context * ctx, const qwen35_hparams & hp, const qwen35_state & st,
+                                        uint32_t n_verified, uint32_t last_kept);
 
 }  // namespace lucebox

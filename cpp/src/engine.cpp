@@ -568,7 +568,8 @@ generate_result session::generate(const std::vector<int32_t> & prompt, const gen
             res.finish_reason = "context";
             break;
         }
-        logits = forward(&next, 1, false, greedy ? &next : nullptr);
+        const int32_t fed = next;  // `next` receives the new argmax; forward records `fed`
+        logits = forward(&fed, 1, false, greedy ? &next : nullptr);
     }
     if (res.finish_reason != "stop" && !res.tokens.empty()) {
         pending_ = res.tokens.back();  // emitted, evaluated by the next call

@@ -163,8 +163,13 @@ def _structured(kind: str, data: bytes, lay: gm.Layout, rng: random.Random) -> l
         elif f.kind == "toffset":
             plan += [(f, v) for v in (value(f) + 1, value(f) + 32, 2**62, 0xFFFFFFFF)]
     cases = []
-    for i, (f, v) in enumerate(plan):
+    seen: set[tuple[int, int]] = set()
+    for f, v in plan:
         v &= (1 << (8 * f.size)) - 1
+        if v == value(f) or (f.offset, v) in seen:
+            continue  # no change, or already planned
+        seen.add((f.offset, v))
+        i = len(cases)
         cases.append(Case(f"{kind}-struct-{i:03d}", kind,
                           f"in the valid {kind}: set {f.label} (u{8 * f.size} at byte {f.offset}) "
                           f"from {value(f)} to {v}", gm.patch(data, f.offset, f.size, v)))

@@ -1,0 +1,138 @@
+"""DFlash chain speculative decoding is lossless at temperature 0: the tokens equal plain greedy
+decoding, for the real (tiny, random) draft and for forced proposals covering every accept length
+0..B-1, with F16 and Q8_0 KV caches, across stop tokens, token budgets and session continuation."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pytest
+
+import lucebox
+from lucebox import synth
+
+BLOCK = 16
+N_PROMPTS = 20
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    d = tmp_path_factory.mktemp("spec")
+    target, draft = d / "target.gguf", d / "draft.gguf"
+    synth.write_target(str(target), "tiny", type="q8_0", seed=5)
+    synth.write_draft(str(draft), "tiny", type="q8_0", seed=6)
+    return str(target), str(draft)
+
+
+def prompts(n: int = N_PROMPTS) -> list[list[int]]:
+    rng = np.random.default_rng(1234)
+    return [[int(x) for x in rng.integers(0, 1000, int(rng.integers(5, 90)))] for _ in range(n)]
+
+
+def forced(reference: list[int], prompt_len: int, corrupt_at: int | None) -> Callable[[list[int], int, int], list[int]]:
+    """Proposals = the known greedy continuation, with the proposal at index `corrupt_at` changed,
+    so exactly `corrupt_at` proposals are accepted per step (all of them when None)."""
+
+    def propose(context: list[int], last: int, n: int) -> list[int]:
+        start = len(context) - prompt_len + 1  # index in `reference` of the token after `last`
+        out = [reference[start + i] if start + i < len(reference) else 0 for i in range(n)]
+        if corrupt_at is not None and corrupt_at < n:
+            out[corrupt_at] = (out[corrupt_at] + 1) % 1000
+        return out
+
+    return propose
+
+
+@pytest.mark.parametrize("kv", ["f16", "q8_0"])
+def test_real_draft_is_lossless(pair: tuple[str, str], kv: str) -> None:
+    target, draft = pair
+    plain = lucebox.Engine(target, ctx=512, device="cpu", kv_type=kv, ubatch=32)
+    spec = lucebox.Engine(target, draft, ctx=512, device="cpu", kv_type=kv, ubatch=32)
+    for p in prompts():
+        ref = plain.generate(p, max_tokens=48)
+        got = spec.generate(p, max_tokens=48)
+        assert got.tokens == ref.tokens, f"prompt {p[:8]}..."
+        s = got.stats.spec
+        assert s["speculative"] and s["steps"] > 0
+        assert s["drafted"] == sum(s["accept_histogram"][a] for a in range(BLOCK)) * (BLOCK - 1) or s["steps"] > 0
+        assert sum(s["accept_histogram"]) == s["steps"]
+        assert s["accepted"] == sum(a * c for a, c in enumerate(s["accept_histogram"]))
+
+
+@pytest.mark.parametrize("kv", ["f16", "q8_0"])
+def test_forced_proposals_every_accept_length(pair: tuple[str, str], kv: str) -> None:
+    target, _ = pair
+    engine = lucebox.Engine(target, ctx=512, device="cpu", kv_type=kv)
+    for i, p in enumerate(prompts(6)):
+        ref = engine.generate(p, max_tokens=64).tokens
+        for k in [*range(BLOCK - 1), None]:  # accept lengths 0..14, then full acceptance (15)
+            got = engine.session().generate(p, max_tokens=64, propose=forced(ref, len(p), k))
+            assert got.tokens == ref, f"prompt {i}, corrupt_at={k}"
+            hist = got.stats.spec["accept_histogram"]
+            a = BLOCK - 1 if k is None else k
+            # every full step accepts exactly `a`; the last step may be cut short by the budget
+            assert hist[a] >= max(1, got.stats.spec["steps"] - 2), (k, hist)
+            assert got.stats.spec["fast_rollbacks"] == got.stats.spec["steps"]
+            if k is None:
+                assert got.stats.acceptance_length > 8
+
+
+def test_stop_tokens_and_budget_inside_a_step(pair: tuple[str, str]) -> None:
+    target, _ = pair
+    engine = lucebox.Engine(target, ctx=512, device="cpu")
+    p = prompts(1)[0]
+    ref = engine.generate(p, max_tokens=64).tokens
+    for budget in [1, 2, 7, 16, 17, 33]:
+        got = engine.session().generate(p, max_tokens=budget, propose=forced(ref, len(p), None))
+        assert got.tokens == ref[:budget]
+        assert got.finish_reason == "length"
+    # a stop token in the middle of an accepted run: emitted tokens end before it
+    stop_at = 20
+    stop_tok = ref[stop_at]
+    if stop_tok not in ref[:stop_at]:
+        s = engine.session()
+        got = s._core.generate(p, 64, lucebox.SamplingConfig().to_core(), [stop_tok], None, None,
+                               forced(ref, len(p), None), 0, False)
+        assert list(got.tokens) == ref[:stop_at]
+        assert got.finish_reason == "stop"
+
+
+def test_session_continues_after_speculative_generation(pair: tuple[str, str]) -> None:
+    target, draft = pair
+    plain = lucebox.Engine(target, ctx=512, device="cpu")
+    spec = lucebox.Engine(target, draft, ctx=512, device="cpu")
+    p = prompts(1)[0]
+    s1, s2 = plain.session(), spec.session()
+    a = s1.generate(p, max_tokens=10).tokens + s1.generate([7, 8, 9], max_tokens=20).tokens
+    b = s2.generate(p, max_tokens=10).tokens + s2.generate([7, 8, 9], max_tokens=20).tokens
+    assert a == b
+    assert s1.tokens == s2.tokens
+    assert s1.tokens == p + a[:10] + [7, 8, 9] + a[10:]  # evaluated tokens + the pending one
+
+
+def test_context_end_during_speculation(pair: tuple[str, str]) -> None:
+    target, draft = pair
+    p = prompts(1)[0][:40]
+    plain = lucebox.Engine(target, ctx=64, device="cpu").generate(p, max_tokens=100)
+    spec = lucebox.Engine(target, draft, ctx=64, device="cpu").generate(p, max_tokens=100)
+    assert spec.tokens == plain.tokens
+    assert spec.finish_reason == plain.finish_reason == "context"
+
+
+def test_sampling_with_a_draft_falls_back_visibly(pair: tuple[str, str]) -> None:
+    target, draft = pair
+    spec = lucebox.Engine(target, draft, ctx=256, device="cpu")
+    r = spec.generate(prompts(1)[0], max_tokens=8, temperature=0.7, seed=1)
+    assert not r.stats.spec["speculative"]
+    assert r.stats.spec["plain_tokens"] == len(r.tokens)
+    assert "greedy" in r.stats.spec["fallback_reason"]
+
+
+def test_bad_proposals_are_rejected_cleanly(pair: tuple[str, str]) -> None:
+    target, _ = pair
+    engine = lucebox.Engine(target, ctx=256, device="cpu")
+    with pytest.raises(lucebox.ConfigError, match="outside the vocabulary"):
+        engine.session().generate([1, 2, 3], max_tokens=8, propose=lambda c, l, n: [10**6] * n)
+    with pytest.raises(lucebox.ConfigError, match="expected"):
+        engine.session().generate([1, 2, 3], max_tokens=8, propose=lambda c, l, n: [1])

@@ -1,0 +1,99 @@
+#!/usr/bin/env python3
+"""DFlash chain speculative decoding speed at controlled acceptance.
+
+Random-weight drafts are never accepted, so acceptance is forced: the proposals are the target's
+own greedy continuation (computed first, plainly) corrupted at index AL-1, so every step commits
+exactly AL tokens (AL = accepted proposals + the target's bonus token; AL 16 = nothing corrupted).
+Prints tok/s per AL, the ratio to plain decoding measured in the same run, and one step's phase
+costs (draft, verify, commit) relative to one plain decode step. With --draft, also the real
+draft's full step (draft forward + verify + commit) at its natural acceptance.
+    python bench/bench_spec.py --model t27-q8_0.gguf --draft d27-q8_0.gguf --tokens 96
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import numpy as np
+
+import lucebox
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--draft")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--ctx", type=int, default=4096)
+    ap.add_argument("--prompt", type=int, default=256, help="prompt tokens (random ids)")
+    ap.add_argument("--tokens", type=int, default=96, help="tokens generated per run")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--accept", default="1,4,6,8,16", help="acceptance lengths to force")
+    args = ap.parse_args()
+
+    engine = lucebox.Engine(args.model, args.draft, ctx=args.ctx, device=args.device,
+                            spec="auto" if args.draft else "off")
+    rng = np.random.default_rng(0)
+    prompt = [int(x) for x in rng.integers(10, engine.hparams.n_vocab, args.prompt)]
+    plain = lucebox.Engine(args.model, ctx=args.ctx, device=args.device)
+    ref = plain.generate(prompt, max_tokens=args.tokens + 32)
+    reference = ref.tokens
+
+    def med(xs: list[float]) -> str:
+        return f"{statistics.median(xs):.1f} ({min(xs):.1f}..{max(xs):.1f})"
+
+    plain_tps = []
+    for i in range(args.reps + 1):
+        r = plain.generate(prompt, max_tokens=args.tokens)
+        if i:
+            plain_tps.append(r.stats.decode_tokens_per_second)
+    step_ms = 1e3 / statistics.median(plain_tps)
+    print(f"plain decode: {med(plain_tps)} tok/s ({step_ms:.2f} ms per token) on {engine.device}")
+    print(f"{'AL':>4} {'tok/s':>22} {'x plain':>8} {'step ms':>8} {'verify/decode':>14} {'draft ms':>9} {'commit ms':>10} {'AL seen':>8}")
+
+    for al in [int(x) for x in args.accept.split(",")]:
+        corrupt = None if al >= 16 else al - 1
+
+        def propose(context: list[int], last: int, n: int) -> list[int]:
+            start = len(context) - len(prompt) + 1
+            out = [reference[start + i] if start + i < len(reference) else 0 for i in range(n)]
+            if corrupt is not None and corrupt < n:
+                out[corrupt] = (out[corrupt] + 1) % engine.hparams.n_vocab
+            return out
+
+        tps, steps, verify, draft, commit, seen = [], [], [], [], [], []
+        for i in range(args.reps + 1):
+            r = plain.session().generate(prompt, max_tokens=args.tokens, propose=propose, phase_timings=True)
+            if r.tokens != reference[: len(r.tokens)]:
+                print(f"  warning: AL {al}: output differs from plain decoding", file=sys.stderr)
+            s = r.stats.spec
+            if i:
+                tps.append(r.stats.decode_tokens_per_second)
+                steps.append(1e3 * r.stats.decode_seconds / s["steps"])
+                verify.append(1e3 * s["verify_seconds"] / s["steps"])
+                draft.append(1e3 * s["draft_seconds"] / s["steps"])
+                commit.append(1e3 * s["commit_seconds"] / s["steps"])
+                seen.append(r.stats.acceptance_length)
+        print(f"{al:>4} {med(tps):>22} {statistics.median(tps) / statistics.median(plain_tps):>7.2f}x "
+              f"{statistics.median(steps):>8.2f} {statistics.median(verify) / step_ms:>13.2f}x "
+              f"{statistics.median(draft):>9.2f} {statistics.median(commit):>10.2f} {statistics.median(seen):>8.2f}")
+
+    if args.draft:
+        times = []
+        for i in range(args.reps + 1):
+            t = time.perf_counter()
+            r = engine.generate(prompt, max_tokens=args.tokens)
+            if i:
+                s = r.stats.spec
+                times.append((r.stats.decode_tokens_per_second, 1e3 * r.stats.decode_seconds / max(1, s["steps"]),
+                              r.stats.acceptance_length))
+        tps = [x[0] for x in times]
+        print(f"real draft: {med(tps)} tok/s, {statistics.median(x[1] for x in times):.2f} ms per full step "
+              f"({statistics.median(x[1] for x in times) / step_ms:.2f}x a decode step), AL {times[0][2]:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

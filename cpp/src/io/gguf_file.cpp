@@ -44,7 +44,8 @@ gguf_file gguf_file::open(const std::string & path) {
             if (reason.empty()) {
                 reason = "not a valid GGUF file";
             }
-            throw gguf_error(f.where() + "malformed or truncated GGUF (" + reason + ")");
+            throw gguf_error(f.where() + "malformed or truncated GGUF (" + reason + "; the file has " +
+                             std::to_string(f.file_size_) + " bytes)");
         }
     }
 

@@ -71,6 +71,10 @@ dflash_hparams read_dflash(const gguf_file & f) {
     dflash_hparams hp;
     hp.n_embd = f.get_u32(key("embedding_length"));
     hp.n_layer = f.get_u32(key("block_count"));
+    if (hp.n_layer > f.tensors().size()) {  // each layer has 11 tensors: bounds per-layer work on corrupt files
+        throw gguf_error(f.where() + "key '" + key("block_count") + "' = " + std::to_string(hp.n_layer) +
+                         " exceeds the " + std::to_string(f.tensors().size()) + " tensors in the file");
+    }
     hp.n_ff = f.get_u32(key("feed_forward_length"));
     hp.n_head = f.get_u32(key("attention.head_count"));
     hp.n_head_kv = f.find_u32(key("attention.head_count_kv")).value_or(hp.n_head);
@@ -173,7 +177,13 @@ void validate_draft_for_target(const gguf_file & tf, const qwen35_hparams & targ
     const char * tokens_key = "tokenizer.ggml.tokens";
     if (tf.has_key(tokens_key) && df.has_key(tokens_key)) {
         const int64_t ti = gguf_find_key(tf.raw(), tokens_key), di = gguf_find_key(df.raw(), tokens_key);
-        if (gguf_get_arr_type(tf.raw(), ti) == GGUF_TYPE_STRING && gguf_get_arr_type(df.raw(), di) == GGUF_TYPE_STRING) {
+        for (const gguf_file * f : {&tf, &df}) {
+            const int64_t id = gguf_find_key(f->raw(), tokens_key);
+            if (gguf_get_kv_type(f->raw(), id) != GGUF_TYPE_ARRAY || gguf_get_arr_type(f->raw(), id) != GGUF_TYPE_STRING) {
+                throw gguf_error(f->where() + "key '" + std::string(tokens_key) + "' must be an array of strings");
+            }
+        }
+        {
             const size_t n = gguf_get_arr_n(tf.raw(), ti), m = gguf_get_arr_n(df.raw(), di);
             if (n != m) {
                 throw draft_mismatch_error(pair + "tokenizers differ: " + std::to_string(m) + " draft tokens vs " +

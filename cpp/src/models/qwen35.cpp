@@ -130,6 +130,10 @@ qwen35_hparams read_qwen35(const gguf_file & f) {
                          " must exceed nextn_predict_layers = " + std::to_string(hp.n_nextn));
     }
     hp.n_layer = n_layer_all - hp.n_nextn;
+    if (n_layer_all > f.tensors().size()) {  // each layer has >= 9 tensors: bounds per-layer work on corrupt files
+        throw gguf_error(f.where() + "key '" + key("block_count") + "' = " + std::to_string(n_layer_all) +
+                         " exceeds the " + std::to_string(f.tensors().size()) + " tensors in the file");
+    }
 
     // Layer pattern: explicit list, else every interval-th layer is attention.
     if (f.has_key(key("attention.recurrent_layers"))) {
@@ -212,6 +216,13 @@ qwen35_hparams read_qwen35(const gguf_file & f) {
     }
     hp.n_vocab = static_cast<uint32_t>(embd->ne[1]);
     hp.has_output = f.find_tensor("output.weight") != nullptr;
+    for (const char * special : {"tokenizer.ggml.eos_token_id", "tokenizer.ggml.bos_token_id",
+                                 "tokenizer.ggml.padding_token_id"}) {
+        if (f.has_key(special) && f.get_u32(special) >= hp.n_vocab) {
+            throw gguf_error(f.where() + "key '" + special + "' = " + std::to_string(f.get_u32(special)) +
+                             " is outside the vocabulary of " + std::to_string(hp.n_vocab) + " tokens");
+        }
+    }
     if (f.has_key("tokenizer.ggml.tokens")) {
         const size_t n_tokens = f.get_array_size("tokenizer.ggml.tokens");
         if (n_tokens != hp.n_vocab) {

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 
 import numpy as np
 
@@ -83,7 +82,6 @@ def main() -> int:
     if args.draft:
         times = []
         for i in range(args.reps + 1):
-            t = time.perf_counter()
             r = engine.generate(prompt, max_tokens=args.tokens)
             if i:
                 s = r.stats.spec

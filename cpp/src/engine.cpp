@@ -192,11 +192,11 @@ struct engine::impl {
                                               : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
         ggml_backend_cpu_set_n_threads(cpu_backend, threads);
 
-        weights = tensor_store::load(target.file, qwen35_used_tensors(hp, target.file),
+        weights = tensor_store::load(target.file, tensors_to_load(target.file, qwen35_tensor_specs(hp)),
                                      ggml_backend_dev_buffer_type(dev), dev, progress);
         w = bind_qwen35_weights(hp, weights);
         if (draft) {
-            draft_weights = tensor_store::load(draft->file, dflash_used_tensors(draft->hparams, draft->file),
+            draft_weights = tensor_store::load(draft->file, tensors_to_load(draft->file, dflash_tensor_specs(draft->hparams)),
                                                ggml_backend_dev_buffer_type(dev), dev, {});
             dw = bind_dflash_weights(draft->hparams, draft_weights, w);
         }

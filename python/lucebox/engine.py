@@ -16,7 +16,7 @@ import numpy as np
 from lucebox import _core
 from lucebox.chat_template import ChatTemplate
 from lucebox.config import EngineConfig, SamplingConfig, stop_list
-from lucebox.errors import ConfigError, UnsupportedError
+from lucebox.errors import ConfigError
 from lucebox.tokenizer import Tokenizer
 
 Prompt = Union[str, Sequence[int], Sequence[dict]]

@@ -3,7 +3,6 @@ decoding, for the real (tiny, random) draft and for forced proposals covering ev
 0..B-1, with F16 and Q8_0 KV caches, across stop tokens, token budgets and session continuation."""
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -55,7 +54,7 @@ def test_real_draft_is_lossless(pair: tuple[str, str], kv: str) -> None:
         assert got.tokens == ref.tokens, f"prompt {p[:8]}..."
         s = got.stats.spec
         assert s["speculative"] and s["steps"] > 0
-        assert s["drafted"] == sum(s["accept_histogram"][a] for a in range(BLOCK)) * (BLOCK - 1) or s["steps"] > 0
+        assert s["drafted"] == s["steps"] * (BLOCK - 1)  # full-width verify (far from the context end)
         assert sum(s["accept_histogram"]) == s["steps"]
         assert s["accepted"] == sum(a * c for a, c in enumerate(s["accept_histogram"]))
 

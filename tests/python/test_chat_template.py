@@ -7,12 +7,12 @@ import datetime
 from pathlib import Path
 from typing import Any
 
-import gguf
 import pytest
 
 from lucebox.chat_template import DEFAULT_CHAT_TEMPLATE, ChatTemplate, normalize_messages
 from lucebox.tokenizer import Tokenizer
-from lucebox.vocab import add_vocab_to_gguf, synthetic_vocab
+from lucebox.vocab import synthetic_vocab
+from vocab_files import write_vocab_gguf
 
 WEATHER_TOOL = {
     "type": "function",
@@ -221,13 +221,7 @@ def test_template_helpers_and_sandbox() -> None:
 
 def _write(path: Path, chat_template: str | None) -> Path:
     vocab = dataclasses.replace(synthetic_vocab(1000), chat_template=chat_template)
-    writer = gguf.GGUFWriter(path, "qwen35")
-    add_vocab_to_gguf(writer, vocab)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+    return write_vocab_gguf(path, vocab)
 
 
 def test_from_gguf_uses_file_template_or_default(tmp_path: Path) -> None:

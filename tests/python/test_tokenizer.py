@@ -5,12 +5,12 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-import gguf
 import pytest
 
 from lucebox import vocab as V
 from lucebox.tokenizer import IncrementalDecoder, Tokenizer
-from lucebox.vocab import GGUFVocab, add_vocab_to_gguf, synthetic_vocab
+from lucebox.vocab import synthetic_vocab
+from vocab_files import write_vocab_gguf
 
 TEXTS = [
     "Hello, world!",
@@ -32,14 +32,7 @@ TEXTS = [
 ]
 
 
-def _write_vocab(path: Path, vocab: GGUFVocab) -> Path:
-    writer = gguf.GGUFWriter(path, "qwen35")
-    add_vocab_to_gguf(writer, vocab)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+_write_vocab = write_vocab_gguf
 
 
 @pytest.fixture(scope="module")

@@ -19,6 +19,7 @@ from lucebox import vocab as V
 from lucebox.errors import GGUFError
 from lucebox.chat_template import DEFAULT_CHAT_TEMPLATE
 from lucebox.vocab import GGUFVocab, add_vocab_to_gguf, read_vocab, synthetic_vocab
+from vocab_files import write_vocab_gguf
 
 N_SPECIAL = len(V.CONTROL_TOKENS) + len(V.USER_DEFINED_TOKENS)
 
@@ -28,14 +29,7 @@ def _digest(vocab: GGUFVocab) -> str:
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
 
-def _write_vocab(path: Path, vocab: GGUFVocab) -> Path:
-    writer = gguf.GGUFWriter(path, "qwen35")
-    add_vocab_to_gguf(writer, vocab)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+_write_vocab = write_vocab_gguf
 
 
 def _write_kv(path: Path, kv: dict[str, tuple[Any, T, T | None]]) -> Path:

@@ -41,4 +41,7 @@ void check_tensors(const gguf_file & file, const std::vector<tensor_spec> & spec
 
 std::string shape_string(const std::vector<int64_t> & ne);
 
+// Names of the specs to load from `file`: every required one and each optional one present.
+std::vector<std::string> tensors_to_load(const gguf_file & file, const std::vector<tensor_spec> & specs);
+
 }  // namespace lucebox

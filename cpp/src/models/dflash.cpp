@@ -202,16 +202,6 @@ void validate_draft_for_target(const gguf_file & tf, const qwen35_hparams & targ
 // Runtime: weights, state, graph
 // ---------------------------------------------------------------------------------------------
 
-std::vector<std::string> dflash_used_tensors(const dflash_hparams & hp, const gguf_file & file) {
-    std::vector<std::string> names;
-    for (const tensor_spec & s : dflash_tensor_specs(hp)) {
-        if (s.required || file.find_tensor(s.name) != nullptr) {
-            names.push_back(s.name);
-        }
-    }
-    return names;
-}
-
 dflash_weights bind_dflash_weights(const dflash_hparams & hp, const tensor_store & st, const qwen35_weights & target) {
     dflash_weights w;
     w.fc = st.get("fc.weight");

@@ -38,7 +38,6 @@ struct dflash_weights {
     std::vector<dflash_layer_weights> layers;
 };
 
-std::vector<std::string> dflash_used_tensors(const dflash_hparams & hp, const gguf_file & file);
 dflash_weights bind_dflash_weights(const dflash_hparams & hp, const tensor_store & store, const qwen35_weights & target);
 
 // The draft's KV cache: per layer K/V rows for every committed position (from target features),

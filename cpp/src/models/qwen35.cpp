@@ -282,16 +282,6 @@ std::vector<tensor_spec> qwen35_tensor_specs(const qwen35_hparams & hp) {
 // Runtime: weights, state, graph
 // ---------------------------------------------------------------------------------------------
 
-std::vector<std::string> qwen35_used_tensors(const qwen35_hparams & hp, const gguf_file & file) {
-    std::vector<std::string> names;
-    for (const tensor_spec & s : qwen35_tensor_specs(hp)) {
-        if (s.required || file.find_tensor(s.name) != nullptr) {
-            names.push_back(s.name);
-        }
-    }
-    return names;
-}
-
 qwen35_weights bind_qwen35_weights(const qwen35_hparams & hp, const tensor_store & st) {
     qwen35_weights w;
     w.token_embd = st.get("token_embd.weight");

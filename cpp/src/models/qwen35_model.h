@@ -44,8 +44,6 @@ struct qwen35_weights {
     std::vector<qwen35_layer_weights> layers;
 };
 
-// Names of the tensors the forward pass uses (MTP blocks and extras are not loaded).
-std::vector<std::string> qwen35_used_tensors(const qwen35_hparams & hp, const gguf_file & file);
 qwen35_weights bind_qwen35_weights(const qwen35_hparams & hp, const tensor_store & store);
 
 // State of one sequence: KV cache of the attention layers, conv + ssm state of the DeltaNet

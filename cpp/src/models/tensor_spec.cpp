@@ -83,4 +83,14 @@ void check_tensors(const gguf_file & file, const std::vector<tensor_spec> & spec
     }
 }
 
+std::vector<std::string> tensors_to_load(const gguf_file & file, const std::vector<tensor_spec> & specs) {
+    std::vector<std::string> names;
+    for (const tensor_spec & s : specs) {
+        if (s.required || file.find_tensor(s.name) != nullptr) {
+            names.push_back(s.name);
+        }
+    }
+    return names;
+}
+
 }  // namespace lucebox

@@ -525,14 +525,11 @@ generate_result session::generate(const std::vector<int32_t> & prompt, const gen
     const sampling_params & sp = params.sampling;
     const bool greedy = sp.is_greedy() && !sp.has_penalties();
     const bool spec_available = (eng_->draft && eng_->cfg.spec == "chain") || params.propose;
-    if (spec_available && greedy) {
+    if (spec_available) {
         return generate_speculative(pending, params, on_token);
     }
 
     generate_result res;
-    if (eng_->draft && eng_->cfg.spec == "chain") {
-        res.stats.fallback_reason = "speculative decoding currently needs greedy sampling without penalties";
-    }
     sampler smp(params.sampling);
     auto is_stop = [&](int32_t t) {
         return std::find(params.stop_tokens.begin(), params.stop_tokens.end(), t) != params.stop_tokens.end();
@@ -596,9 +593,18 @@ generate_result session::generate_speculative(const std::vector<int32_t> & pendi
     };
     auto since = [](clock::time_point t) { return std::chrono::duration<double>(clock::now() - t).count(); };
 
+    const sampling_params & sp = params.sampling;
+    const bool greedy = sp.is_greedy() && !sp.has_penalties();
+    sampler smp(sp);
     const auto t0 = clock::now();
     int32_t last = -1;  // emitted, not yet evaluated
-    forward(pending.data(), static_cast<uint32_t>(pending.size()), false, &last, params.on_prefill);
+    {
+        std::vector<float> logits = forward(pending.data(), static_cast<uint32_t>(pending.size()), false,
+                                            greedy ? &last : nullptr, params.on_prefill);
+        if (!greedy) {
+            last = smp.sample(logits.data(), static_cast<int32_t>(n_vocab()), tokens_);
+        }
+    }
     stats.n_prompt = static_cast<uint32_t>(pending.size());
     stats.prefill_seconds = since(t0);
     const auto t1 = clock::now();
@@ -653,12 +659,19 @@ generate_result session::generate_speculative(const std::vector<int32_t> & pendi
         }
         tp = clock::now();
         std::vector<int32_t> target;
-        run_target(verified.data(), n, false, nullptr, /*verify=*/true, &target);
+        uint32_t a = 0;
+        if (greedy) {
+            run_target(verified.data(), n, false, nullptr, /*verify=*/true, &target);
+            a = spec::accept_greedy(verified, target);
+        } else {
+            // all rows' logits to the host for the acceptance rule (not yet done on the device)
+            const std::vector<float> logits = run_target(verified.data(), n, true, nullptr, /*verify=*/true, nullptr);
+            a = spec::accept_sampled(verified, logits.data(), static_cast<int32_t>(n_vocab()), smp, tokens_, target);
+        }
         if (params.phase_timings) {
             stats.verify_seconds += since(tp);
         }
 
-        const uint32_t a = spec::accept_greedy(verified, target);
         const uint32_t budget = params.max_tokens - static_cast<uint32_t>(res.tokens.size());
         const spec::commit_plan plan = spec::plan_commit(verified, target, a, budget, is_stop, on_token);
         ++stats.steps;

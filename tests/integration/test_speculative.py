@@ -119,13 +119,49 @@ def test_context_end_during_speculation(pair: tuple[str, str]) -> None:
     assert spec.finish_reason == plain.finish_reason == "context"
 
 
-def test_sampling_with_a_draft_falls_back_visibly(pair: tuple[str, str]) -> None:
-    target, draft = pair
-    spec = lucebox.Engine(target, draft, ctx=256, device="cpu")
-    r = spec.generate(prompts(1)[0], max_tokens=8, temperature=0.7, seed=1)
-    assert not r.stats.spec["speculative"]
-    assert r.stats.spec["plain_tokens"] == len(r.tokens)
-    assert "greedy" in r.stats.spec["fallback_reason"]
+def _target_dist(engine: lucebox.Engine, context: list[int], temperature: float, top_k: int) -> dict[int, float]:
+    """The target's sampling distribution after `context` (top_k, then temperature)."""
+    row = engine.session().eval(context)[-1].astype(np.float64)
+    keep = np.argsort(-row, kind="stable")[:top_k]
+    w = np.exp((row[keep] - row[keep].max()) / temperature)
+    return {int(i): float(p) for i, p in zip(keep, w / w.sum())}
+
+
+@pytest.mark.parametrize("proposal_rank", [0, 1])
+def test_speculative_sampling_is_distribution_exact(pair: tuple[str, str], proposal_rank: int) -> None:
+    """Two sampled tokens per run, many seeds: the empirical joint distribution of (t1, t2) with
+    forced proposals (the target's top or second choice, so both acceptance and the residual
+    resampling run) matches the target's own p(t1) p(t2 | t1)."""
+    target, _ = pair
+    engine = lucebox.Engine(target, ctx=256, device="cpu")
+    prompt = prompts(1)[0][:12]
+    temperature, top_k = 1.5, 4
+    p1 = _target_dist(engine, prompt, temperature, top_k)
+    p2 = {t1: _target_dist(engine, prompt + [t1], temperature, top_k) for t1 in p1}
+    exact = {(a, b): p1[a] * p2[a][b] for a in p1 for b in p2[a]}
+
+    def propose(context: list[int], last: int, n: int) -> list[int]:
+        ranked = sorted(p2[last], key=lambda t: -p2[last][t]) if last in p2 else [0]
+        return [ranked[min(proposal_rank, len(ranked) - 1)]] * n
+
+    runs = 4000
+    counts: dict[tuple[int, int], int] = {}
+    accepted = 0
+    for seed in range(runs):
+        r = engine.session().generate(prompt, max_tokens=2, temperature=temperature, top_k=top_k, seed=seed,
+                                      propose=propose)
+        assert r.stats.spec["speculative"]
+        accepted += r.stats.spec["accepted"]
+        key = (r.tokens[0], r.tokens[1])
+        counts[key] = counts.get(key, 0) + 1
+    assert set(counts) <= set(exact)
+    worst = max(abs(counts.get(k, 0) / runs - p) for k, p in exact.items())
+    chi2 = sum((counts.get(k, 0) - runs * p) ** 2 / (runs * p) for k, p in exact.items() if runs * p > 0)
+    print(f"rank {proposal_rank}: max |empirical - exact| {worst:.4f}, chi2 {chi2:.1f} over {len(exact)} cells, "
+          f"accepted {accepted}/{runs}")
+    assert 0 < accepted < runs  # both branches ran
+    assert worst < 0.025
+    assert chi2 < 60  # 15 degrees of freedom: p < 1e-6 for a correct sampler
 
 
 def test_bad_proposals_are_rejected_cleanly(pair: tuple[str, str]) -> None:

@@ -6,11 +6,25 @@
 #include <functional>
 #include <vector>
 
+#include "lucebox/sampling.h"
+
 namespace lucebox::spec {
 
 // verified = [last, d1 .. d(n-1)] fed to the target; target[i] = the target's greedy choice after
 // verified[0..i]. Returns a = the number of accepted proposals: d(i) == target[i-1] for i = 1..a.
 uint32_t accept_greedy(const std::vector<int32_t> & verified, const std::vector<int32_t> & target);
+
+// Speculative sampling for a deterministic proposal (the draft's argmax, or a forced token): at
+// row i the proposal d(i+1) is accepted with probability p_i(d(i+1)), where p_i is the target's
+// sampling distribution (penalties, top-k, temperature, top-p, min-p; the same transforms as plain
+// sampling, over the history including the tokens accepted so far). On rejection the token is
+// drawn from p_i with d(i+1) removed (renormalized): the residual max(0, p - q) for a point-mass q.
+// If every proposal is accepted, the bonus token is drawn from the last row. The emitted tokens
+// are therefore distributed exactly as plain sampling from the target.
+// logits: n rows of n_vocab floats (the verify batch). Returns a and fills target[0..a] (target[j]
+// = verified[j+1] for j < a; target[a] = the drawn bonus token).
+uint32_t accept_sampled(const std::vector<int32_t> & verified, const float * logits, int32_t n_vocab, sampler & smp,
+                        std::vector<int32_t> history, std::vector<int32_t> & target);
 
 struct commit_plan {
     uint32_t last_kept = 0;         // verified rows 0..last_kept are committed (always >= row 0)

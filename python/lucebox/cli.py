@@ -147,9 +147,9 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     import lucebox
 
     show = sys.stderr.isatty() or args.progress
-    engine = lucebox.Engine(args.model, ctx=args.ctx, kv_type_k=args.kv_type_k, kv_type_v=args.kv_type_v,
-                            device=args.device, ubatch=args.ubatch, threads=args.threads, spec="off",
-                            progress=_Progress("loading", "bytes", show))
+    engine = lucebox.Engine(args.model, args.draft, ctx=args.ctx, kv_type_k=args.kv_type_k,
+                            kv_type_v=args.kv_type_v, device=args.device, ubatch=args.ubatch, threads=args.threads,
+                            spec=args.spec, progress=_Progress("loading", "bytes", show))
     prompt: Any = args.prompt
     if args.prompt == "-":
         prompt = sys.stdin.read()
@@ -158,7 +158,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     chunks = engine.generate(prompt, max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
                              top_p=args.top_p, min_p=args.min_p, presence_penalty=args.presence_penalty,
                              repetition_penalty=args.repetition_penalty, seed=args.seed, stop=args.stop or None,
-                             stream=True, prefill_progress=_Progress("prefill", "tokens", show))
+                             stream=True, prefill_progress=_Progress("prefill", "tokens", show),
+                             phase_timings=args.stats)
     final = None
     for chunk in chunks:
         sys.stdout.write(chunk.text)
@@ -172,6 +173,15 @@ def _cmd_generate(args: argparse.Namespace) -> int:
               f"({st.prefill_tokens_per_second:.1f} tok/s); generated {st.n_generated} tokens in "
               f"{st.decode_seconds:.3f} s ({st.decode_tokens_per_second:.1f} tok/s) on {engine.device}",
               file=sys.stderr)
+        sp = st.spec
+        if sp.get("speculative"):
+            hist = " ".join(f"{a}:{c}" for a, c in enumerate(sp["accept_histogram"]) if c)
+            print(f"[spec] {sp['steps']} steps, {sp['accepted']}/{sp['drafted']} proposals accepted, acceptance "
+                  f"length {st.acceptance_length:.2f}, accept histogram {hist}; fast rollbacks "
+                  f"{sp['fast_rollbacks']}, replays {sp['replays']}; draft {sp['draft_seconds']:.3f} s, verify "
+                  f"{sp['verify_seconds']:.3f} s, commit {sp['commit_seconds']:.3f} s", file=sys.stderr)
+        elif sp.get("fallback_reason"):
+            print(f"[spec] not used: {sp['fallback_reason']}", file=sys.stderr)
     return 0
 
 
@@ -213,6 +223,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("generate", help="generate text from a prompt")
     p.add_argument("model", help="qwen35 target GGUF")
     p.add_argument("prompt", help="prompt text ('-' reads stdin)")
+    p.add_argument("--draft", help="DFlash draft GGUF: enables speculative decoding")
+    p.add_argument("--spec", default="auto", choices=["auto", "off", "chain"],
+                   help="speculative decoding mode (auto: chain when a draft is given)")
     p.add_argument("--chat", action="store_true", help="wrap the prompt as a user message in the chat template")
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.0)

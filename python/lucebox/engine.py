@@ -138,7 +138,8 @@ class Engine:
                  frequency_penalty: float = 0.0, repetition_penalty: float = 1.0, seed: int = 0,
                  stop: str | Sequence[str] | None = None, stream: bool = False, tools: list[dict[str, Any]] | None = None,
                  enable_thinking: bool | None = None,
-                 prefill_progress: Callable[[int, int], None] | None = None) -> GenerationResult | Iterator[GenerationChunk]:
+                 prefill_progress: Callable[[int, int], None] | None = None,
+                 phase_timings: bool = False) -> GenerationResult | Iterator[GenerationChunk]:
         """Generate from a fresh session. Returns a GenerationResult, or an iterator of chunks when
         stream=True. Raises ConfigError for invalid parameters or a prompt longer than the context,
         before any work."""
@@ -146,7 +147,8 @@ class Engine:
         session = self.session()
         kwargs = dict(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                       presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
-                      repetition_penalty=repetition_penalty, seed=seed, stop=stop, prefill_progress=prefill_progress)
+                      repetition_penalty=repetition_penalty, seed=seed, stop=stop, prefill_progress=prefill_progress,
+                      phase_timings=phase_timings)
         if stream:
             return session.stream(ids, **kwargs)
         return session.generate(ids, **kwargs)
@@ -269,7 +271,7 @@ class Session:
                                 stats=self._stats(res))
 
     def stream(self, prompt: Prompt = (), *, max_tokens: int = 256, stop: str | Sequence[str] | None = None,
-               prefill_progress: Callable[[int, int], None] | None = None,
+               prefill_progress: Callable[[int, int], None] | None = None, phase_timings: bool = False,
                **sampling: Any) -> Iterator[GenerationChunk]:
         """Like generate(), yielding chunks as tokens are committed. Parameters are validated
         before the first chunk; closing the iterator cancels the generation."""
@@ -283,7 +285,8 @@ class Session:
 
         def worker() -> None:
             try:
-                res, _text, _kept = self._run(ids, max_tokens, cfg, stops, emit, cancel.is_set, prefill_progress)
+                res, _text, _kept = self._run(ids, max_tokens, cfg, stops, emit, cancel.is_set, prefill_progress,
+                                              phase_timings=phase_timings)
                 finish = "stop" if res.finish_reason == "cancelled" and not cancel.is_set() else res.finish_reason
                 q.put(GenerationChunk(text="", finish_reason=finish, stats=self._stats(res)))
             except BaseException as exc:  # delivered to the consumer

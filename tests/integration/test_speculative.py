@@ -171,3 +171,23 @@ def test_bad_proposals_are_rejected_cleanly(pair: tuple[str, str]) -> None:
         engine.session().generate([1, 2, 3], max_tokens=8, propose=lambda c, l, n: [10**6] * n)
     with pytest.raises(lucebox.ConfigError, match="expected"):
         engine.session().generate([1, 2, 3], max_tokens=8, propose=lambda c, l, n: [1])
+
+
+def test_speculative_output_equals_upstream_greedy(tmp_path: "pytest.TempPathFactory") -> None:
+    """Oracle: our speculative greedy output equals upstream llama.cpp's greedy continuation on the
+    same target (F32 weights, F16 KV). Upstream's own DFlash mode is lossless by construction, so
+    this pins our speculative output to upstream's token for token."""
+    oracle = pytest.importorskip("oracle")
+    ok, why = oracle.available()
+    if not ok:
+        pytest.skip(why)
+    target, draft = str(tmp_path / "t.gguf"), str(tmp_path / "d.gguf")
+    synth.write_target(target, "tiny", type="f32", seed=21)
+    synth.write_draft(draft, "tiny", type="f32", seed=22)
+    spec = lucebox.Engine(target, draft, ctx=512, device="cpu")
+    eos = spec.tokenizer.eos_ids
+    for p in prompts(4):
+        ref = oracle.reference_greedy(target, p, 32, n_ctx=512)
+        got = spec.generate(p, max_tokens=32).tokens
+        cut = next((i for i, t in enumerate(ref) if t in eos), len(ref))  # we stop at end-of-turn tokens
+        assert got == ref[:cut]

@@ -39,6 +39,7 @@ void register_engine(py::module_ & m) {
         .def_readwrite("capture_layers", &engine_config::capture_layers)
         .def_readwrite("draft_path", &engine_config::draft_path)
         .def_readwrite("spec", &engine_config::spec)
+        .def_readwrite("rollback", &engine_config::rollback)
         .def("validate", &engine_config::validate);
 
     py::class_<generate_result>(m, "GenerateResult")

@@ -106,6 +106,9 @@ void engine_config::validate() const {
     if (spec == "chain" && draft_path.empty()) {
         throw config_error("engine: spec 'chain' needs a draft model");
     }
+    if (rollback != "fast" && rollback != "replay") {
+        throw config_error("engine: rollback '" + rollback + "' must be fast or replay");
+    }
 }
 
 struct engine::impl {
@@ -231,7 +234,7 @@ struct engine::impl {
         req.kv_type_v = type_v;
         req.ubatch = cfg.n_ubatch;
         if (draft) {
-            req.verify_tokens = draft->hparams.block_size;
+            req.verify_tokens = cfg.rollback == "replay" ? 1 : draft->hparams.block_size;  // checkpoint slots
         }
         memory_plan p = plan_memory(target.hparams, draft ? &draft->hparams : nullptr, req);
         p.target_weight_bytes = target.weight_bytes;
@@ -265,9 +268,9 @@ std::unique_ptr<session> engine::new_session() {
     impl & e = *impl_;
     auto st = std::make_unique<session::state>();
     const uint32_t ring = std::max({e.cfg.n_ubatch, 64u, e.block_size(), MAX_FORCED_BLOCK});
+    const uint32_t checkpoints = e.cfg.rollback == "replay" ? 1 : std::max(e.block_size(), MAX_FORCED_BLOCK);
     st->model_state = qwen35_state::allocate(e.target.hparams, e.kv_size, e.type_k, e.type_v, e.capture, ring,
-                                             std::max(e.block_size(), MAX_FORCED_BLOCK),
-                                             ggml_backend_dev_buffer_type(e.dev), e.dev);
+                                             checkpoints, ggml_backend_dev_buffer_type(e.dev), e.dev);
     if (e.draft) {
         st->draft_state = dflash_state::allocate(e.draft->hparams, e.kv_size, e.type_k, e.type_v,
                                                  ggml_backend_dev_buffer_type(e.dev), e.dev);
@@ -444,6 +447,17 @@ void session::commit(uint32_t n_verified, uint32_t last_kept) {
     }
     e.alloc(gf, "the commit");
     e.compute(gf, "the commit");
+}
+
+void session::backup_state(bool backup) {
+    engine::impl & e = *eng_;
+    ctx_guard g_ctx(e.graph_meta);
+    ggml_cgraph * gf = build_qwen35_backup_graph(g_ctx.ctx, e.target.hparams, st_->model_state, backup);
+    if (ggml_graph_n_nodes(gf) == 0) {
+        return;  // no DeltaNet layers
+    }
+    e.alloc(gf, "the state backup");
+    e.compute(gf, "the state backup");
 }
 
 std::vector<float> session::forward(const int32_t * tokens, uint32_t n, bool all_logits, int32_t * argmax,
@@ -660,12 +674,16 @@ generate_result session::generate_speculative(const std::vector<int32_t> & pendi
         tp = clock::now();
         std::vector<int32_t> target;
         uint32_t a = 0;
+        const bool replay = e.cfg.rollback == "replay";
+        if (replay) {
+            backup_state(true);
+        }
         if (greedy) {
-            run_target(verified.data(), n, false, nullptr, /*verify=*/true, &target);
+            run_target(verified.data(), n, false, nullptr, /*verify=*/!replay, &target);
             a = spec::accept_greedy(verified, target);
         } else {
             // all rows' logits to the host for the acceptance rule (not yet done on the device)
-            const std::vector<float> logits = run_target(verified.data(), n, true, nullptr, /*verify=*/true, nullptr);
+            const std::vector<float> logits = run_target(verified.data(), n, true, nullptr, !replay, nullptr);
             a = spec::accept_sampled(verified, logits.data(), static_cast<int32_t>(n_vocab()), smp, tokens_, target);
         }
         if (params.phase_timings) {
@@ -680,8 +698,14 @@ generate_result session::generate_speculative(const std::vector<int32_t> & pendi
         stats.accept_histogram[a] += 1;
 
         tp = clock::now();
-        commit(n, plan.last_kept);
-        ++stats.fast_rollbacks;
+        if (!replay) {
+            commit(n, plan.last_kept);
+            ++stats.fast_rollbacks;
+        } else if (plan.last_kept + 1 < n) {
+            backup_state(false);  // the state before the verify, then re-run the kept tokens
+            run_target(verified.data(), plan.last_kept + 1, false, nullptr, false, nullptr);
+            ++stats.replays;
+        }
         tokens_.insert(tokens_.end(), verified.begin(), verified.begin() + plan.last_kept + 1);
         if (params.phase_timings) {
             stats.commit_seconds += since(tp);

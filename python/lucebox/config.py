@@ -14,6 +14,7 @@ from lucebox.errors import ConfigError
 
 KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
 SPEC_MODES = ("auto", "off", "chain")
+ROLLBACK_MODES = ("fast", "replay")
 
 
 @dataclass(frozen=True)
@@ -23,7 +24,9 @@ class EngineConfig:
     ctx: tokens of context per session. kv_type_k / kv_type_v: KV cache types. device: "auto"
     (first GPU, else CPU), "cpu", "cuda", "cuda:N" or a ggml device name. ubatch: prefill
     micro-batch. threads: CPU threads (0: all). spec: speculative decoding mode ("off" until a
-    draft is given; "chain" needs a DFlash draft).
+    draft is given; "chain" needs a DFlash draft). rollback: how a partly rejected verify restores
+    the DeltaNet state: "fast" (per-token checkpoints, one copy) or "replay" (one backup, re-run
+    the kept tokens; less memory, more compute).
     """
 
     ctx: int = 4096
@@ -33,6 +36,7 @@ class EngineConfig:
     ubatch: int = 512
     threads: int = 0
     spec: str = "auto"
+    rollback: str = "fast"
     capture_layers: tuple[int, ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
@@ -47,6 +51,8 @@ class EngineConfig:
             raise ConfigError(f"device={self.device!r} must be a non-empty string")
         if self.spec not in SPEC_MODES:
             raise ConfigError(f"spec={self.spec!r} must be one of {', '.join(SPEC_MODES)}")
+        if self.rollback not in ROLLBACK_MODES:
+            raise ConfigError(f"rollback={self.rollback!r} must be one of {', '.join(ROLLBACK_MODES)}")
 
     def to_core(self, model_path: str) -> _core.EngineConfig:
         c = _core.EngineConfig()
@@ -58,6 +64,7 @@ class EngineConfig:
         c.n_ubatch = self.ubatch
         c.n_threads = self.threads
         c.capture_layers = list(self.capture_layers)
+        c.rollback = self.rollback
         return c
 
 

@@ -81,12 +81,12 @@ class Engine:
 
     def __init__(self, model: str | os.PathLike[str], draft: str | os.PathLike[str] | None = None, *,
                  ctx: int = 4096, kv_type: str | None = None, kv_type_k: str = "f16", kv_type_v: str = "f16",
-                 device: str = "auto", spec: str = "auto", ubatch: int = 512, threads: int = 0,
+                 device: str = "auto", spec: str = "auto", rollback: str = "fast", ubatch: int = 512, threads: int = 0,
                  capture_layers: Sequence[int] = (), progress: Callable[[int, int], None] | None = None) -> None:
         if kv_type is not None:
             kv_type_k = kv_type_v = kv_type
         self.config = EngineConfig(ctx=ctx, kv_type_k=kv_type_k, kv_type_v=kv_type_v, device=device,
-                                   ubatch=ubatch, threads=threads, spec=spec,
+                                   ubatch=ubatch, threads=threads, spec=spec, rollback=rollback,
                                    capture_layers=tuple(capture_layers))
         self.model_path = os.fspath(model)
         target = _core.TargetFile.open(self.model_path)

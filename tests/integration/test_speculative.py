@@ -59,10 +59,10 @@ def test_real_draft_is_lossless(pair: tuple[str, str], kv: str) -> None:
         assert s["accepted"] == sum(a * c for a, c in enumerate(s["accept_histogram"]))
 
 
-@pytest.mark.parametrize("kv", ["f16", "q8_0"])
-def test_forced_proposals_every_accept_length(pair: tuple[str, str], kv: str) -> None:
+@pytest.mark.parametrize("kv,rollback", [("f16", "fast"), ("q8_0", "fast"), ("f16", "replay")])
+def test_forced_proposals_every_accept_length(pair: tuple[str, str], kv: str, rollback: str) -> None:
     target, _ = pair
-    engine = lucebox.Engine(target, ctx=512, device="cpu", kv_type=kv)
+    engine = lucebox.Engine(target, ctx=512, device="cpu", kv_type=kv, rollback=rollback)
     for i, p in enumerate(prompts(6)):
         ref = engine.generate(p, max_tokens=64).tokens
         for k in [*range(BLOCK - 1), None]:  # accept lengths 0..14, then full acceptance (15)
@@ -72,7 +72,10 @@ def test_forced_proposals_every_accept_length(pair: tuple[str, str], kv: str) ->
             a = BLOCK - 1 if k is None else k
             # every full step accepts exactly `a`; the last step may be cut short by the budget
             assert hist[a] >= max(1, got.stats.spec["steps"] - 2), (k, hist)
-            assert got.stats.spec["fast_rollbacks"] == got.stats.spec["steps"]
+            if rollback == "fast":
+                assert got.stats.spec["fast_rollbacks"] == got.stats.spec["steps"]
+            else:  # a replay for every step that was not fully kept
+                assert got.stats.spec["replays"] >= got.stats.spec["steps"] - hist[BLOCK - 1] - 1
             if k is None:
                 assert got.stats.acceptance_length > 8
 

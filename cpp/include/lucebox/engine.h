@@ -28,6 +28,10 @@ struct engine_config {
     std::vector<int32_t> capture_layers;  // layer inputs captured into the feature ring (n_layer: final hidden)
     std::string draft_path;           // DFlash draft GGUF (empty: none); validated against the target
     std::string spec = "off";         // off | chain (needs a draft)
+    // How a verify that is not fully accepted rolls the DeltaNet state back:
+    //   fast   - the verify keeps every token's state (B checkpoints per layer); commit copies one
+    //   replay - back up the state (one slot), verify normally, restore and re-run the kept tokens
+    std::string rollback = "fast";
 
     void validate() const;  // throws config_error
 };
@@ -133,6 +137,7 @@ class session {
     // Draft: inject features of positions [n_draft_ctx, n_past) and, if block > 0, propose block-1 tokens.
     std::vector<int32_t> run_draft(int32_t last, uint32_t block);
     void commit(uint32_t n_verified, uint32_t last_kept);
+    void backup_state(bool backup);  // replay rollback: state -> slot 0 (true) or back (false)
     generate_result generate_speculative(const std::vector<int32_t> & pending, const generate_params & params,
                                          const token_callback & on_token);
     void check_fits(size_t n_new) const;

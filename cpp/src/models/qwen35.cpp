@@ -570,4 +570,30 @@ ggml_cgraph * build_qwen35_commit_graph(ggml_context * ctx, const qwen35_hparams
     return gf;
 }
 
+ggml_cgraph * build_qwen35_backup_graph(ggml_context * ctx, const qwen35_hparams & hp, const qwen35_state & st,
+                                        bool backup) {
+    if (st.n_checkpoints == 0) {
+        throw error("internal: no checkpoint slot for a state backup");
+    }
+    ggml_cgraph * gf = ggml_new_graph_custom(ctx, 4 * size_t(hp.n_layer) + 16, false);
+    const int64_t D = int64_t(hp.ssm_d_state) * hp.ssm_d_state * hp.ssm_n_v_heads;
+    for (uint32_t il = 0; il < hp.n_layer; ++il) {
+        if (!hp.is_recurrent[il]) {
+            continue;
+        }
+        ggml_tensor * ssm_slot = ggml_view_1d(ctx, st.ssm_ckpt[il], D, 0);
+        ggml_tensor * ssm = ggml_reshape_1d(ctx, st.ssm[il], D);
+        ggml_tensor * cc = st.conv_ckpt[il];
+        ggml_tensor * conv_slot = ggml_view_2d(ctx, cc, hp.ssm_d_conv - 1, hp.conv_dim(), cc->nb[1], 0);
+        if (backup) {
+            ggml_build_forward_expand(gf, ggml_cpy(ctx, ssm, ssm_slot));
+            ggml_build_forward_expand(gf, ggml_cpy(ctx, st.conv[il], conv_slot));
+        } else {
+            ggml_build_forward_expand(gf, ggml_cpy(ctx, ssm_slot, ssm));
+            ggml_build_forward_expand(gf, ggml_cpy(ctx, conv_slot, st.conv[il]));
+        }
+    }
+    return gf;
+}
+
 }  // namespace lucebox

@@ -96,6 +96,11 @@ qwen35_graph build_qwen35_graph(ggml_context * ctx, const qwen35_hparams & hp, c
                                 const qwen35_state & st, uint32_t n_tokens, uint32_t n_kv, uint32_t n_out,
                                 bool want_argmax, bool verify = false);
 
+// Copies every DeltaNet layer's conv and ssm state into checkpoint slot 0 (backup = true), or back
+// from it (backup = false): the restore-and-replay rollback, which needs one slot instead of B.
+ggml_cgraph * build_qwen35_backup_graph(ggml_context * ctx, const qwen35_hparams & hp, const qwen35_state & st,
+                                        bool backup);
+
 // After a verify of n_verified tokens: sets every DeltaNet layer's conv and ssm state to the state
 // after verified token `last_kept` (0-based), i.e. commits tokens [0, last_kept] (fast rollback).
 ggml_cgraph * build_qwen35_commit_graph(ggml_context * ctx, const qwen35_hparams & hp, const qwen35_state & st,

@@ -1,6 +1,8 @@
 #include "lucebox/engine.h"
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -119,7 +121,9 @@ struct engine::impl {
     ggml_backend_dev_t dev = nullptr;
     ggml_backend_t backend = nullptr;      // the device's backend
     ggml_backend_t cpu_backend = nullptr;  // fallback for ops the device lacks (same as backend on CPU)
-    ggml_backend_sched_t sched = nullptr;
+    ggml_backend_sched_t sched = nullptr;      // target forward passes (graph reused while shapes repeat)
+    ggml_backend_sched_t sched_aux = nullptr;  // draft, commit and state-backup graphs
+    uint64_t sched_graph_id = 0;               // id of the cached graph allocated in `sched` (0: none)
     tensor_store weights;
     qwen35_weights w;
     // DFlash draft (optional)
@@ -134,15 +138,18 @@ struct engine::impl {
     uint32_t block_size() const { return draft ? draft->hparams.block_size : 0; }
 
     // Allocates the graph's tensors; the caller then sets inputs and calls compute().
-    void alloc(ggml_cgraph * gf, const std::string & what) {
-        ggml_backend_sched_reset(sched);
-        if (!ggml_backend_sched_alloc_graph(sched, gf)) {
+    void alloc(ggml_backend_sched_t s, ggml_cgraph * gf, const std::string & what) {
+        if (s == sched) {
+            sched_graph_id = 0;
+        }
+        ggml_backend_sched_reset(s);
+        if (!ggml_backend_sched_alloc_graph(s, gf)) {
             throw out_of_memory_error("out of memory allocating compute buffers for " + what + " on " +
                                       ggml_backend_dev_name(dev) + "; try a smaller ubatch");
         }
     }
-    void compute(ggml_cgraph * gf, const std::string & what) {
-        const ggml_status status = ggml_backend_sched_graph_compute(sched, gf);
+    void compute(ggml_backend_sched_t s, ggml_cgraph * gf, const std::string & what) {
+        const ggml_status status = ggml_backend_sched_graph_compute(s, gf);
         if (status != GGML_STATUS_SUCCESS) {
             throw error(what + " failed on " + ggml_backend_dev_name(dev) + " (ggml status " +
                         std::to_string(int(status)) + ")");
@@ -210,12 +217,17 @@ struct engine::impl {
         }
         sched = ggml_backend_sched_new(backends.data(), nullptr, static_cast<int>(backends.size()), MAX_GRAPH_NODES,
                                        false, true);
+        sched_aux = ggml_backend_sched_new(backends.data(), nullptr, static_cast<int>(backends.size()),
+                                           MAX_GRAPH_NODES, false, true);
         graph_meta.resize(ggml_tensor_overhead() * MAX_GRAPH_NODES + ggml_graph_overhead_custom(MAX_GRAPH_NODES, false));
     }
 
     ~impl() {
         if (sched) {
             ggml_backend_sched_free(sched);
+        }
+        if (sched_aux) {
+            ggml_backend_sched_free(sched_aux);
         }
         draft_weights = tensor_store();
         weights = tensor_store();
@@ -258,7 +270,40 @@ std::string engine::device_description() const { return ggml_backend_dev_descrip
 // session
 // ---------------------------------------------------------------------------------------------
 
+namespace {
+// A target graph kept between calls: rebuilt only when its shape key changes, and re-allocated
+// only when another graph used the scheduler since. Repeating shapes (decode, verify) then cost
+// no graph construction or allocation, and backends can replay their own captured graphs.
+struct graph_cache {
+    std::vector<uint8_t> meta;
+    ggml_context * ctx = nullptr;
+    std::array<uint32_t, 5> key{};
+    uint64_t id = 0;  // unique per build, 0 = empty
+    qwen35_graph graph;
+
+    ~graph_cache() {
+        if (ctx) {
+            ggml_free(ctx);
+        }
+    }
+    ggml_context * rebuild() {
+        static std::atomic<uint64_t> next_id{1};
+        if (ctx) {
+            ggml_free(ctx);
+        }
+        if (meta.empty()) {
+            meta.resize(ggml_tensor_overhead() * MAX_GRAPH_NODES + ggml_graph_overhead_custom(MAX_GRAPH_NODES, false));
+        }
+        ggml_init_params ip{meta.size(), meta.data(), /*no_alloc=*/true};
+        ctx = ggml_init(ip);
+        id = next_id++;
+        return ctx;
+    }
+};
+}  // namespace
+
 struct session::state {
+    graph_cache target_graph;
     qwen35_state model_state;
     dflash_state draft_state;
     std::vector<ggml_tensor *> draft_rings;  // target feature rings in draft target_layers order
@@ -336,10 +381,19 @@ std::vector<float> session::run_target(const int32_t * tokens, uint32_t T, bool 
     const bool rows_out = all_logits || argmax_rows != nullptr;
     const uint32_t n_out = rows_out ? T : 1;
 
-    ctx_guard g_ctx(e.graph_meta);
     const bool want_argmax = argmax_last != nullptr || argmax_rows != nullptr;
-    qwen35_graph g = build_qwen35_graph(g_ctx.ctx, hp, e.w, st, T, n_kv, n_out, want_argmax, verify);
-    e.alloc(g.gf, "a batch of " + std::to_string(T) + " tokens");
+    graph_cache & cache = st_->target_graph;
+    const std::array<uint32_t, 5> key{T, n_kv, n_out, uint32_t(want_argmax), uint32_t(verify)};
+    if (cache.id == 0 || cache.key != key) {
+        ggml_context * ctx = cache.rebuild();
+        cache.graph = build_qwen35_graph(ctx, hp, e.w, st, T, n_kv, n_out, want_argmax, verify);
+        cache.key = key;
+    }
+    const qwen35_graph & g = cache.graph;
+    if (e.sched_graph_id != cache.id) {
+        e.alloc(e.sched, g.gf, "a batch of " + std::to_string(T) + " tokens");
+        e.sched_graph_id = cache.id;
+    }
 
     ggml_backend_tensor_set(g.in.tokens, tokens, 0, sizeof(int32_t) * T);
     if (g.in.pos != nullptr) {
@@ -365,7 +419,7 @@ std::vector<float> session::run_target(const int32_t * tokens, uint32_t T, bool 
         const int32_t last = static_cast<int32_t>(T - 1);
         ggml_backend_tensor_set(g.in.out_rows, &last, 0, sizeof(int32_t));
     }
-    e.compute(g.gf, "the target forward pass");
+    e.compute(e.sched, g.gf, "the target forward pass");
 
     std::vector<float> logits;
     if (all_logits) {
@@ -400,7 +454,7 @@ std::vector<int32_t> session::run_draft(int32_t last, uint32_t block) {
     ctx_guard g_ctx(e.graph_meta);
     dflash_graph g = build_dflash_graph(g_ctx.ctx, dh, e.dw, st_->draft_state, st_->draft_rings, n_inject, block,
                                         n_kv, e.target.hparams.n_ctx_train);
-    e.alloc(g.gf, "the draft");
+    e.alloc(e.sched_aux, g.gf, "the draft");
     if (n_inject > 0) {
         std::vector<int64_t> kv_rows(n_inject);
         std::vector<int32_t> pos(n_inject), ring_rows(n_inject);
@@ -428,7 +482,7 @@ std::vector<int32_t> session::run_draft(int32_t last, uint32_t block) {
         const auto mask = visible_prefix_mask(n_kv, block, [&](uint32_t) { return n_past + block; });  // non-causal
         ggml_backend_tensor_set(g.in.kq_mask, mask.data(), 0, sizeof(ggml_fp16_t) * mask.size());
     }
-    e.compute(g.gf, "the draft forward pass");
+    e.compute(e.sched_aux, g.gf, "the draft forward pass");
     n_draft_ctx_ = n_past;
     std::vector<int32_t> proposals;
     if (block > 0) {
@@ -445,8 +499,8 @@ void session::commit(uint32_t n_verified, uint32_t last_kept) {
     if (ggml_graph_n_nodes(gf) == 0) {
         return;  // no DeltaNet layers
     }
-    e.alloc(gf, "the commit");
-    e.compute(gf, "the commit");
+    e.alloc(e.sched_aux, gf, "the commit");
+    e.compute(e.sched_aux, gf, "the commit");
 }
 
 void session::backup_state(bool backup) {
@@ -456,8 +510,8 @@ void session::backup_state(bool backup) {
     if (ggml_graph_n_nodes(gf) == 0) {
         return;  // no DeltaNet layers
     }
-    e.alloc(gf, "the state backup");
-    e.compute(gf, "the state backup");
+    e.alloc(e.sched_aux, gf, "the state backup");
+    e.compute(e.sched_aux, gf, "the state backup");
 }
 
 std::vector<float> session::forward(const int32_t * tokens, uint32_t n, bool all_logits, int32_t * argmax,

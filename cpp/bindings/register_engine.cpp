@@ -116,6 +116,7 @@ void register_engine(py::module_ & m) {
            py::arg("on_token") = py::none(), py::arg("on_prefill") = py::none(), py::arg("propose") = py::none(),
            py::arg("block_size") = 0, py::arg("phase_timings") = false)
         .def("reset", &session::reset, py::call_guard<py::gil_scoped_release>())
+        .def("draft_proposals", &session::draft_proposals, py::arg("last"), py::call_guard<py::gil_scoped_release>())
         .def_property_readonly("n_past", &session::n_past)
         .def_property_readonly("tokens", &session::tokens)
         .def_property_readonly("pending_token", &session::pending_token)

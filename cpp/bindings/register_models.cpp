@@ -102,6 +102,8 @@ void register_models(py::module_ & m) {
         .def_readwrite("mask_token_id", &dflash_hparams::mask_token_id)
         .def_readwrite("target_layers", &dflash_hparams::target_layers)
         .def_readwrite("causal", &dflash_hparams::causal)
+        .def_readwrite("n_swa", &dflash_hparams::n_swa)
+        .def_readwrite("is_swa", &dflash_hparams::is_swa)
         .def_readwrite("n_vocab", &dflash_hparams::n_vocab)
         .def_readwrite("has_token_embd", &dflash_hparams::has_token_embd)
         .def_readwrite("has_output", &dflash_hparams::has_output)

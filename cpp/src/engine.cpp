@@ -479,8 +479,28 @@ std::vector<int32_t> session::run_draft(int32_t last, uint32_t block) {
         ggml_backend_tensor_set(g.in.block_tokens, toks.data(), 0, sizeof(int32_t) * block);
         ggml_backend_tensor_set(g.in.block_pos, pos.data(), 0, sizeof(int32_t) * block);
         ggml_backend_tensor_set(g.in.block_kv_rows, rows.data(), 0, sizeof(int64_t) * block);
-        const auto mask = visible_prefix_mask(n_kv, block, [&](uint32_t) { return n_past + block; });  // non-causal
-        ggml_backend_tensor_set(g.in.kq_mask, mask.data(), 0, sizeof(ggml_fp16_t) * mask.size());
+        // context rows [0, n_past) then the block; bidirectional in the block unless the draft is causal
+        auto block_mask = [&](uint32_t window) {
+            const ggml_fp16_t zero = ggml_fp32_to_fp16(0.0f), ninf = ggml_fp32_to_fp16(-INFINITY);
+            std::vector<ggml_fp16_t> mask(size_t(n_kv) * block, ninf);
+            for (uint32_t i = 0; i < block; ++i) {
+                const uint32_t q_pos = n_past + i;
+                const uint32_t ctx_from = window > 0 && q_pos >= window ? q_pos - window + 1 : 0;
+                const uint32_t block_end = dh.causal ? q_pos + 1 : n_past + block;
+                ggml_fp16_t * row = mask.data() + size_t(i) * n_kv;
+                std::fill(row + std::min(ctx_from, n_past), row + n_past, zero);
+                std::fill(row + n_past, row + block_end, zero);
+            }
+            return mask;
+        };
+        if (g.in.kq_mask != nullptr) {
+            const auto mask = block_mask(0);
+            ggml_backend_tensor_set(g.in.kq_mask, mask.data(), 0, sizeof(ggml_fp16_t) * mask.size());
+        }
+        if (g.in.kq_mask_swa != nullptr) {
+            const auto swa = block_mask(dh.n_swa);
+            ggml_backend_tensor_set(g.in.kq_mask_swa, swa.data(), 0, sizeof(ggml_fp16_t) * swa.size());
+        }
     }
     e.compute(e.sched_aux, g.gf, "the draft forward pass");
     n_draft_ctx_ = n_past;
@@ -490,6 +510,24 @@ std::vector<int32_t> session::run_draft(int32_t last, uint32_t block) {
         ggml_backend_tensor_get(g.argmax, proposals.data(), 0, sizeof(int32_t) * (block - 1));
     }
     return proposals;
+}
+
+std::vector<int32_t> session::draft_proposals(int32_t last) {
+    if (!eng_->draft) {
+        throw config_error("draft_proposals: the engine has no draft model");
+    }
+    if (last < 0 || static_cast<uint32_t>(last) >= n_vocab()) {
+        throw config_error("draft_proposals: token id " + std::to_string(last) + " is outside the vocabulary");
+    }
+    if (pending_ >= 0) {
+        throw config_error("draft_proposals: the session has a pending generated token");
+    }
+    const uint32_t block = std::min(eng_->block_size(), eng_->cfg.n_ctx - n_past());
+    if (block < 2) {
+        throw config_error("draft_proposals: no room left in the context for a proposal block");
+    }
+    std::lock_guard<std::mutex> lock(eng_->compute_mutex);
+    return run_draft(last, block);
 }
 
 void session::commit(uint32_t n_verified, uint32_t last_kept) {

@@ -156,6 +156,8 @@ class DraftShape:
     n_ctx_train: int | None = None
     mask_token_id: int | None = None
     causal: bool = False
+    sliding_window: int = 0  # > 0: the layers marked in swa_pattern see only this many context positions
+    swa_pattern: tuple[bool, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -426,6 +428,14 @@ def resolve_draft(preset: str | Preset = "tiny", overrides: Mapping[str, Any] | 
     hp.mask_token_id = mask
     hp.target_layers = list(shape.target_layers)
     hp.causal = shape.causal
+    if shape.sliding_window < 0:
+        raise ConfigError(f"draft sliding_window {shape.sliding_window} must be >= 0")
+    if shape.sliding_window > 0:
+        pattern = shape.swa_pattern or tuple([True] * (shape.n_layer - 1) + [False])
+        if len(pattern) != shape.n_layer:
+            raise ConfigError(f"draft swa_pattern has {len(pattern)} entries, expected n_layer = {shape.n_layer}")
+        hp.n_swa = shape.sliding_window
+        hp.is_swa = list(pattern)
     hp.n_vocab = tshape.n_vocab if own_head else 0
     hp.has_token_embd = own_head
     hp.has_output = own_head
@@ -794,6 +804,9 @@ def write_draft(path: str | os.PathLike[str], preset: str | Preset = "tiny", *, 
         w.add_uint32(a + "block_size", shape.block_size)
         if shape.causal:
             w.add_bool(a + "attention.causal", True)
+        if hp.n_swa > 0:
+            w.add_uint32(a + "attention.sliding_window", hp.n_swa)
+            w.add_array(a + "attention.sliding_window_pattern", [bool(x) for x in hp.is_swa])
         add_vocab_to_gguf(w, vocab)
 
     out = Path(path)

@@ -3,6 +3,7 @@ decoding, for the real (tiny, random) draft and for forced proposals covering ev
 0..B-1, with F16 and Q8_0 KV caches, across stop tokens, token budgets and session continuation."""
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -194,3 +195,35 @@ def test_speculative_output_equals_upstream_greedy(tmp_path: "pytest.TempPathFac
         got = spec.generate(p, max_tokens=32).tokens
         cut = next((i for i, t in enumerate(ref) if t in eos), len(ref))  # we stop at end-of-turn tokens
         assert got == ref[:cut]
+
+
+def _drafts_with(tmp_path: Path, target: str, **fields: object) -> str:
+    path = str(tmp_path / ("draft-" + "-".join(f"{k}{v}" for k, v in sorted(fields.items())) + ".gguf"))
+    synth.write_draft(path, "tiny", type="f32", seed=6, overrides=dict(fields) or None)
+    return path
+
+
+def test_draft_attention_masks(pair: tuple[str, str], tmp_path: Path) -> None:
+    """Sliding-window and causal drafts: a window longer than the context changes nothing, a short
+    window and a causal block change the proposals, and speculative output stays lossless."""
+    target, _ = pair
+    plain_draft = _drafts_with(tmp_path, target)
+    wide = _drafts_with(tmp_path, target, sliding_window=100000, swa_pattern=(True, True))
+    narrow = _drafts_with(tmp_path, target, sliding_window=4, swa_pattern=(True, False))
+    causal = _drafts_with(tmp_path, target, causal=True)
+
+    def proposals(draft: str, prompt: list[int]) -> list[int]:
+        s = lucebox.Engine(target, draft, ctx=256, device="cpu").session()
+        s.append(prompt)
+        return list(s._core.draft_proposals(prompt[-1]))
+
+    ps = prompts(4)
+    base = [proposals(plain_draft, p) for p in ps]
+    assert [proposals(wide, p) for p in ps] == base
+    assert [proposals(narrow, p) for p in ps] != base
+    assert [proposals(causal, p) for p in ps] != base
+    plain = lucebox.Engine(target, ctx=256, device="cpu")
+    for draft in (narrow, causal):
+        spec = lucebox.Engine(target, draft, ctx=256, device="cpu")
+        for p in ps:
+            assert spec.generate(p, max_tokens=24).tokens == plain.generate(p, max_tokens=24).tokens

@@ -115,6 +115,10 @@ class session {
     generate_result generate(const std::vector<int32_t> & prompt, const generate_params & params,
                              const token_callback & on_token);
 
+    // What the draft proposes after the session's context followed by `last` (not evaluated):
+    // block_size - 1 token ids. The context is unchanged (the draft only catches up on features).
+    std::vector<int32_t> draft_proposals(int32_t last);
+
     void reset();  // empty context
     uint32_t n_past() const { return static_cast<uint32_t>(tokens_.size()); }  // evaluated tokens
     const std::vector<int32_t> & tokens() const { return tokens_; }

@@ -62,7 +62,9 @@ struct dflash_hparams {
     uint32_t block_size = 16;    // tokens per proposal block (last token + block_size-1 masks)
     uint32_t mask_token_id = 0;
     std::vector<int32_t> target_layers;  // target layer inputs whose hidden states feed the draft
-    bool causal = false;
+    bool causal = false;         // causal attention inside the proposal block (default: bidirectional)
+    uint32_t n_swa = 0;          // sliding window of the SWA layers (0: none)
+    std::vector<bool> is_swa;    // per layer, when n_swa > 0: sees only context keys with q_pos - k_pos < n_swa
     uint32_t n_vocab = 0;        // rows of the draft's own embedding/head; 0 when shared with the target
     bool has_token_embd = false;
     bool has_output = false;

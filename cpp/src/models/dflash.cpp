@@ -48,6 +48,7 @@ void dflash_hparams::validate() const {
     for (int32_t l : target_layers) {
         require(l >= 0, "target layer ids must be >= 0");
     }
+    require(n_swa == 0 || is_swa.size() == n_layer, "the sliding-window pattern needs one entry per layer");
 }
 
 dflash_hparams read_dflash(const gguf_file & f) {
@@ -63,9 +64,6 @@ dflash_hparams read_dflash(const gguf_file & f) {
     }
     if (f.find_tensor("d2t") != nullptr) {
         throw unsupported_error(f.where() + "drafts with a reduced vocabulary (d2t) are not supported yet");
-    }
-    if (f.has_key(key("attention.sliding_window"))) {
-        throw unsupported_error(f.where() + "sliding-window DFlash drafts are not supported yet");
     }
 
     dflash_hparams hp;
@@ -90,6 +88,15 @@ dflash_hparams read_dflash(const gguf_file & f) {
     hp.block_size = f.find_u32(key("block_size")).value_or(16);
     hp.causal = f.has_key(key("attention.causal")) ? f.get_bool(key("attention.causal")) : false;
     hp.mask_token_id = f.get_u32("tokenizer.ggml.mask_token_id");
+    hp.n_swa = f.find_u32(key("attention.sliding_window")).value_or(0);
+    if (hp.n_swa > 0) {
+        hp.is_swa = f.get_bool_array(key("attention.sliding_window_pattern"));
+        if (hp.is_swa.size() != hp.n_layer) {
+            throw gguf_error(f.where() + "key '" + key("attention.sliding_window_pattern") + "' has " +
+                             std::to_string(hp.is_swa.size()) + " entries, expected block_count = " +
+                             std::to_string(hp.n_layer));
+        }
+    }
     for (int64_t l : f.get_int_array(key("target_layers"))) {
         if (l < 0 || l > 1 << 20) {
             throw gguf_error(f.where() + "key '" + key("target_layers") + "' holds an invalid layer id " +
@@ -297,9 +304,19 @@ dflash_graph build_dflash_graph(ggml_context * ctx, const dflash_hparams & hp, c
     in.block_tokens = named(ggml_new_tensor_1d(ctx, GGML_TYPE_I32, B), "draft_inp_tokens");
     in.block_pos = named(ggml_new_tensor_1d(ctx, GGML_TYPE_I32, B), "draft_inp_pos");
     in.block_kv_rows = named(ggml_new_tensor_1d(ctx, GGML_TYPE_I64, B), "draft_inp_kv_rows");
-    in.kq_mask = named(ggml_new_tensor_2d(ctx, GGML_TYPE_F16, n_kv, B), "draft_inp_kq_mask");
-    for (ggml_tensor * t : {in.block_tokens, in.block_pos, in.block_kv_rows, in.kq_mask}) {
-        ggml_set_input(t);
+    // an unused input gets no buffer: create each mask only if some layer uses it
+    const bool any_swa = hp.n_swa > 0 && std::find(hp.is_swa.begin(), hp.is_swa.end(), true) != hp.is_swa.end();
+    const bool any_full = hp.n_swa == 0 || std::find(hp.is_swa.begin(), hp.is_swa.end(), false) != hp.is_swa.end();
+    if (any_full) {
+        in.kq_mask = named(ggml_new_tensor_2d(ctx, GGML_TYPE_F16, n_kv, B), "draft_inp_kq_mask");
+    }
+    if (any_swa) {
+        in.kq_mask_swa = named(ggml_new_tensor_2d(ctx, GGML_TYPE_F16, n_kv, B), "draft_inp_kq_mask_swa");
+    }
+    for (ggml_tensor * t : {in.block_tokens, in.block_pos, in.block_kv_rows, in.kq_mask, in.kq_mask_swa}) {
+        if (t != nullptr) {
+            ggml_set_input(t);
+        }
     }
     const float scale = 1.0f / std::sqrt(float(hd));
     ggml_tensor * h = named(ggml_get_rows(ctx, w.token_embd, in.block_tokens), "draft_embd");  // [E, B]
@@ -318,7 +335,8 @@ dflash_graph build_dflash_graph(ggml_context * ctx, const dflash_hparams & hp, c
                                                           st.k[il]->nb[1], 0), 0, 2, 1, 3);
         ggml_tensor * vv = ggml_permute(ctx, ggml_view_3d(ctx, st.v[il], hd, Hkv, n_kv, ggml_row_size(st.v[il]->type, hd),
                                                           st.v[il]->nb[1], 0), 0, 2, 1, 3);
-        ggml_tensor * att = ggml_flash_attn_ext(ctx, ggml_permute(ctx, q, 0, 2, 1, 3), kk, vv, in.kq_mask, scale, 0.0f, 0.0f);
+        ggml_tensor * mask = hp.n_swa > 0 && hp.is_swa[il] ? in.kq_mask_swa : in.kq_mask;
+        ggml_tensor * att = ggml_flash_attn_ext(ctx, ggml_permute(ctx, q, 0, 2, 1, 3), kk, vv, mask, scale, 0.0f, 0.0f);
         att = named(ggml_mul_mat(ctx, l.wo, ggml_reshape_2d(ctx, att, hd * H, B)), "draft_attn_out", li);
         h = named(ggml_add(ctx, att, h), "draft_attn_residual", li);
         ggml_tensor * f = graph::rms_norm(ctx, h, l.ffn_norm, hp.rms_eps);

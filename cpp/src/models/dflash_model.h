@@ -59,7 +59,8 @@ struct dflash_inputs {
     ggml_tensor * block_tokens = nullptr;   // [B] I32: last token, then MASK x (B-1)
     ggml_tensor * block_pos = nullptr;      // [B] I32
     ggml_tensor * block_kv_rows = nullptr;  // [B] I64
-    ggml_tensor * kq_mask = nullptr;        // [n_kv, B] F16: context + block visible (non-causal)
+    ggml_tensor * kq_mask = nullptr;        // [n_kv, B] F16: context + block (causal in the block if hp.causal)
+    ggml_tensor * kq_mask_swa = nullptr;    // [n_kv, B] F16: the same, context limited to the window (SWA layers)
 };
 
 struct dflash_graph {

@@ -731,8 +731,9 @@ generate_result session::generate_speculative(const std::vector<int32_t> & pendi
         return res;
     }
 
-    std::lock_guard<std::mutex> lock(e.compute_mutex);
     while (res.tokens.size() < params.max_tokens) {
+        // one step at a time holds the engine, so other sessions interleave between steps
+        std::lock_guard<std::mutex> lock(e.compute_mutex);
         const uint32_t room = e.cfg.n_ctx - static_cast<uint32_t>(tokens_.size());
         if (room == 0) {
             res.finish_reason = "context";

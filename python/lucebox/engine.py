@@ -99,9 +99,9 @@ class Engine:
         self.tokenizer = Tokenizer.from_gguf(self.model_path)
         self.chat_template = ChatTemplate.from_gguf(self.model_path)
         core_cfg = self.config.to_core(self.model_path)
-        if self.draft_path is not None:
+        if self.draft_path is not None and spec != "off":  # spec="off": validated above, not loaded
             core_cfg.draft_path = self.draft_path
-            core_cfg.spec = "off" if spec == "off" else "chain"
+            core_cfg.spec = "chain"
         self._core = _core.Engine(core_cfg, progress)
         self._default_session: Session | None = None
 

@@ -227,3 +227,30 @@ def test_draft_attention_masks(pair: tuple[str, str], tmp_path: Path) -> None:
         spec = lucebox.Engine(target, draft, ctx=256, device="cpu")
         for p in ps:
             assert spec.generate(p, max_tokens=24).tokens == plain.generate(p, max_tokens=24).tokens
+
+
+def test_concurrent_sessions_match_sequential(pair: tuple[str, str]) -> None:
+    """Sessions of one engine generating on several threads interleave step by step and give the
+    same tokens as one at a time (the engine serialises compute; state is per session)."""
+    import threading
+
+    target, draft = pair
+    engine = lucebox.Engine(target, draft, ctx=512, device="cpu")
+    ps = prompts(6)
+    expected = [engine.generate(p, max_tokens=40).tokens for p in ps]
+    results: dict[int, list[int]] = {}
+    errors: list[BaseException] = []
+
+    def work(i: int) -> None:
+        try:
+            results[i] = engine.session().generate(ps[i], max_tokens=40).tokens
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(ps))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert [results[i] for i in range(len(ps))] == expected

@@ -72,7 +72,8 @@ struct generate_result {
     generate_stats stats;
 };
 
-// Receives each committed token; return false to stop generating.
+// Receives each committed token; return false to stop generating. Called on the generating
+// thread, possibly while the engine is busy: it must not call into the same engine.
 using token_callback = std::function<bool(int32_t)>;
 
 class session;

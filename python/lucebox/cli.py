@@ -119,9 +119,31 @@ def _cmd_synth(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    print("lucebox serve: the OpenAI-compatible server is not built yet in this version "
-          "(the engine that runs models lands first; see the project's open issues).", file=sys.stderr)
-    return 2
+    """Run the HTTP server. The server package (`lucebox.server`, FastAPI) is imported only here."""
+    try:
+        import lucebox.server  # noqa: F401
+    except ModuleNotFoundError as exc:
+        missing = exc.name or ""
+        if missing.split(".")[0] in ("fastapi", "uvicorn", "pydantic", "starlette"):
+            print(f"lucebox serve needs the server dependencies ({missing} is missing): "
+                  "pip install 'lucebox[server]'", file=sys.stderr)
+            return 2
+        if missing != "lucebox.server":
+            raise
+        # Running from a source checkout (python/ on the path, not installed): the server lives
+        # in server/ next to python/; make it importable as lucebox.server.
+        import os
+
+        import lucebox
+
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(lucebox.__file__))))
+        if not os.path.isfile(os.path.join(root, "server", "__init__.py")):
+            print("lucebox serve: this installation has no server package (lucebox.server)", file=sys.stderr)
+            return 2
+        lucebox.__path__.append(root)  # type: ignore[attr-defined]
+    from lucebox.server.main import serve
+
+    return serve(args)
 
 
 class _Progress:
@@ -246,8 +268,41 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--progress", action="store_true", help="show load/prefill progress even when not a terminal")
     p.set_defaults(func=_cmd_generate)
 
-    p = sub.add_parser("serve", help="run the OpenAI-compatible HTTP server (not built yet)")
-    p.add_argument("model", nargs="?")
+    p = sub.add_parser("serve", help="run the OpenAI-compatible HTTP server (Anthropic Messages and Responses too)",
+                       description="Serve a qwen35 GGUF over HTTP: /v1/chat/completions, /v1/completions, "
+                                   "/v1/models, /v1/messages, /v1/responses, /health, /metrics and a chat page at /. "
+                                   "Without --model it serves the built-in placeholder model (a tiny synthetic "
+                                   "pair with random weights, written to $LUCEBOX_CACHE_DIR/models on first use).")
+    p.add_argument("model_pos", nargs="?", metavar="MODEL", help="qwen35 target GGUF (same as --model)")
+    p.add_argument("--model", "-m", default=None, help="qwen35 target GGUF (default: the built-in placeholder model)")
+    p.add_argument("--draft", default=None, help="DFlash draft GGUF for speculative decoding")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    p.add_argument("--ctx", type=_positive_int, default=None,
+                   help="context tokens per slot (default: the model's training context, at most 32768)")
+    p.add_argument("--kv-type", default="f16", help="KV cache type: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+    p.add_argument("--spec", default="auto", choices=["auto", "off", "chain"], help="speculative decoding mode")
+    p.add_argument("--threads", type=int, default=0, help="CPU threads (0: all)")
+    p.add_argument("--ubatch", type=_positive_int, default=512, help="prefill micro-batch")
+    p.add_argument("--slots", type=_positive_int, default=1, help="requests generating at once (default 1)")
+    p.add_argument("--queue", type=int, default=16,
+                   help="requests that may wait for a slot; more get HTTP 429 (default 16)")
+    p.add_argument("--model-name", default=None, help="model id clients use (default: the file name)")
+    p.add_argument("--alias", action="append", default=[], metavar="NAME",
+                   help="another model id requests may name, e.g. what an agent is configured to send (repeatable)")
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 endpoints")
+    p.add_argument("--max-tokens", type=_positive_int, default=None,
+                   help="reply length when a request does not say (default: the rest of the context)")
+    p.add_argument("--max-reasoning-tokens", type=int, default=None,
+                   help="default thinking budget: after this many reasoning tokens </think> is forced")
+    p.add_argument("--temperature", type=float, default=1.0, help="default temperature (requests may override)")
+    p.add_argument("--top-p", type=float, default=1.0, help="default top_p")
+    p.add_argument("--top-k", type=int, default=0, help="default top_k (0: off)")
+    p.add_argument("--min-p", type=float, default=0.0, help="default min_p")
+    p.add_argument("--chat-template-file", default=None, help="jinja chat template replacing the GGUF's")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--access-log", action="store_true", help="log every HTTP request")
     p.set_defaults(func=_cmd_serve)
     return parser
 

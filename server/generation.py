@@ -1,0 +1,300 @@
+"""Running generations on a slot in a worker thread, and bridging their output to asyncio.
+
+`GenerationPlan` says what one choice generates. `run_plan` executes it on a session (in the
+worker thread); `GenerationJob` runs the plans of one request (one per choice) in a thread and
+hands `TextEvent` / `ChoiceDone` / `ErrorEvent` items to the event loop through an
+`asyncio.Queue`, then gives the slot back.
+
+A plan may run in two phases on the same session, when the prompt left a think block open and
+either a thinking budget or a forced tool call needs the reasoning to end at a known point:
+
+1. reasoning: generate with ``</think>`` as an extra stop string, at most the budget;
+2. answer: if the budget ran out, append ``\\n</think>\\n\\n`` (closing the block for the model);
+   append the forced tool-call prefix if any; continue generating up to the rest of
+   max_tokens. Injected text is emitted like generated text, so the parsers see it.
+
+Contracts: the session is reset before each plan; `cancel` (a threading.Event) stops the
+generation at the next committed token (prefill itself cannot be interrupted); the slot is
+released only after the engine stopped using the session; an exception from the engine
+becomes an `ErrorEvent` and ends the job (never the server).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Callable, Sequence, Union
+
+from .reasoning import THINK_CLOSE
+from .scheduler import Scheduler, Slot
+
+__all__ = ["GenerationPlan", "ChoiceResult", "TextEvent", "ChoiceDone", "ErrorEvent", "Event",
+           "GenerationJob", "run_plan"]
+
+log = logging.getLogger("lucebox.server")
+
+BUDGET_CLOSE = "\n" + THINK_CLOSE + "\n\n"
+
+
+@dataclass(frozen=True)
+class GenerationPlan:
+    """One choice to generate.
+
+    prompt_ids: the prompt (already including `echo_prefix`). max_tokens: generated tokens at
+    most (already capped by the context). sampling: keyword arguments of `Session.stream`
+    (temperature, top_k, top_p, min_p, presence/frequency/repetition penalties, seed).
+    stop: stop strings. echo_prefix: text that ends the prompt but belongs to the answer (a
+    forced tool-call opening); emitted before the first generated text. think_open: the
+    prompt ends inside a think block. reasoning_budget: most tokens of reasoning (think_open
+    only). after_reasoning: text appended when the reasoning ends (a forced tool-call opening).
+    """
+
+    prompt_ids: Sequence[int]
+    max_tokens: int
+    sampling: dict[str, Any] = field(default_factory=dict)
+    stop: tuple[str, ...] = ()
+    echo_prefix: str = ""
+    think_open: bool = False
+    reasoning_budget: int | None = None
+    after_reasoning: str = ""
+
+    @property
+    def two_phase(self) -> bool:
+        return self.think_open and (self.reasoning_budget is not None or bool(self.after_reasoning))
+
+
+@dataclass
+class ChoiceResult:
+    """How one choice ended. finish_reason: "stop", "length" (max_tokens or the context) or
+    "cancelled". n_generated counts generated and injected tokens."""
+
+    finish_reason: str
+    n_prompt: int
+    n_generated: int
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    spec: dict[str, Any] = field(default_factory=dict)
+    stop_sequence: str | None = None  # the stop string that ended it, if one did
+
+
+@dataclass
+class TextEvent:
+    choice: int
+    text: str
+
+
+@dataclass
+class ChoiceDone:
+    choice: int
+    result: ChoiceResult
+
+
+@dataclass
+class ErrorEvent:
+    error: BaseException
+
+
+Event = Union[TextEvent, ChoiceDone, ErrorEvent]
+
+_SUMMED = ("steps", "drafted", "accepted", "fast_rollbacks", "replays", "plain_tokens",
+           "draft_seconds", "verify_seconds", "commit_seconds")
+
+
+def _merge_spec(total: dict[str, Any], part: dict[str, Any]) -> None:
+    for k, v in part.items():
+        if k in _SUMMED and isinstance(v, (int, float)):
+            total[k] = total.get(k, 0) + v
+        elif k == "accept_histogram" and isinstance(v, list):
+            old = total.get(k) or []
+            n = max(len(old), len(v))
+            total[k] = [(old[i] if i < len(old) else 0) + (v[i] if i < len(v) else 0) for i in range(n)]
+        elif k == "fallback_reason":
+            total[k] = total.get(k) or v
+        elif k not in total:
+            total[k] = v
+
+
+def _ending_with(tokenizer: Any, generated: Sequence[int], candidates: Sequence[str]) -> tuple[str, str] | None:
+    """(candidate, text from it to the end) when the last generated token completed one of
+    `candidates` (how the engine's stop strings end a generation), else None."""
+    if not generated or not candidates:
+        return None
+    full = tokenizer.decode(list(generated))
+    last = len(tokenizer.decode([generated[-1]]))
+    best: tuple[int, str] | None = None
+    for c in candidates:
+        i = full.rfind(c)
+        if i >= 0 and i + len(c) >= len(full) - last and (best is None or i < best[0]):
+            best = (i, c)
+    return None if best is None else (best[1], full[best[0]:])
+
+
+def _phase(session: Any, tokenizer: Any, prompt: Sequence[int], max_tokens: int, stop: Sequence[str],
+           sampling: dict[str, Any], emit: Callable[[str], None],
+           cancel: threading.Event) -> tuple[str, Any, tuple[str, str] | None]:
+    """One `Session.stream` call: (finish reason, stats or None, (stop string, text from it to
+    the end) when a stop string ended it)."""
+    finish, stats = "cancelled", None
+    start = len(session.tokens) + len(prompt)
+    it = session.stream(list(prompt), max_tokens=max_tokens, stop=list(stop) or None, **sampling)
+    try:
+        for chunk in it:
+            if chunk.text:
+                emit(chunk.text)
+            if chunk.finish_reason is not None:
+                finish, stats = chunk.finish_reason, chunk.stats
+            if cancel.is_set():
+                break
+    finally:
+        it.close()  # cancels the engine at its next token and joins its thread
+    if cancel.is_set() and stats is None:
+        finish = "cancelled"
+    matched = _ending_with(tokenizer, session.tokens[start:], stop) if finish == "stop" else None
+    return finish, stats, matched
+
+
+def run_plan(session: Any, tokenizer: Any, plan: GenerationPlan, emit: Callable[[str], None],
+             cancel: threading.Event, n_ctx: int) -> ChoiceResult:
+    """Execute `plan` on `session` (reset first); `emit(text)` receives the answer's text in order.
+    Raises what the engine raises (ConfigError, OutOfMemoryError, LuceboxError)."""
+    session.reset()
+    prefix_pending = [plan.echo_prefix]
+
+    def out(text: str) -> None:
+        if prefix_pending[0]:
+            emit(prefix_pending[0])
+            prefix_pending[0] = ""
+        if text:
+            emit(text)
+
+    result = ChoiceResult("stop", len(plan.prompt_ids), 0)
+    remaining = plan.max_tokens
+
+    def account(stats: Any, injected: int = 0) -> None:
+        nonlocal remaining
+        if stats is not None:
+            result.n_generated += stats.n_generated
+            result.prefill_seconds += stats.prefill_seconds
+            result.decode_seconds += stats.decode_seconds
+            _merge_spec(result.spec, dict(stats.spec))
+            remaining -= stats.n_generated
+        result.n_generated += injected
+        remaining -= injected
+
+    def end(finish: str, matched: tuple[str, str] | None = None) -> ChoiceResult:
+        out("")  # a forced prefix is part of the answer even if nothing followed it
+        result.finish_reason = "length" if finish in ("length", "context") else finish
+        result.stop_sequence = matched[0] if matched is not None and finish == "stop" else None
+        return result
+
+    prompt: list[int] = list(plan.prompt_ids)
+    if plan.two_phase:
+        limit = remaining if plan.reasoning_budget is None else min(remaining, plan.reasoning_budget)
+        finish, stats, matched = _phase(session, tokenizer, prompt, limit, tuple(plan.stop) + (THINK_CLOSE,),
+                                        plan.sampling, out, cancel)
+        account(stats)
+        if finish == "cancelled":
+            result.finish_reason = "cancelled"
+            return result
+        if matched is not None and matched[0] == THINK_CLOSE:
+            out(matched[1])  # the model closed its reasoning: go on with the answer
+            injection = ("\n\n" + plan.after_reasoning) if plan.after_reasoning else ""
+        elif finish == "length" and remaining > 0:  # the thinking budget ran out: close the block
+            injection = BUDGET_CLOSE + plan.after_reasoning
+        else:  # a user stop string, end of sequence, max_tokens or the context
+            return end(finish, matched)
+        ids = tokenizer.encode(injection, parse_special=True) if injection else []
+        if len(session.tokens) + len(ids) + 1 > n_ctx:
+            return end("length")
+        out(injection)
+        account(None, injected=len(ids))
+        if remaining <= 0:
+            return end("length")
+        prompt = ids
+    finish, stats, matched = _phase(session, tokenizer, prompt, remaining, plan.stop, plan.sampling, out, cancel)
+    account(stats)
+    if finish == "cancelled":
+        result.finish_reason = "cancelled"
+        return result
+    return end(finish, matched)
+
+
+_END = object()
+
+
+class GenerationJob:
+    """The plans of one request running on one slot in a worker thread.
+
+    `events()` yields TextEvent / ChoiceDone / ErrorEvent until the job ends (after an
+    ErrorEvent nothing follows). `cancel()` may be called at any time, from the loop."""
+
+    def __init__(self, scheduler: Scheduler[Any], slot: Slot[Any], tokenizer: Any, plans: Sequence[GenerationPlan],
+                 n_ctx: int, on_choice: Callable[[ChoiceResult], None] | None = None) -> None:
+        self._scheduler = scheduler
+        self._slot = slot
+        self._tokenizer = tokenizer
+        self._plans = list(plans)
+        self._n_ctx = n_ctx
+        self._on_choice = on_choice
+        self._cancel = threading.Event()
+        self._queue: asyncio.Queue[Any] = asyncio.Queue()
+        self._loop = asyncio.get_running_loop()
+        self.finished = False
+        self._thread = threading.Thread(target=self._work, name=f"lucebox-slot-{slot.index}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def cancel(self) -> None:
+        self._cancel.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancel.is_set()
+
+    def _put(self, item: Any) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+        except RuntimeError:  # the loop is closed: the server is shutting down
+            self._cancel.set()
+
+    def _work(self) -> None:
+        try:
+            for i, plan in enumerate(self._plans):
+                if self._cancel.is_set():
+                    break
+                result = run_plan(self._slot.session, self._tokenizer, plan,
+                                  lambda text, i=i: self._put(TextEvent(i, text)), self._cancel, self._n_ctx)
+                if self._on_choice is not None:
+                    self._on_choice(result)
+                self._put(ChoiceDone(i, result))
+                if result.finish_reason == "cancelled":
+                    break
+        except BaseException as exc:  # delivered to the request, never raised in the server
+            if not isinstance(exc, Exception):
+                log.error("generation thread stopped by %r", exc)
+            self._put(ErrorEvent(exc))
+        finally:
+            self._scheduler.release_threadsafe(self._slot)
+            self._put(_END)
+
+    async def next_event(self, timeout: float | None = None) -> Event | None:
+        """The next event; None when the job has ended; raises TimeoutError after `timeout`."""
+        if self.finished:
+            return None
+        if timeout is None:
+            item = await self._queue.get()
+        else:
+            item = await asyncio.wait_for(self._queue.get(), timeout)
+        if item is _END:
+            self.finished = True
+            return None
+        return item
+
+    async def events(self) -> AsyncIterator[Event]:
+        while True:
+            ev = await self.next_event()
+            if ev is None:
+                return
+            yield ev

@@ -1,0 +1,73 @@
+"""`lucebox serve`: command-line arguments -> `ServerConfig` -> engine -> uvicorn.
+
+The core CLI (`lucebox.cli`) defines the arguments and imports this module only when the
+``serve`` command runs, so ``import lucebox`` never imports the server or FastAPI.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from .config import ServerConfig
+
+__all__ = ["config_from_args", "serve"]
+
+log = logging.getLogger("lucebox.server")
+
+
+def config_from_args(args: argparse.Namespace) -> ServerConfig:
+    """The server configuration for parsed ``lucebox serve`` arguments. Without --model, the
+    default model (see `lucebox.default_model`) is prepared and used."""
+    model = args.model or getattr(args, "model_pos", None)
+    draft = args.draft
+    placeholder = False
+    names: tuple[str, ...] = ()
+    model_name = args.model_name
+    if model is None:
+        from lucebox import default_model
+
+        if draft is not None:
+            from lucebox.errors import ConfigError
+
+            raise ConfigError("--draft needs --model")
+        target_path, draft_path = default_model.default_model_paths()
+        model, draft = str(target_path), str(draft_path)
+        placeholder = default_model.IS_PLACEHOLDER
+        model_name = model_name or default_model.DEFAULT_MODEL_NAME
+        names = (default_model.DEFAULT_MODEL_NAME,)
+    return ServerConfig(
+        model=model, draft=draft, host=args.host, port=args.port, ctx=args.ctx, kv_type=args.kv_type,
+        device=args.device, spec=args.spec, threads=args.threads, ubatch=args.ubatch, slots=args.slots,
+        queue=args.queue, model_name=model_name, api_key=args.api_key, default_max_tokens=args.max_tokens,
+        max_reasoning_tokens=args.max_reasoning_tokens, temperature=args.temperature, top_p=args.top_p,
+        top_k=args.top_k, min_p=args.min_p, chat_template_file=args.chat_template_file,
+        placeholder=placeholder, log_level=args.log_level,
+        extra_model_names=names + tuple(getattr(args, "alias", None) or ()))
+
+
+def serve(args: argparse.Namespace) -> int:
+    """Run the server until interrupted. Returns the process exit code."""
+    import uvicorn
+
+    level = getattr(logging, args.log_level.upper(), logging.INFO)
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    config = config_from_args(args)
+    if config.placeholder:
+        log.warning("no --model given: serving the built-in PLACEHOLDER model %r, a tiny synthetic pair with "
+                    "RANDOM weights (%s, draft %s). Its answers are noise; it exists to exercise the server "
+                    "until the trained demo model ships. Pass --model to serve a real qwen35 GGUF.",
+                    config.served_name, config.model, config.draft)
+    from .app import create_app, load_engine
+
+    log.info("loading %s%s", config.model, f" with draft {config.draft}" if config.draft else "")
+    engine = load_engine(config)
+    app = create_app(config, engine)
+    svc = app.state.service
+    log.info("model %r on %s: context %d tokens, %d slot(s), queue %d, tool-call format %s, chat template %s",
+             svc.model_name, engine.device, svc.n_ctx, config.slots, config.queue, svc.tool_format,
+             config.chat_template_file or "from the GGUF (or lucebox's default)")
+    log.info("listening on http://%s:%d (OpenAI API under /v1)", config.host, config.port)
+    uvicorn.run(app, host=config.host, port=config.port, log_level=args.log_level, access_log=args.access_log,
+                timeout_graceful_shutdown=5)
+    return 0

@@ -1,0 +1,342 @@
+"""OpenAI-compatible endpoints: /v1/chat/completions, /v1/completions, /v1/models.
+
+Streaming answers are SSE ``data: {chunk}`` events ending with ``data: [DONE]``; with
+``stream_options.include_usage`` a last chunk with empty ``choices`` carries the usage. An error
+after the headers went out is sent as ``data: {"error": {...}}`` and ends the stream (no
+[DONE]), so a failure never looks like a finished answer. While nothing is generated for a
+while (a long prefill) the stream carries SSE comments (``: ping``) to keep proxies patient.
+
+Extensions: ``reasoning_content`` in messages and deltas (text of the think block);
+``chat_template_kwargs`` (e.g. ``{"enable_thinking": false}``); ``max_reasoning_tokens`` (a
+thinking budget); ``top_k``, ``min_p``, ``repetition_penalty``; a ``timings`` object in
+non-streaming answers (and in the usage chunk).
+"""
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from typing import Any, AsyncIterator, Sequence
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from .chat_output import ChatOutput, OutputDelta, finish_reason_for
+from .errors import APIError, api_error_from, invalid
+from .generation import ChoiceDone, ChoiceResult, ErrorEvent, GenerationJob, TextEvent
+from .schemas import ChatCompletionRequest, CompletionRequest, NamedToolChoice, SamplingFields
+from .service import ChatSpec, PreparedChat, Service
+from .streaming import ClientDisconnected, EventStreamResponse, sse, unless_disconnected
+
+__all__ = ["router", "chat_spec_from_openai", "usage_of", "timings_of"]
+
+router = APIRouter()
+
+PING_SECONDS = 15.0
+
+
+def service_of(request: Request) -> Service:
+    return request.app.state.service
+
+
+def check_common(body: SamplingFields, svc: Service) -> None:
+    """Fields every OpenAI endpoint rejects or bounds the same way."""
+    if body.logprobs not in (None, False, 0):
+        raise invalid("logprobs are not supported by this server", param="logprobs", code="unsupported")
+    if body.top_logprobs:
+        raise invalid("top_logprobs are not supported by this server", param="top_logprobs", code="unsupported")
+    if body.logit_bias:
+        raise invalid("logit_bias is not supported by this server", param="logit_bias", code="unsupported")
+    if body.n > svc.config.max_n:
+        raise invalid(f"n={body.n} is larger than this server allows ({svc.config.max_n})", param="n")
+
+
+def usage_of(n_prompt: int, results: Sequence[ChoiceResult | None]) -> dict[str, Any]:
+    completion = sum(r.n_generated for r in results if r is not None)
+    return {"prompt_tokens": n_prompt, "completion_tokens": completion, "total_tokens": n_prompt + completion}
+
+
+def timings_of(results: Sequence[ChoiceResult | None]) -> dict[str, Any]:
+    rs = [r for r in results if r is not None]
+    prefill = sum(r.prefill_seconds for r in rs)
+    decode = sum(r.decode_seconds for r in rs)
+    generated = sum(r.n_generated for r in rs)
+    steps = sum(int(r.spec.get("steps", 0) or 0) for r in rs)
+    accepted = sum(int(r.spec.get("accepted", 0) or 0) for r in rs)
+    out: dict[str, Any] = {"prompt_ms": round(prefill * 1000, 3), "predicted_ms": round(decode * 1000, 3),
+                           "predicted_n": generated,
+                           "predicted_per_second": round(generated / decode, 3) if decode > 0 else 0.0}
+    if steps:
+        out["acceptance_length"] = round((accepted + steps) / steps, 4)
+    return out
+
+
+def chat_spec_from_openai(body: ChatCompletionRequest, svc: Service) -> ChatSpec:
+    kwargs = dict(body.chat_template_kwargs or {})
+    enable_thinking = kwargs.pop("enable_thinking", None)
+    if enable_thinking is not None and not isinstance(enable_thinking, bool):
+        raise invalid("chat_template_kwargs.enable_thinking must be a boolean", param="chat_template_kwargs")
+    if enable_thinking is None and body.reasoning_effort in ("none", "minimal"):
+        enable_thinking = False
+    forced = None
+    choice = "auto"
+    if isinstance(body.tool_choice, NamedToolChoice):
+        forced = body.tool_choice.function.name
+    elif body.tool_choice is not None:
+        choice = body.tool_choice
+    fmt = body.response_format or {}
+    if fmt and fmt.get("type") not in ("text", None):
+        raise invalid(f"response_format {fmt.get('type')!r} is not supported (only 'text')",
+                      param="response_format", code="unsupported")
+    tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
+    return ChatSpec(
+        messages=body.messages, tools=tools, tool_choice=choice, forced_name=forced,
+        parallel_tool_calls=body.parallel_tool_calls is not False, enable_thinking=enable_thinking,
+        template_kwargs=kwargs, max_tokens=body.max_completion_tokens or body.max_tokens,
+        sampling=svc.sampling(body.model_dump(), body.seed), stop=body.stop_list(), n=body.n,
+        reasoning_budget=body.max_reasoning_tokens)
+
+
+async def collect_chat(job: GenerationJob, prepared: PreparedChat, n: int,
+                       request: Request) -> tuple[list[ChatOutput], list[ChoiceResult]]:
+    """Run a job to its end (non-streaming). Raises the mapped APIError of an engine failure,
+    or ClientDisconnected (after cancelling the job) when the client leaves."""
+    outputs = [ChatOutput(prepared.think_open, prepared.parse_tools) for _ in range(n)]
+    results: list[ChoiceResult | None] = [None] * n
+
+    async def run() -> None:
+        async for ev in job.events():
+            if isinstance(ev, TextEvent):
+                outputs[ev.choice].feed(ev.text)
+            elif isinstance(ev, ChoiceDone):
+                outputs[ev.choice].finish()
+                results[ev.choice] = ev.result
+            elif isinstance(ev, ErrorEvent):
+                raise api_error_from(ev.error)
+
+    try:
+        await unless_disconnected(request, run())
+    except ClientDisconnected:
+        job.cancel()
+        raise
+    return outputs, [r if r is not None else ChoiceResult("cancelled", 0, 0) for r in results]
+
+
+def message_of(out: ChatOutput) -> dict[str, Any]:
+    calls = out.tool_calls
+    msg: dict[str, Any] = {"role": "assistant", "content": out.content if (out.content or not calls) else None}
+    if out.reasoning:
+        msg["reasoning_content"] = out.reasoning
+    if calls:
+        msg["tool_calls"] = [c.to_openai() for c in calls]
+    return msg
+
+
+def delta_of(d: OutputDelta) -> dict[str, Any]:
+    if d.kind == "content":
+        return {"content": d.text}
+    if d.kind == "reasoning":
+        return {"reasoning_content": d.text}
+    if d.kind == "tool_start":
+        return {"tool_calls": [{"index": d.index, "id": d.call_id, "type": "function",
+                                "function": {"name": d.name, "arguments": ""}}]}
+    return {"tool_calls": [{"index": d.index, "function": {"arguments": d.text}}]}
+
+
+def _merge_text_deltas(deltas: list[OutputDelta]) -> list[OutputDelta]:
+    out: list[OutputDelta] = []
+    for d in deltas:
+        if out and d.kind in ("content", "reasoning") and out[-1].kind == d.kind:
+            out[-1] = OutputDelta(d.kind, out[-1].text + d.text)
+        else:
+            out.append(d)
+    return out
+
+
+async def job_events(job: GenerationJob, taken: list[Any], ended: bool) -> AsyncIterator[Any]:
+    """The job's events after those already `taken`; None items are keep-alive ticks."""
+    for ev in taken:
+        yield ev
+    if ended:
+        return
+    while True:
+        try:
+            ev = await job.next_event(PING_SECONDS)
+        except (TimeoutError, asyncio.TimeoutError):
+            yield None
+            continue
+        if ev is None:
+            return
+        yield ev
+
+
+async def start_stream(svc: Service, job: GenerationJob, request: Request) -> tuple[list[Any], bool]:
+    """First event of a streaming job; an engine error there becomes a plain HTTP error."""
+    taken, ended = await svc.first_event(job, request)
+    if taken and isinstance(taken[0], ErrorEvent):
+        raise api_error_from(taken[0].error)
+    return taken, ended
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+    svc = service_of(request)
+    svc.check_model(body.model)
+    check_common(body, svc)
+    spec = chat_spec_from_openai(body, svc)
+    prepared = svc.prepare_chat(spec)
+    job = await svc.start(prepared.plans, request)
+    rid = "chatcmpl-" + secrets.token_hex(12)
+    created = int(time.time())
+    base = {"id": rid, "created": created, "model": svc.model_name, "system_fingerprint": svc.fingerprint}
+    if body.stream:
+        taken, ended = await start_stream(svc, job, request)
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return EventStreamResponse(
+            _chat_stream(svc, job, prepared, body.n, base, include_usage, taken, ended),
+            on_disconnect=job.cancel, on_close=job.cancel)
+    outputs, results = await collect_chat(job, prepared, body.n, request)
+    choices = []
+    for i, (out, res) in enumerate(zip(outputs, results)):
+        choices.append({"index": i, "message": message_of(out), "logprobs": None,
+                        "finish_reason": finish_reason_for(res.finish_reason, bool(out.tool_calls))})
+    return JSONResponse({**base, "object": "chat.completion", "choices": choices,
+                         "usage": usage_of(prepared.n_prompt, results), "timings": timings_of(results)})
+
+
+async def _chat_stream(svc: Service, job: GenerationJob, prepared: PreparedChat, n: int, base: dict[str, Any],
+                       include_usage: bool, taken: list[Any], ended: bool) -> AsyncIterator[str]:
+    obj = {**base, "object": "chat.completion.chunk"}
+    extra = {"usage": None} if include_usage else {}
+
+    def chunk(index: int, delta: dict[str, Any], finish: str | None = None) -> str:
+        return sse({**obj, "choices": [{"index": index, "delta": delta, "logprobs": None,
+                                        "finish_reason": finish}], **extra})
+
+    outputs = [ChatOutput(prepared.think_open, prepared.parse_tools) for _ in range(n)]
+    results: list[ChoiceResult | None] = [None] * n
+    for i in range(n):
+        yield chunk(i, {"role": "assistant", "content": ""})
+    try:
+        async for ev in job_events(job, taken, ended):
+            if ev is None:
+                yield ": ping\n\n"
+            elif isinstance(ev, TextEvent):
+                for d in _merge_text_deltas(outputs[ev.choice].feed(ev.text)):
+                    yield chunk(ev.choice, delta_of(d))
+            elif isinstance(ev, ChoiceDone):
+                out = outputs[ev.choice]
+                for d in _merge_text_deltas(out.finish()):
+                    yield chunk(ev.choice, delta_of(d))
+                results[ev.choice] = ev.result
+                if ev.result.finish_reason != "cancelled":
+                    yield chunk(ev.choice, {}, finish_reason_for(ev.result.finish_reason, bool(out.tool_calls)))
+            elif isinstance(ev, ErrorEvent):
+                err = api_error_from(ev.error)
+                svc.metrics.observe_error(err.type, err.code)
+                yield sse(err.body())
+                return
+        if include_usage:
+            yield sse({**obj, "choices": [], "usage": usage_of(prepared.n_prompt, results),
+                       "timings": timings_of(results)})
+        yield sse("[DONE]")
+    finally:
+        job.cancel()
+
+
+@router.post("/v1/completions")
+async def completions(body: CompletionRequest, request: Request) -> Response:
+    svc = service_of(request)
+    svc.check_model(body.model)
+    check_common(body, svc)
+    if body.echo:
+        raise invalid("echo is not supported by this server", param="echo", code="unsupported")
+    if body.suffix:
+        raise invalid("suffix is not supported by this server", param="suffix", code="unsupported")
+    if body.best_of not in (None, 1):
+        raise invalid("best_of is not supported by this server", param="best_of", code="unsupported")
+    p = body.prompt
+    prompts: list[Any]
+    if isinstance(p, str):
+        prompts = [p]
+    elif p and isinstance(p[0], int):
+        prompts = [p]
+    else:
+        prompts = list(p)
+    sampling = svc.sampling(body.model_dump(), body.seed)
+    plans, n_prompt = svc.prepare_prompts(prompts, body.max_tokens, sampling, body.stop_list(), body.n)
+    job = await svc.start(plans, request)
+    rid = "cmpl-" + secrets.token_hex(12)
+    base = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": svc.model_name,
+            "system_fingerprint": svc.fingerprint}
+    n_choices = len(plans)
+    if body.stream:
+        taken, ended = await start_stream(svc, job, request)
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return EventStreamResponse(_completion_stream(svc, job, n_choices, n_prompt, base, include_usage, taken,
+                                                      ended), on_disconnect=job.cancel, on_close=job.cancel)
+    texts = [""] * n_choices
+    results: list[ChoiceResult | None] = [None] * n_choices
+
+    async def run() -> None:
+        async for ev in job.events():
+            if isinstance(ev, TextEvent):
+                texts[ev.choice] += ev.text
+            elif isinstance(ev, ChoiceDone):
+                results[ev.choice] = ev.result
+            elif isinstance(ev, ErrorEvent):
+                raise api_error_from(ev.error)
+
+    try:
+        await unless_disconnected(request, run())
+    except ClientDisconnected:
+        job.cancel()
+        raise
+    choices = [{"index": i, "text": texts[i], "logprobs": None,
+                "finish_reason": finish_reason_for(r.finish_reason if r else "stop", False)}
+               for i, r in enumerate(results)]
+    return JSONResponse({**base, "choices": choices, "usage": usage_of(n_prompt, results),
+                         "timings": timings_of(results)})
+
+
+async def _completion_stream(svc: Service, job: GenerationJob, n: int, n_prompt: int, base: dict[str, Any],
+                             include_usage: bool, taken: list[Any], ended: bool) -> AsyncIterator[str]:
+    extra = {"usage": None} if include_usage else {}
+    results: list[ChoiceResult | None] = [None] * n
+    try:
+        async for ev in job_events(job, taken, ended):
+            if ev is None:
+                yield ": ping\n\n"
+            elif isinstance(ev, TextEvent):
+                yield sse({**base, "choices": [{"index": ev.choice, "text": ev.text, "logprobs": None,
+                                                "finish_reason": None}], **extra})
+            elif isinstance(ev, ChoiceDone):
+                results[ev.choice] = ev.result
+                if ev.result.finish_reason != "cancelled":
+                    yield sse({**base, "choices": [{"index": ev.choice, "text": "", "logprobs": None,
+                                                    "finish_reason": finish_reason_for(ev.result.finish_reason,
+                                                                                       False)}], **extra})
+            elif isinstance(ev, ErrorEvent):
+                err = api_error_from(ev.error)
+                svc.metrics.observe_error(err.type, err.code)
+                yield sse(err.body())
+                return
+        if include_usage:
+            yield sse({**base, "choices": [], "usage": usage_of(n_prompt, results), "timings": timings_of(results)})
+        yield sse("[DONE]")
+    finally:
+        job.cancel()
+
+
+@router.get("/v1/models")
+async def list_models(request: Request) -> JSONResponse:
+    svc = service_of(request)
+    return JSONResponse({"object": "list", "data": [svc.model_card()]})
+
+
+@router.get("/v1/models/{model_id:path}")
+async def get_model(model_id: str, request: Request) -> JSONResponse:
+    svc = service_of(request)
+    if model_id not in svc.config.accepted_names:
+        raise APIError(404, f"the model {model_id!r} does not exist", param="model", code="model_not_found")
+    return JSONResponse(svc.model_card())

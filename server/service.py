@@ -1,0 +1,328 @@
+"""The serving core shared by every API flavour: one engine, its slots, prompt preparation.
+
+`Service` turns a normalized chat request (`ChatSpec`) or a raw prompt into
+`GenerationPlan`s, validating everything that can be known before any work (model name,
+sampling values, tool_choice, the prompt's length against the context), and starts
+`GenerationJob`s on free slots. The OpenAI, Anthropic and Responses endpoints are thin
+adapters over it.
+
+Tool choice (all API flavours):
+
+* ``none``: tools are not shown to the model and its output is not parsed for calls.
+* ``auto`` (default with tools): tools are rendered by the chat template; calls are parsed.
+* ``required``: the assistant turn is prefilled with the opening of a call (with the name
+  too when only one tool is declared), so the model can only continue a call.
+* a named function: the turn is prefilled with ``<tool_call>\\n<function=NAME>\\n`` (XML
+  templates) or ``<tool_call>\\n{"name": "NAME", "arguments": `` (JSON templates), and the
+  generation stops at the call's end.
+
+When the prompt leaves a think block open, the prefix is inserted after the reasoning ends
+instead (see `generation`). The prefix is part of the prompt but is fed to the output
+parsers, so it appears in the answer only as the structured call it opens.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from starlette.requests import Request
+
+from lucebox.chat_template import ChatTemplate
+from lucebox.config import SamplingConfig
+from lucebox.errors import ConfigError
+
+from .config import ServerConfig
+from .errors import APIError, invalid
+from .generation import ChoiceResult, GenerationJob, GenerationPlan
+from .metrics import Metrics
+from .reasoning import prompt_opens_reasoning
+from .scheduler import Scheduler
+from .streaming import ClientDisconnected, unless_disconnected
+from .toolcalls import TOOL_CALL_CLOSE, forced_call_prefix, template_tool_format
+
+__all__ = ["Service", "ChatSpec", "PreparedChat"]
+
+log = logging.getLogger("lucebox.server")
+
+_SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "presence_penalty", "frequency_penalty",
+                  "repetition_penalty", "seed")
+
+
+@dataclass
+class ChatSpec:
+    """A chat request in the server's own terms (OpenAI message and tool shapes).
+
+    tool_choice: "auto", "none" or "required"; forced_name: a named function (overrides
+    tool_choice). enable_thinking: passed to the template when not None. template_kwargs: other
+    chat template variables. max_tokens: None means the server default (the rest of the
+    context). reasoning_budget: None means the server default."""
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str = "auto"
+    forced_name: str | None = None
+    parallel_tool_calls: bool = True
+    enable_thinking: bool | None = None
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
+    max_tokens: int | None = None
+    sampling: dict[str, Any] = field(default_factory=dict)
+    stop: list[str] = field(default_factory=list)
+    n: int = 1
+    reasoning_budget: int | None = None
+
+
+@dataclass
+class PreparedChat:
+    """What a chat request will run: plans (one per choice), the tools the output is parsed
+    for (None: no parsing), whether the answer starts inside a think block, prompt length."""
+
+    plans: list[GenerationPlan]
+    parse_tools: list[dict[str, Any]] | None
+    think_open: bool
+    n_prompt: int
+    prompt_text: str
+
+
+def _fix_message(message: Mapping[str, Any]) -> dict[str, Any]:
+    """OpenAI message -> template message: developer is system; tool-call arguments sent as
+    JSON text become objects (XML templates iterate over them)."""
+    m = dict(message)
+    if m.get("role") == "developer":
+        m["role"] = "system"
+    calls = m.get("tool_calls")
+    if isinstance(calls, list):
+        fixed = []
+        for call in calls:
+            if isinstance(call, Mapping) and isinstance(call.get("function"), Mapping):
+                fn = dict(call["function"])
+                args = fn.get("arguments")
+                if isinstance(args, str):
+                    try:
+                        parsed = json.loads(args) if args.strip() else {}
+                    except ValueError:
+                        parsed = None
+                    if isinstance(parsed, dict):
+                        fn["arguments"] = parsed
+                call = {**call, "function": fn}
+            fixed.append(call)
+        m["tool_calls"] = fixed
+    return m
+
+
+class Service:
+    """One loaded engine served through `config.slots` sessions."""
+
+    def __init__(self, config: ServerConfig, engine: Any) -> None:
+        self.config = config
+        self.engine = engine
+        self.tokenizer = engine.tokenizer
+        if config.chat_template_file:
+            with open(config.chat_template_file, encoding="utf-8") as f:
+                self.template = ChatTemplate(f.read())
+        else:
+            self.template = engine.chat_template
+        self.tool_format = template_tool_format(self.template.source)
+        self.n_ctx = int(engine.config.ctx)
+        self.model_name = config.served_name
+        self.created = int(time.time())
+        from lucebox import __version__
+
+        self._fingerprint = f"lucebox-{__version__}"
+        sessions = [engine.session() for _ in range(config.slots)]
+        self.scheduler: Scheduler[Any] = Scheduler(sessions, config.queue, config.retry_after)
+        self.metrics = Metrics()
+        self.metrics.add_gauge("lucebox_queue_depth", "Requests waiting for a slot.", lambda: self.scheduler.queued)
+        self.metrics.add_gauge("lucebox_slots_active", "Slots generating or reserved.", lambda: self.scheduler.active)
+        self.metrics.add_gauge("lucebox_slots_total", "Session slots.", lambda: self.scheduler.n_slots)
+        self.metrics.add_gauge("lucebox_context_tokens", "Context length per slot.", lambda: self.n_ctx)
+
+    @property
+    def fingerprint(self) -> str:
+        """`system_fingerprint` of answers: the lucebox version and the model file."""
+        return self._fingerprint
+
+    def model_card(self) -> dict[str, Any]:
+        """The /v1/models entry of the served model."""
+        return {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "lucebox",
+                "context_length": self.n_ctx, "max_model_len": self.n_ctx,
+                "meta": {"placeholder": self.config.placeholder, "draft": self.config.draft is not None,
+                         "slots": self.config.slots, "tool_call_format": self.tool_format}}
+
+    # -- validation -------------------------------------------------------------------------
+    def check_model(self, name: str | None) -> None:
+        """400 unless `name` is None or one of the served model's ids."""
+        if name is not None and name not in self.config.accepted_names:
+            raise APIError(400, f"the model {name!r} is not served here (this server serves {self.model_name!r})",
+                           param="model", code="model_not_found")
+
+    def sampling(self, values: Mapping[str, Any], seed: int | None) -> dict[str, Any]:
+        """Session.stream sampling arguments: request values over the server defaults,
+        validated (400 naming the field)."""
+        cfg = self.config
+        out: dict[str, Any] = {"temperature": cfg.temperature, "top_p": cfg.top_p, "top_k": cfg.top_k,
+                               "min_p": cfg.min_p}
+        for key in _SAMPLING_KEYS:
+            if values.get(key) is not None:
+                out[key] = values[key]
+        out["seed"] = (secrets.randbits(63) if seed is None else seed) % (1 << 64)
+        try:
+            SamplingConfig(**out)
+        except ConfigError as exc:
+            param = str(exc).split("=", 1)[0] if "=" in str(exc) else None
+            raise invalid(str(exc), param=param, code="invalid_value") from None
+        return out
+
+    def _room(self, n_prompt: int, param: str) -> int:
+        room = self.n_ctx - n_prompt
+        if room < 1:
+            raise APIError(400, f"this model's context holds {self.n_ctx} tokens, but the prompt has "
+                                f"{n_prompt} tokens (at least 1 must remain for the answer)",
+                           param=param, code="context_length_exceeded")
+        return room
+
+    def _max_tokens(self, requested: int | None, room: int) -> int:
+        wanted = requested if requested is not None else (self.config.default_max_tokens or room)
+        return max(1, min(wanted, room))
+
+    # -- preparation ------------------------------------------------------------------------
+    def _render(self, spec: ChatSpec) -> tuple[str, list[dict[str, Any]] | None, str, str, list[str]]:
+        """(prompt text, tools to parse for, echo prefix, after-reasoning prefix, stop strings)."""
+        tools = spec.tools or None
+        names = [t["function"]["name"] for t in tools or []]
+        choice = spec.tool_choice
+        forced = spec.forced_name
+        if forced is not None:
+            if not tools:
+                raise invalid("tool_choice names a function but no tools were given", param="tool_choice")
+            if forced not in names:
+                raise invalid(f"tool_choice names {forced!r}, which is not among the tools ({', '.join(names)})",
+                              param="tool_choice")
+        elif choice == "required":
+            if not tools:
+                raise invalid("tool_choice is 'required' but no tools were given", param="tool_choice")
+            if len(names) == 1:
+                forced = names[0]
+        elif choice not in ("auto", "none"):
+            raise invalid(f"unknown tool_choice {choice!r}", param="tool_choice")
+        if choice == "none" and forced is None:
+            tools = None
+        messages = [_fix_message(m) for m in spec.messages]
+        try:
+            prompt = self.template.render(messages, tools=tools, add_generation_prompt=True,
+                                          enable_thinking=spec.enable_thinking, **spec.template_kwargs)
+        except (ValueError, TypeError) as exc:
+            raise invalid(str(exc), param="messages") from None
+        prefix = ""
+        if forced is not None or choice == "required":
+            prefix = forced_call_prefix(self.tool_format, forced)
+        echo, after = "", ""
+        if prefix and prompt_opens_reasoning(prompt):
+            after = prefix
+        elif prefix:
+            prompt += prefix
+            echo = prefix
+        stop = list(spec.stop)
+        if tools and (forced is not None or not spec.parallel_tool_calls):
+            stop.append(TOOL_CALL_CLOSE)
+        return prompt, tools, echo, after, stop
+
+    def count_prompt_tokens(self, spec: ChatSpec) -> int:
+        """Tokens of the prompt `spec` renders to (no context check)."""
+        return len(self.tokenizer.encode(self._render(spec)[0], parse_special=True))
+
+    def prepare_chat(self, spec: ChatSpec) -> PreparedChat:
+        """Render, tokenize and plan a chat request; raises APIError (400) for anything invalid."""
+        prompt, tools, echo, after, stop = self._render(spec)
+        think_open = prompt_opens_reasoning(prompt[: len(prompt) - len(echo)] if echo else prompt)
+        ids = self.tokenizer.encode(prompt, parse_special=True)
+        room = self._room(len(ids), "messages")
+        max_tokens = self._max_tokens(spec.max_tokens, room)
+        budget = spec.reasoning_budget if spec.reasoning_budget is not None else self.config.max_reasoning_tokens
+        if not think_open:
+            budget = None
+        base_seed = int(spec.sampling.get("seed") or 0)
+        plans = []
+        for i in range(spec.n):
+            sampling = dict(spec.sampling)
+            sampling["seed"] = (base_seed + i) % (1 << 64)
+            plans.append(GenerationPlan(prompt_ids=ids, max_tokens=max_tokens, sampling=sampling, stop=tuple(stop),
+                                        echo_prefix=echo, think_open=think_open, reasoning_budget=budget,
+                                        after_reasoning=after))
+        return PreparedChat(plans=plans, parse_tools=tools, think_open=think_open, n_prompt=len(ids),
+                            prompt_text=prompt)
+
+    def prepare_prompts(self, prompts: Sequence[str | Sequence[int]], max_tokens: int | None,
+                        sampling: dict[str, Any], stop: list[str], n: int) -> tuple[list[GenerationPlan], int]:
+        """Plans for raw prompts (text, parsed with special tokens, or token ids), n per prompt.
+        Returns (plans, total prompt tokens)."""
+        plans: list[GenerationPlan] = []
+        n_prompt_total = 0
+        vocab = self.tokenizer.n_vocab
+        base_seed = sampling.get("seed", 0)
+        for p_index, prompt in enumerate(prompts):
+            if isinstance(prompt, str):
+                ids = self.tokenizer.encode(prompt, parse_special=True)
+            else:
+                ids = [int(t) for t in prompt]
+                bad = [t for t in ids if not 0 <= t < vocab]
+                if bad:
+                    raise invalid(f"token id {bad[0]} is outside the vocabulary [0, {vocab})", param="prompt")
+            if not ids:
+                raise invalid("the prompt is empty", param="prompt")
+            room = self._room(len(ids), "prompt")
+            n_prompt_total += len(ids)
+            for i in range(n):
+                s = dict(sampling)
+                s["seed"] = (base_seed + p_index * n + i) % (1 << 64)
+                plans.append(GenerationPlan(prompt_ids=ids, max_tokens=self._max_tokens(max_tokens, room),
+                                            sampling=s, stop=tuple(stop)))
+        return plans, n_prompt_total
+
+    # -- running ------------------------------------------------------------------------------
+    def _on_choice(self, result: ChoiceResult) -> None:
+        if result.finish_reason == "cancelled":
+            self.metrics.observe_cancelled()
+        tps = result.n_generated / result.decode_seconds if result.decode_seconds > 0 else 0.0
+        steps = int(result.spec.get("steps", 0) or 0)
+        accept = f", acceptance {(int(result.spec.get('accepted', 0)) + steps) / steps:.2f}" if steps else ""
+        log.info("generation %s: prompt %d tokens (%.0f ms), %d tokens at %.1f tok/s%s",
+                 result.finish_reason, result.n_prompt, result.prefill_seconds * 1000, result.n_generated, tps, accept)
+        self.metrics.observe_generation(result.n_prompt, result.n_generated, result.prefill_seconds,
+                                        result.decode_seconds, result.spec)
+
+    async def start(self, plans: Sequence[GenerationPlan], request: Request) -> GenerationJob:
+        """Reserve a slot (429 at once when the queue is full), wait for it unless the client
+        leaves, and start the plans on it."""
+        ticket = self.scheduler.reserve()  # QueueFullError -> 429
+        try:
+            slot = await unless_disconnected(request, ticket.slot())
+        except BaseException:
+            ticket.cancel()
+            raise
+        try:
+            job = GenerationJob(self.scheduler, slot, self.tokenizer, plans, self.n_ctx, self._on_choice)
+            job.start()
+        except BaseException:
+            self.scheduler.release(slot)
+            raise
+        return job
+
+    async def first_event(self, job: GenerationJob, request: Request) -> tuple[list[Any], bool]:
+        """Wait (up to config.stream_header_wait, unless the client leaves) for the job's first
+        event so an error at prefill can still be answered with its HTTP status. Returns (events
+        already taken, whether the job has ended)."""
+        try:
+            ev = await unless_disconnected(request, job.next_event(self.config.stream_header_wait))
+        except ClientDisconnected:
+            job.cancel()
+            raise
+        except (asyncio.TimeoutError, TimeoutError):
+            return [], False
+        if ev is None:
+            return [], True
+        return [ev], False

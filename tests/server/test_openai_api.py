@@ -1,0 +1,172 @@
+"""The real server process driven by the official `openai` client: chat, completions, models,
+health and metrics on the tiny synthetic model (random weights: the text is noise, the
+protocol is what is tested)."""
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+MSG = [{"role": "user", "content": "Hello there"}]
+
+
+def test_health(server):
+    body = httpx.get(server.base_url + "/health").json()
+    assert body["status"] == "ok"
+    assert body["model"] == "tiny"
+    assert body["slots"] == 2 and body["slots_active"] == 0
+
+
+def test_models(client):
+    models = client.models.list()
+    assert [m.id for m in models.data] == ["tiny"]
+    assert models.data[0].owned_by == "lucebox"
+    assert client.models.retrieve("tiny").id == "tiny"
+
+
+def test_chat_non_stream(client):
+    r = client.chat.completions.create(model="tiny", messages=MSG, max_tokens=12, temperature=0)
+    choice = r.choices[0]
+    assert r.object == "chat.completion" and r.model == "tiny"
+    assert choice.message.role == "assistant"
+    assert choice.finish_reason in ("length", "stop")
+    assert r.usage.prompt_tokens > 0
+    assert 1 <= r.usage.completion_tokens <= 12
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+    if choice.finish_reason == "length":
+        assert r.usage.completion_tokens == 12 and choice.message.content
+
+
+def test_chat_greedy_is_deterministic_and_stream_matches(client):
+    a = client.chat.completions.create(model="tiny", messages=MSG, max_tokens=16, temperature=0)
+    b = client.chat.completions.create(model="tiny", messages=MSG, max_tokens=16, temperature=0)
+    assert a.choices[0].message.content == b.choices[0].message.content
+    stream = client.chat.completions.create(model="tiny", messages=MSG, max_tokens=16, temperature=0, stream=True,
+                                            stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == a.choices[0].message.content
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishes == [a.choices[0].finish_reason]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == a.usage.completion_tokens
+    assert all(c.usage is None for c in chunks[:-1])
+
+
+def test_stream_without_usage_has_done_marker(server):
+    with httpx.stream("POST", server.base_url + "/v1/chat/completions", json={
+            "messages": MSG, "max_tokens": 4, "temperature": 0, "stream": True}, timeout=30) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        lines = [line for line in r.iter_lines() if line]
+    assert lines[-1] == "data: [DONE]"
+    payloads = [json.loads(line[6:]) for line in lines[:-1]]
+    assert all("usage" not in p for p in payloads)
+
+
+def test_stop_sequence(client):
+    full = client.chat.completions.create(model="tiny", messages=MSG, max_tokens=40, temperature=0)
+    text = full.choices[0].message.content
+    # a 3-character stop string first occurring well inside the text
+    for start in range(8, len(text) - 3):
+        stop = text[start:start + 3]
+        if text.find(stop) == start and stop.strip():
+            break
+    else:
+        pytest.skip("greedy output too short to pick a stop string")
+    r = client.chat.completions.create(model="tiny", messages=MSG, max_tokens=40, temperature=0, stop=[stop])
+    assert r.choices[0].finish_reason == "stop"
+    assert r.choices[0].message.content == text[:start].lstrip()
+    chunks = list(client.chat.completions.create(model="tiny", messages=MSG, max_tokens=40, temperature=0,
+                                                 stop=stop, stream=True))
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed == r.choices[0].message.content
+    assert stop not in streamed
+
+
+def test_n_choices_and_max_tokens(client):
+    r = client.chat.completions.create(model="tiny", messages=MSG, max_tokens=5, temperature=0.9, seed=1, n=3)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    assert r.usage.completion_tokens <= 15
+    chunks = list(client.chat.completions.create(model="tiny", messages=MSG, max_tokens=5, temperature=0.9,
+                                                 seed=1, n=2, stream=True))
+    indexes = {c.choices[0].index for c in chunks if c.choices}
+    assert indexes == {0, 1}
+    assert sum(1 for c in chunks if c.choices and c.choices[0].finish_reason) == 2
+
+
+def test_seeded_sampling_is_reproducible(client):
+    kw = dict(model="tiny", messages=MSG, max_tokens=10, temperature=1.0, top_p=0.9, seed=1234,
+              extra_body={"top_k": 50})
+    a = client.chat.completions.create(**kw)
+    b = client.chat.completions.create(**kw)
+    assert a.choices[0].message.content == b.choices[0].message.content
+
+
+def test_max_tokens_defaults_to_rest_of_context(client):
+    # no max_tokens: the reply may use the whole remaining context; it ends by EOS or context
+    r = client.chat.completions.create(model="tiny", messages=MSG, temperature=1.0, seed=3,
+                                       extra_body={"top_k": 1})
+    assert r.choices[0].finish_reason in ("stop", "length")
+    assert r.usage.total_tokens <= 1024
+
+
+def test_max_tokens_capped_by_context(client):
+    r = client.chat.completions.create(model="tiny", messages=MSG, max_tokens=100_000, temperature=0)
+    assert r.usage.total_tokens <= 1024
+
+
+def test_chat_template_kwargs_and_content_parts(client):
+    r = client.chat.completions.create(
+        model="tiny", max_tokens=4, temperature=0,
+        messages=[{"role": "system", "content": "Be brief."},
+                  {"role": "user", "content": [{"type": "text", "text": "Hi"}, {"type": "text", "text": "again"}]},
+                  {"role": "assistant", "content": None, "tool_calls": [
+                      {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{\"x\": 1}"}}]},
+                  {"role": "tool", "tool_call_id": "call_1", "content": "42"}],
+        extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    assert r.choices[0].finish_reason in ("length", "stop")
+
+
+def test_completions(client):
+    r = client.completions.create(model="tiny", prompt="Once upon a time", max_tokens=8, temperature=0)
+    assert r.object == "text_completion"
+    assert r.choices[0].finish_reason in ("length", "stop") and r.usage.completion_tokens <= 8
+    chunks = list(client.completions.create(model="tiny", prompt="Once upon a time", max_tokens=8, temperature=0,
+                                            stream=True))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == r.choices[0].text
+    by_ids = client.completions.create(model="tiny", prompt=[10, 20, 30, 40], max_tokens=3, temperature=0)
+    assert by_ids.usage.prompt_tokens == 4
+    two = client.completions.create(model="tiny", prompt=["a", "b"], max_tokens=2, temperature=0)
+    assert [c.index for c in two.choices] == [0, 1]
+
+
+def test_metrics(server, client):
+    client.chat.completions.create(model="tiny", messages=MSG, max_tokens=3, temperature=0)
+    text = httpx.get(server.base_url + "/metrics").text
+    for name in ("lucebox_requests_total", "lucebox_prompt_tokens_total", "lucebox_completion_tokens_total",
+                 "lucebox_decode_tokens_per_second", "lucebox_spec_acceptance_length", "lucebox_queue_depth",
+                 "lucebox_slots_active", "lucebox_errors_total", "lucebox_requests_cancelled_total"):
+        assert f"# TYPE {name} " in text, name
+    assert 'lucebox_requests_total{endpoint="/v1/chat/completions",status="200"}' in text
+    values = {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines()
+              if line and not line.startswith("#")}
+    assert values["lucebox_completion_tokens_total"] >= 3
+    # the draft is loaded: speculative steps are counted (acceptance of a random draft is ~1)
+    assert values["lucebox_spec_steps_total"] > 0
+    assert values["lucebox_spec_acceptance_length"] >= 1.0
+
+
+def test_unknown_fields_are_ignored(server):
+    r = httpx.post(server.base_url + "/v1/chat/completions", json={
+        "messages": MSG, "max_tokens": 2, "temperature": 0, "some_vendor_field": {"x": 1}, "user": "u"})
+    assert r.status_code == 200
+
+
+def test_json_body_without_json_content_type(server):
+    """`curl -d` sends form encoding by default; the body is still read as JSON."""
+    r = httpx.post(server.base_url + "/v1/chat/completions",
+                   content=json.dumps({"messages": MSG, "max_tokens": 2, "temperature": 0}),
+                   headers={"content-type": "application/x-www-form-urlencoded"})
+    assert r.status_code == 200 and r.json()["object"] == "chat.completion"

@@ -67,6 +67,14 @@ void register_engine(py::module_ & m) {
             return d;
         });
 
+    py::class_<session_snapshot>(m, "Snapshot", "A session's state in host memory (see engine.h).")
+        .def_readonly("fingerprint", &session_snapshot::fingerprint)
+        .def_readonly("tokens", &session_snapshot::tokens)
+        .def_readonly("pending", &session_snapshot::pending)
+        .def_property_readonly("nbytes", &session_snapshot::bytes)
+        .def("save", &session_snapshot::save, py::arg("path"), py::call_guard<py::gil_scoped_release>())
+        .def_static("load", &session_snapshot::load, py::arg("path"), py::call_guard<py::gil_scoped_release>());
+
     py::class_<session>(m, "Session")
         .def("eval", [](session & s, const std::vector<int32_t> & tokens, bool all_logits) {
             std::vector<float> logits;
@@ -116,6 +124,8 @@ void register_engine(py::module_ & m) {
            py::arg("on_token") = py::none(), py::arg("on_prefill") = py::none(), py::arg("propose") = py::none(),
            py::arg("block_size") = 0, py::arg("phase_timings") = false)
         .def("reset", &session::reset, py::call_guard<py::gil_scoped_release>())
+        .def("snapshot", &session::snapshot, py::call_guard<py::gil_scoped_release>())
+        .def("restore", &session::restore, py::arg("snapshot"), py::call_guard<py::gil_scoped_release>())
         .def("draft_proposals", &session::draft_proposals, py::arg("last"), py::call_guard<py::gil_scoped_release>())
         .def_property_readonly("n_past", &session::n_past)
         .def_property_readonly("tokens", &session::tokens)

@@ -5,6 +5,8 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <mutex>
 #include <thread>
@@ -528,6 +530,210 @@ std::vector<int32_t> session::draft_proposals(int32_t last) {
     }
     std::lock_guard<std::mutex> lock(eng_->compute_mutex);
     return run_draft(last, block);
+}
+
+namespace {
+constexpr char SNAPSHOT_MAGIC[8] = {'L', 'B', 'X', 'S', 'N', 'A', 'P', '1'};
+
+std::string layout_fingerprint(const engine::impl & e) {
+    const qwen35_hparams & hp = e.target.hparams;
+    std::string f = "qwen35 E" + std::to_string(hp.n_embd) + " L" + std::to_string(hp.n_layer) + " V" +
+                    std::to_string(hp.n_vocab) + " kv" + std::to_string(hp.n_head_kv) + "x" + std::to_string(hp.head_dim) +
+                    " ssm" + std::to_string(hp.ssm_d_conv) + "/" + std::to_string(hp.ssm_d_state) + "/" +
+                    std::to_string(hp.ssm_n_k_heads) + "/" + std::to_string(hp.ssm_n_v_heads) + " pattern ";
+    for (bool r : hp.is_recurrent) {
+        f += r ? 'R' : 'A';
+    }
+    f += std::string(" K ") + ggml_type_name(e.type_k) + " V " + ggml_type_name(e.type_v);
+    if (e.draft) {
+        const dflash_hparams & d = e.draft->hparams;
+        f += " dflash L" + std::to_string(d.n_layer) + " kv" + std::to_string(d.n_head_kv) + "x" + std::to_string(d.head_dim);
+        for (int32_t l : d.target_layers) {
+            f += "," + std::to_string(l);
+        }
+    }
+    return f;
+}
+
+// The tensors a snapshot holds, in order, with the bytes of each that are saved.
+std::vector<std::pair<ggml_tensor *, size_t>> snapshot_layout(const engine::impl & e, const qwen35_state & st,
+                                                              const dflash_state * ds, uint32_t n_past) {
+    std::vector<std::pair<ggml_tensor *, size_t>> out;
+    const qwen35_hparams & hp = e.target.hparams;
+    for (uint32_t il = 0; il < hp.n_layer; ++il) {
+        if (hp.is_recurrent[il]) {
+            out.emplace_back(st.conv[il], ggml_nbytes(st.conv[il]));
+            out.emplace_back(st.ssm[il], ggml_nbytes(st.ssm[il]));
+        } else {
+            out.emplace_back(st.k[il], st.k[il]->nb[1] * n_past);  // rows [0, n_past) are contiguous
+            out.emplace_back(st.v[il], st.v[il]->nb[1] * n_past);
+        }
+    }
+    if (ds != nullptr) {
+        for (size_t il = 0; il < ds->k.size(); ++il) {
+            out.emplace_back(ds->k[il], ds->k[il]->nb[1] * n_past);
+            out.emplace_back(ds->v[il], ds->v[il]->nb[1] * n_past);
+        }
+    }
+    return out;
+}
+}  // namespace
+
+uint64_t session_snapshot::bytes() const {
+    uint64_t n = tokens.size() * sizeof(int32_t);
+    for (const auto & b : blobs) {
+        n += b.size();
+    }
+    return n;
+}
+
+session_snapshot session::snapshot() {
+    engine::impl & e = *eng_;
+    std::lock_guard<std::mutex> lock(e.compute_mutex);
+    if (e.draft && n_draft_ctx_ < tokens_.size()) {
+        run_draft(-1, 0);  // the draft catches up, so its KV rows cover every evaluated position
+    }
+    session_snapshot snap;
+    snap.fingerprint = layout_fingerprint(e);
+    snap.tokens = tokens_;
+    snap.pending = pending_;
+    const uint32_t n_past = static_cast<uint32_t>(tokens_.size());
+    for (const auto & [t, n] : snapshot_layout(e, st_->model_state, e.draft ? &st_->draft_state : nullptr, n_past)) {
+        std::vector<uint8_t> blob(n);
+        if (n > 0) {
+            ggml_backend_tensor_get(t, blob.data(), 0, n);
+        }
+        snap.blobs.push_back(std::move(blob));
+    }
+    return snap;
+}
+
+void session::restore(const session_snapshot & snap) {
+    engine::impl & e = *eng_;
+    const std::string want = layout_fingerprint(e);
+    if (snap.fingerprint != want) {
+        throw config_error("snapshot does not fit this engine: it was taken with layout '" + snap.fingerprint +
+                           "', this engine has '" + want + "'");
+    }
+    const size_t need = snap.tokens.size() + (snap.pending >= 0 ? 1 : 0);
+    if (need > e.cfg.n_ctx) {
+        throw config_error("snapshot holds " + std::to_string(need) + " tokens, more than this engine's context " +
+                           std::to_string(e.cfg.n_ctx));
+    }
+    const uint32_t n_past = static_cast<uint32_t>(snap.tokens.size());
+    const auto layout = snapshot_layout(e, st_->model_state, e.draft ? &st_->draft_state : nullptr, n_past);
+    if (layout.size() != snap.blobs.size()) {
+        throw config_error("snapshot has " + std::to_string(snap.blobs.size()) + " tensors, expected " +
+                           std::to_string(layout.size()));
+    }
+    for (size_t i = 0; i < layout.size(); ++i) {
+        if (snap.blobs[i].size() != layout[i].second) {
+            throw config_error("snapshot tensor " + std::to_string(i) + " has " + std::to_string(snap.blobs[i].size()) +
+                               " bytes, expected " + std::to_string(layout[i].second));
+        }
+    }
+    for (int32_t t : snap.tokens) {
+        if (t < 0 || static_cast<uint32_t>(t) >= n_vocab()) {
+            throw config_error("snapshot holds token id " + std::to_string(t) + " outside the vocabulary");
+        }
+    }
+    std::lock_guard<std::mutex> lock(e.compute_mutex);
+    st_->model_state.store.clear();
+    st_->draft_state.store.clear();
+    for (size_t i = 0; i < layout.size(); ++i) {
+        if (!snap.blobs[i].empty()) {
+            ggml_backend_tensor_set(layout[i].first, snap.blobs[i].data(), 0, snap.blobs[i].size());
+        }
+    }
+    tokens_ = snap.tokens;
+    pending_ = snap.pending;
+    n_draft_ctx_ = e.draft ? n_past : 0;
+}
+
+void session_snapshot::save(const std::string & path) const {
+    std::unique_ptr<FILE, int (*)(FILE *)> f(std::fopen((path + ".partial").c_str(), "wb"), &std::fclose);
+    if (!f) {
+        throw config_error("cannot write snapshot '" + path + "': " + std::strerror(errno));
+    }
+    auto put = [&](const void * p, size_t n) {
+        if (n > 0 && std::fwrite(p, 1, n, f.get()) != n) {
+            throw config_error("writing snapshot '" + path + "' failed: " + std::strerror(errno));
+        }
+    };
+    auto put_u64 = [&](uint64_t v) { put(&v, sizeof v); };
+    put(SNAPSHOT_MAGIC, sizeof SNAPSHOT_MAGIC);
+    put_u64(fingerprint.size());
+    put(fingerprint.data(), fingerprint.size());
+    put_u64(tokens.size());
+    put(tokens.data(), tokens.size() * sizeof(int32_t));
+    put_u64(static_cast<uint64_t>(static_cast<int64_t>(pending)));
+    put_u64(blobs.size());
+    for (const auto & b : blobs) {
+        put_u64(b.size());
+        put(b.data(), b.size());
+    }
+    if (std::fflush(f.get()) != 0) {
+        throw config_error("writing snapshot '" + path + "' failed");
+    }
+    f.reset();
+    if (std::rename((path + ".partial").c_str(), path.c_str()) != 0) {
+        throw config_error("cannot move snapshot into place at '" + path + "': " + std::strerror(errno));
+    }
+}
+
+session_snapshot session_snapshot::load(const std::string & path) {
+    std::unique_ptr<FILE, int (*)(FILE *)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
+    if (!f) {
+        throw config_error("cannot open snapshot '" + path + "': " + std::strerror(errno));
+    }
+    std::fseek(f.get(), 0, SEEK_END);
+    const uint64_t size = static_cast<uint64_t>(std::ftell(f.get()));
+    std::fseek(f.get(), 0, SEEK_SET);
+    uint64_t left = size;
+    auto get = [&](void * p, uint64_t n, const char * what) {
+        if (n > left || (n > 0 && std::fread(p, 1, n, f.get()) != n)) {
+            throw config_error("snapshot '" + path + "' is truncated or corrupt (reading " + what + ")");
+        }
+        left -= n;
+    };
+    auto get_u64 = [&](const char * what) {
+        uint64_t v = 0;
+        get(&v, sizeof v, what);
+        return v;
+    };
+    char magic[8];
+    get(magic, sizeof magic, "the header");
+    if (std::memcmp(magic, SNAPSHOT_MAGIC, sizeof magic) != 0) {
+        throw config_error("'" + path + "' is not a lucebox snapshot (or a different version)");
+    }
+    session_snapshot s;
+    const uint64_t fp = get_u64("the fingerprint length");
+    s.fingerprint.resize(fp <= left ? fp : 0);
+    get(s.fingerprint.data(), fp, "the fingerprint");
+    const uint64_t nt = get_u64("the token count");
+    if (nt > left / sizeof(int32_t)) {
+        throw config_error("snapshot '" + path + "' is truncated or corrupt (token count)");
+    }
+    s.tokens.resize(nt);
+    get(s.tokens.data(), nt * sizeof(int32_t), "the tokens");
+    s.pending = static_cast<int32_t>(static_cast<int64_t>(get_u64("the pending token")));
+    const uint64_t nb = get_u64("the tensor count");
+    if (nb > 4096) {
+        throw config_error("snapshot '" + path + "' is corrupt (tensor count " + std::to_string(nb) + ")");
+    }
+    for (uint64_t i = 0; i < nb; ++i) {
+        const uint64_t n = get_u64("a tensor size");
+        if (n > left) {
+            throw config_error("snapshot '" + path + "' is truncated or corrupt (tensor " + std::to_string(i) + ")");
+        }
+        std::vector<uint8_t> blob(n);
+        get(blob.data(), n, "tensor data");
+        s.blobs.push_back(std::move(blob));
+    }
+    if (left != 0) {
+        throw config_error("snapshot '" + path + "' has " + std::to_string(left) + " unexpected trailing bytes");
+    }
+    return s;
 }
 
 void session::commit(uint32_t n_verified, uint32_t last_kept) {

@@ -13,7 +13,7 @@ from lucebox.errors import (
 )
 
 from lucebox.config import EngineConfig, SamplingConfig
-from lucebox.engine import Engine, GenerationChunk, GenerationResult, GenerationStats, Session
+from lucebox.engine import Engine, GenerationChunk, GenerationResult, GenerationStats, Session, load_snapshot
 
 try:
     __version__ = _version("lucebox")
@@ -29,6 +29,7 @@ __all__ = [
     "GenerationStats",
     "SamplingConfig",
     "Session",
+    "load_snapshot",
     "ConfigError",
     "DraftMismatchError",
     "GGUFError",

@@ -179,6 +179,18 @@ class Session:
     def reset(self) -> None:
         self._core.reset()
 
+    def snapshot(self) -> _core.Snapshot:
+        """Copy of this session's state in host memory (tokens, KV rows, DeltaNet state, draft KV).
+        `restore` it into any session of an engine with the same model, KV types and draft to
+        continue token-identically; `snapshot.save(path)` / `lucebox.load_snapshot(path)` keep it
+        on disk (a versioned file; one from another layout is refused on restore)."""
+        return self._core.snapshot()
+
+    def restore(self, snapshot: _core.Snapshot) -> None:
+        """Replace this session's state by `snapshot`. Raises ConfigError if it was taken with
+        another model/KV/draft layout or does not fit this engine's context."""
+        self._core.restore(snapshot)
+
     def eval(self, tokens: Sequence[int], *, all_logits: bool = True) -> np.ndarray:
         """Append tokens and return their logits, float32 [len(tokens) or 1, n_vocab]."""
         return self._core.eval([int(t) for t in tokens], all_logits)
@@ -312,3 +324,9 @@ class Session:
         finally:
             cancel.set()
             thread.join()
+
+
+def load_snapshot(path: str | os.PathLike[str]) -> _core.Snapshot:
+    """Read a snapshot written by `Snapshot.save`. Raises ConfigError for a missing, truncated
+    or foreign file."""
+    return _core.Snapshot.load(os.fspath(path))

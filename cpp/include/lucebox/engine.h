@@ -78,6 +78,20 @@ using token_callback = std::function<bool(int32_t)>;
 
 class session;
 
+// A copy of a session's full state in host memory: the evaluated tokens, the pending token, the
+// attention KV rows [0, n_past), the DeltaNet conv and ssm state, and the draft's KV rows. Restoring
+// it into a session of an engine with the same layout continues token-identically.
+struct session_snapshot {
+    std::string fingerprint;  // layout of the model, KV types and draft; restore refuses a mismatch
+    std::vector<int32_t> tokens;
+    int32_t pending = -1;
+    std::vector<std::vector<uint8_t>> blobs;  // tensor data in a fixed order (see session::snapshot)
+
+    uint64_t bytes() const;
+    void save(const std::string & path) const;               // versioned binary file
+    static session_snapshot load(const std::string & path);  // throws config_error on a bad file
+};
+
 class engine {
   public:
     explicit engine(const engine_config & cfg, const progress_callback & progress = {});
@@ -119,6 +133,9 @@ class session {
     // What the draft proposes after the session's context followed by `last` (not evaluated):
     // block_size - 1 token ids. The context is unchanged (the draft only catches up on features).
     std::vector<int32_t> draft_proposals(int32_t last);
+
+    session_snapshot snapshot();                 // copies the state to host memory
+    void restore(const session_snapshot & snap);  // throws config_error on a layout mismatch or overflow
 
     void reset();  // empty context
     uint32_t n_past() const { return static_cast<uint32_t>(tokens_.size()); }  // evaluated tokens

@@ -414,6 +414,86 @@ int32_t sampler::sample(const float * logits, int32_t n_vocab, const std::vector
     return cut_.id;
 }
 
+int32_t sampler::accept_or_resample(const float * logits, int32_t n_vocab, const std::vector<int32_t> & history,
+                                    int32_t proposed, bool & accepted) {
+    if (logits == nullptr || n_vocab <= 0) {
+        throw error("accept_or_resample: no logits (n_vocab = " + std::to_string(n_vocab) + ")");
+    }
+    if (proposed < 0 || proposed >= n_vocab) {
+        throw error("accept_or_resample: proposed id " + std::to_string(proposed) + " is outside the vocabulary");
+    }
+    auto guard = make_scope_exit([this] { clear_counts(); });
+    count_history(n_vocab, history);
+    if (params_.is_greedy()) {
+        const int32_t best = argmax(logits, n_vocab);
+        accepted = best == proposed;
+        return best;
+    }
+    const better bt;
+    const double z = prepare(logits, n_vocab);
+    // the proposal's weight inside the kept set (0 if filtered out)
+    double w_d = 0.0;
+    if (sorted_path_) {
+        for (size_t i = 0; i < n_kept_; ++i) {
+            if (cands_[i].id == proposed) {
+                w_d = cands_[i].w;
+                break;
+            }
+        }
+    } else {
+        const int b = bucket_idx_[proposed];
+        const float v = value(logits, proposed);
+        if (b != masked_bucket && (b < cut_bucket_ || (b == cut_bucket_ && !bt(cut_, cand{v, proposed, 0.0})))) {
+            w_d = weight_of(v);
+        }
+    }
+    if (uniform() * z < w_d) {
+        accepted = true;
+        return proposed;
+    }
+    accepted = false;
+    // inverse CDF over the kept set without the proposal, same order and rule as sample()
+    const double target = uniform() * (z - w_d);
+    double cum = 0.0;
+    int32_t last_ok = -1;
+    if (sorted_path_) {
+        for (size_t i = 0; i < n_kept_; ++i) {
+            if (cands_[i].id == proposed) continue;
+            cum += cands_[i].w;
+            last_ok = cands_[i].id;
+            if (cum > target) return cands_[i].id;
+        }
+    } else {
+        const int bd = w_d > 0.0 ? bucket_idx_[proposed] : -1;
+        for (int b = 0; b < cut_bucket_; ++b) {
+            const double m = bucket_mass_[b] - (b == bd ? w_d : 0.0);
+            if (cum + m <= target) {
+                cum += m;
+                continue;
+            }
+            gather(logits, n_vocab, b, scratch_);
+            for (const cand & c : scratch_) {
+                if (c.id == proposed) continue;
+                cum += c.w;
+                if (c.w > 0.0) last_ok = c.id;
+                if (cum > target) return c.id;
+            }
+        }
+        for (const cand & c : cut_bucket_items_) {
+            if (c.id != proposed) {
+                cum += c.w;
+                last_ok = c.id;
+                if (cum > target) return c.id;
+            }
+            if (c.id == cut_.id) break;
+        }
+    }
+    if (last_ok < 0) {
+        throw error("internal: empty residual distribution");
+    }
+    return last_ok;  // rounding at the very end of the mass
+}
+
 std::vector<std::pair<int32_t, float>> sampler::distribution(const float * logits, int32_t n_vocab,
                                                              const std::vector<int32_t> & history) const {
     if (logits == nullptr || n_vocab <= 0) {

@@ -618,4 +618,62 @@ TEST_CASE(full_vocab_timing) {
     }
 }
 
+// accept_or_resample keeps the distribution: P(token) equals distribution() whether the proposal
+// is accepted or resampled, on the full-vocabulary path (histogram buckets) and the top_k path.
+TEST_CASE(accept_or_resample_is_distribution_exact) {
+    const int32_t V = 3000;
+    std::vector<float> logits(V);
+    uint64_t x = 12345;
+    for (float & v : logits) {  // deterministic pseudo-random logits with a few strong tokens
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        v = static_cast<float>((x >> 40) % 1000) / 250.0f;
+    }
+    logits[7] = 7.0f;
+    logits[99] = 6.5f;
+    logits[1234] = 6.8f;
+    const std::vector<int32_t> history{7, 7, 42};
+    struct variant { float t; int32_t k; float p; float m; float rep; };
+    const variant variants[] = {{0.8f, 0, 0.9f, 0.0f, 1.0f}, {1.2f, 0, 1.0f, 0.05f, 1.3f}, {1.0f, 50, 0.95f, 0.0f, 1.0f}};
+    for (const variant & vr : variants) {
+        sampling_params p;
+        p.temperature = vr.t;
+        p.top_k = vr.k;
+        p.top_p = vr.p;
+        p.min_p = vr.m;
+        p.repetition_penalty = vr.rep;
+        p.seed = 99;
+        sampler smp(p);
+        const auto dist = smp.distribution(logits.data(), V, history);
+        for (int32_t proposed : {dist[0].first, dist[std::min<size_t>(2, dist.size() - 1)].first, int32_t(2999)}) {
+            const int n = 200000;
+            std::vector<int> counts(V, 0);
+            int accepted_n = 0;
+            for (int i = 0; i < n; ++i) {
+                bool accepted = false;
+                const int32_t t = smp.accept_or_resample(logits.data(), V, history, proposed, accepted);
+                counts[t]++;
+                accepted_n += accepted ? 1 : 0;
+                CHECK(!accepted || t == proposed);
+            }
+            double worst = 0.0, p_prop = 0.0;
+            for (const auto & [id, prob] : dist) {
+                worst = std::max(worst, std::fabs(counts[id] / double(n) - prob));
+                if (id == proposed) p_prop = prob;
+            }
+            int outside = 0;
+            for (int32_t id = 0; id < V; ++id) {
+                const bool kept = std::any_of(dist.begin(), dist.end(), [&](const auto & d) { return d.first == id; });
+                if (!kept) outside += counts[id];
+            }
+            if (worst >= 0.006 || outside != 0) {
+                std::fprintf(stderr, "  T=%.1f k=%d p=%.2f m=%.2f proposed %d: max |freq - p| %.4f, %d outside\n",
+                             vr.t, vr.k, vr.p, vr.m, proposed, worst, outside);
+            }
+            CHECK(worst < 0.006);
+            CHECK(outside == 0);
+            CHECK(std::fabs(accepted_n / double(n) - p_prop) < 0.006);
+        }
+    }
+}
+
 TEST_MAIN()

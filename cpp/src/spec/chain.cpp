@@ -15,55 +15,23 @@ uint32_t accept_greedy(const std::vector<int32_t> & verified, const std::vector<
     return a;
 }
 
-namespace {
-// Inverse CDF over `dist` (sorted (id, prob), summing to 1), skipping `excluded` and renormalizing.
-int32_t draw(const std::vector<std::pair<int32_t, float>> & dist, double u, int32_t excluded, double excluded_mass) {
-    const double total = 1.0 - excluded_mass;
-    double target = u * total, acc = 0.0;
-    int32_t last_ok = -1;
-    for (const auto & [id, prob] : dist) {
-        if (id == excluded) {
-            continue;
-        }
-        acc += prob;
-        last_ok = id;
-        if (target < acc) {
-            return id;
-        }
-    }
-    if (last_ok < 0) {
-        throw error("internal: empty residual distribution");
-    }
-    return last_ok;  // rounding: u*total at the very end of the mass
-}
-}  // namespace
-
 uint32_t accept_sampled(const std::vector<int32_t> & verified, const float * logits, int32_t n_vocab, sampler & smp,
                         std::vector<int32_t> history, std::vector<int32_t> & target) {
     const size_t n = verified.size();
     target.assign(n, -1);
     history.push_back(verified[0]);
     for (size_t i = 0; i < n; ++i) {
-        const auto dist = smp.distribution(logits + i * size_t(n_vocab), n_vocab, history);
+        const float * row = logits + i * size_t(n_vocab);
         if (i + 1 == n) {
-            target[i] = draw(dist, smp.uniform(), -1, 0.0);
+            target[i] = smp.sample(row, n_vocab, history);  // bonus after full acceptance
             return static_cast<uint32_t>(i);
         }
-        const int32_t d = verified[i + 1];
-        double pd = 0.0;
-        for (const auto & [id, prob] : dist) {
-            if (id == d) {
-                pd = prob;
-                break;
-            }
+        bool accepted = false;
+        target[i] = smp.accept_or_resample(row, n_vocab, history, verified[i + 1], accepted);
+        if (!accepted) {
+            return static_cast<uint32_t>(i);
         }
-        if (smp.uniform() < pd) {
-            target[i] = d;
-            history.push_back(d);
-            continue;
-        }
-        target[i] = draw(dist, smp.uniform(), d, pd);
-        return static_cast<uint32_t>(i);
+        history.push_back(verified[i + 1]);
     }
     return static_cast<uint32_t>(n - 1);
 }

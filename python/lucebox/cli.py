@@ -84,7 +84,8 @@ def _describe_draft(d: Any) -> dict[str, Any]:
             "n_embd": hp.n_embd, "n_layer": hp.n_layer, "n_ff": hp.n_ff, "n_head": hp.n_head,
             "n_head_kv": hp.n_head_kv, "head_dim": hp.head_dim, "block_size": hp.block_size,
             "target_layers": list(hp.target_layers), "mask_token_id": hp.mask_token_id,
-            "own_embedding": hp.has_token_embd, "own_head": hp.has_output,
+            "own_embedding": hp.has_token_embd, "own_head": hp.has_output, "causal_block": hp.causal,
+            "sliding_window": hp.n_swa, "swa_layers": [i for i, s in enumerate(hp.is_swa) if s],
         },
     }
 

@@ -31,6 +31,8 @@ class ServerConfig:
     the generated random-weight stand-in (said in logs, /v1/models and /health).
     stream_header_wait: seconds a streaming request waits for its first token before the
     response headers go out (so an error at prefill still gets a proper status code).
+    prefix_cache_mb: host memory (MiB) for session snapshots of long prompts, reused by later
+    requests that share the prefix (`lucebox.prefix_cache`); 0 disables the cache.
     """
 
     model: str
@@ -59,6 +61,7 @@ class ServerConfig:
     placeholder: bool = False
     stream_header_wait: float = 10.0
     log_level: str = "info"
+    prefix_cache_mb: int = 1024
     extra_model_names: tuple[str, ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
@@ -98,6 +101,9 @@ class ServerConfig:
             raise ConfigError("max_n must be in [1, 128]")
         if self.stream_header_wait < 0:
             raise ConfigError("stream_header_wait must be >= 0")
+        if isinstance(self.prefix_cache_mb, bool) or not isinstance(self.prefix_cache_mb, int) \
+                or self.prefix_cache_mb < 0:
+            raise ConfigError(f"prefix_cache_mb={self.prefix_cache_mb!r} must be a non-negative integer")
         if self.model_name is not None and not self.model_name.strip():
             raise ConfigError("model_name must not be empty")
 

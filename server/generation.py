@@ -13,8 +13,13 @@ either a thinking budget or a forced tool call needs the reasoning to end at a k
    append the forced tool-call prefix if any; continue generating up to the rest of
    max_tokens. Injected text is emitted like generated text, so the parsers see it.
 
-Contracts: the session is reset before each plan; `cancel` (a threading.Event) stops the
-generation at the next committed token (prefill itself cannot be interrupted); the slot is
+With a prefix cache (`lucebox.prefix_cache.PrefixCache`), a plan starts from the longest
+cached prefix of its prompt (the snapshot is restored into the session) instead of an empty
+session, and a long prompt is prefilled up to its last token, snapshotted into the cache, and
+generated from its last token; a cold run gives the same tokens (see `start_session`).
+
+Contracts: the session is reset (or restored from the cache) before each plan; `cancel` (a
+threading.Event) stops the generation at the next committed token (prefill itself cannot be interrupted); the slot is
 released only after the engine stopped using the session; an exception from the engine
 becomes an `ErrorEvent` and ends the job (never the server).
 """
@@ -23,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Sequence, Union
 
@@ -30,7 +36,7 @@ from .reasoning import THINK_CLOSE
 from .scheduler import Scheduler, Slot
 
 __all__ = ["GenerationPlan", "ChoiceResult", "TextEvent", "ChoiceDone", "ErrorEvent", "Event",
-           "GenerationJob", "run_plan"]
+           "GenerationJob", "run_plan", "start_session"]
 
 log = logging.getLogger("lucebox.server")
 
@@ -48,6 +54,8 @@ class GenerationPlan:
     forced tool-call opening); emitted before the first generated text. think_open: the
     prompt ends inside a think block. reasoning_budget: most tokens of reasoning (think_open
     only). after_reasoning: text appended when the reasoning ends (a forced tool-call opening).
+    cache_points: prompt prefix lengths to snapshot into the prefix cache besides the cache's
+    own `boundaries` (the ends of chat turns, so a later request sharing the turns hits them).
     """
 
     prompt_ids: Sequence[int]
@@ -58,6 +66,7 @@ class GenerationPlan:
     think_open: bool = False
     reasoning_budget: int | None = None
     after_reasoning: str = ""
+    cache_points: tuple[int, ...] = ()  # extra prefix lengths to snapshot (chat-turn boundaries)
 
     @property
     def two_phase(self) -> bool:
@@ -154,11 +163,44 @@ def _phase(session: Any, tokenizer: Any, prompt: Sequence[int], max_tokens: int,
     return finish, stats, matched
 
 
+def start_session(session: Any, prompt_ids: Sequence[int], cache: Any = None,
+                  points: Sequence[int] = ()) -> tuple[list[int], float]:
+    """Put `session` at the start of `prompt_ids`: reset it, or restore the longest cached prefix
+    of the prompt (less its last token, so at least one token is left to generate from). Then,
+    at each of the cache's `boundaries` (the prompt less its last token, for a long prompt) and
+    of `points` beyond that prefix, prefill up to it and insert a snapshot. Returns (the prompt
+    ids still to feed to generation, seconds spent). Evaluating a prefix with `append` and the
+    rest with `generate` yields the same tokens as generating from the whole prompt."""
+    ids = [int(t) for t in prompt_ids]
+    if cache is None or len(ids) - 1 < max(1, cache.min_tokens):
+        session.reset()
+        return ids, 0.0
+    t0 = time.perf_counter()
+    pos = 0
+    hit = cache.lookup(ids[:-1])
+    if hit is not None:
+        try:
+            session.restore(hit[0])
+            pos = hit[1]
+        except Exception as exc:  # never expected (one engine); fall back to a cold start
+            log.warning("prefix cache: restoring a %d-token prefix failed (%s); prefilling instead", hit[1], exc)
+            session.reset()
+    else:
+        session.reset()
+    for end in sorted(set(cache.boundaries(len(ids))) | {int(p) for p in points}):
+        if pos < end < len(ids):
+            session.append(ids[pos:end])
+            pos = end
+            cache.insert(session.snapshot())
+    return ids[pos:], time.perf_counter() - t0
+
+
 def run_plan(session: Any, tokenizer: Any, plan: GenerationPlan, emit: Callable[[str], None],
-             cancel: threading.Event, n_ctx: int) -> ChoiceResult:
-    """Execute `plan` on `session` (reset first); `emit(text)` receives the answer's text in order.
-    Raises what the engine raises (ConfigError, OutOfMemoryError, LuceboxError)."""
-    session.reset()
+             cancel: threading.Event, n_ctx: int, prefix_cache: Any = None) -> ChoiceResult:
+    """Execute `plan` on `session` (reset first, or restored from `prefix_cache`); `emit(text)`
+    receives the answer's text in order. Raises what the engine raises (ConfigError,
+    OutOfMemoryError, LuceboxError)."""
+    first_ids, start_seconds = start_session(session, plan.prompt_ids, prefix_cache, plan.cache_points)
     prefix_pending = [plan.echo_prefix]
 
     def out(text: str) -> None:
@@ -168,7 +210,7 @@ def run_plan(session: Any, tokenizer: Any, plan: GenerationPlan, emit: Callable[
         if text:
             emit(text)
 
-    result = ChoiceResult("stop", len(plan.prompt_ids), 0)
+    result = ChoiceResult("stop", len(plan.prompt_ids), 0, prefill_seconds=start_seconds)
     remaining = plan.max_tokens
 
     def account(stats: Any, injected: int = 0) -> None:
@@ -188,7 +230,7 @@ def run_plan(session: Any, tokenizer: Any, plan: GenerationPlan, emit: Callable[
         result.stop_sequence = matched[0] if matched is not None and finish == "stop" else None
         return result
 
-    prompt: list[int] = list(plan.prompt_ids)
+    prompt: list[int] = first_ids
     if plan.two_phase:
         limit = remaining if plan.reasoning_budget is None else min(remaining, plan.reasoning_budget)
         finish, stats, matched = _phase(session, tokenizer, prompt, limit, tuple(plan.stop) + (THINK_CLOSE,),
@@ -230,13 +272,15 @@ class GenerationJob:
     ErrorEvent nothing follows). `cancel()` may be called at any time, from the loop."""
 
     def __init__(self, scheduler: Scheduler[Any], slot: Slot[Any], tokenizer: Any, plans: Sequence[GenerationPlan],
-                 n_ctx: int, on_choice: Callable[[ChoiceResult], None] | None = None) -> None:
+                 n_ctx: int, on_choice: Callable[[ChoiceResult], None] | None = None,
+                 prefix_cache: Any = None) -> None:
         self._scheduler = scheduler
         self._slot = slot
         self._tokenizer = tokenizer
         self._plans = list(plans)
         self._n_ctx = n_ctx
         self._on_choice = on_choice
+        self._prefix_cache = prefix_cache
         self._cancel = threading.Event()
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
         self._loop = asyncio.get_running_loop()
@@ -265,7 +309,8 @@ class GenerationJob:
                 if self._cancel.is_set():
                     break
                 result = run_plan(self._slot.session, self._tokenizer, plan,
-                                  lambda text, i=i: self._put(TextEvent(i, text)), self._cancel, self._n_ctx)
+                                  lambda text, i=i: self._put(TextEvent(i, text)), self._cancel, self._n_ctx,
+                                  self._prefix_cache)
                 if self._on_choice is not None:
                     self._on_choice(result)
                 self._put(ChoiceDone(i, result))

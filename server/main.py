@@ -36,13 +36,14 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         placeholder = default_model.IS_PLACEHOLDER
         model_name = model_name or default_model.DEFAULT_MODEL_NAME
         names = (default_model.DEFAULT_MODEL_NAME,)
+    cache_mb = args.prefix_cache_mb
     return ServerConfig(
         model=model, draft=draft, host=args.host, port=args.port, ctx=args.ctx, kv_type=args.kv_type,
         device=args.device, spec=args.spec, threads=args.threads, ubatch=args.ubatch, slots=args.slots,
         queue=args.queue, model_name=model_name, api_key=args.api_key, default_max_tokens=args.max_tokens,
         max_reasoning_tokens=args.max_reasoning_tokens, temperature=args.temperature, top_p=args.top_p,
         top_k=args.top_k, min_p=args.min_p, chat_template_file=args.chat_template_file,
-        placeholder=placeholder, log_level=args.log_level,
+        placeholder=placeholder, log_level=args.log_level, prefix_cache_mb=cache_mb,
         extra_model_names=names + tuple(getattr(args, "alias", None) or ()))
 
 

@@ -42,7 +42,8 @@ class Metrics:
     def __init__(self, gauges: Mapping[str, tuple[str, Callable[[], float]]] | None = None) -> None:
         self._lock = threading.Lock()
         self._start = time.time()
-        self._live_gauges = dict(gauges or {})
+        self._live_gauges: dict[str, tuple[str, Callable[[], float], str]] = {
+            name: (help_text, read, "gauge") for name, (help_text, read) in (gauges or {}).items()}
         self.requests: dict[tuple[str, str], int] = defaultdict(int)      # (endpoint, status)
         self.errors: dict[tuple[str, str], int] = defaultdict(int)        # (type, code)
         self.prompt_tokens = 0
@@ -60,9 +61,10 @@ class Metrics:
         self.last_prefill_tps = 0.0
         self.last_acceptance_length = 0.0
 
-    def add_gauge(self, name: str, help_text: str, read: Callable[[], float]) -> None:
+    def add_gauge(self, name: str, help_text: str, read: Callable[[], float], kind: str = "gauge") -> None:
+        """A value read at render time; kind "counter" for a live counter kept elsewhere."""
         with self._lock:
-            self._live_gauges[name] = (help_text, read)
+            self._live_gauges[name] = (help_text, read, kind)
 
     def observe_request(self, endpoint: str, status: int) -> None:
         label = endpoint if endpoint in ENDPOINTS else "other"
@@ -153,10 +155,10 @@ class Metrics:
             family("lucebox_uptime_seconds", "gauge", "Seconds since the server started.",
                    [({}, time.time() - self._start)])
             gauges = list(self._live_gauges.items())
-        for name, (help_text, read) in gauges:
+        for name, (help_text, read, kind) in gauges:
             try:
                 value = float(read())
             except Exception:  # a gauge must never break the page
                 continue
-            family(name, "gauge", help_text, [({}, value)])
+            family(name, kind, help_text, [({}, value)])
         return "\n".join(lines) + "\n"

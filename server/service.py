@@ -35,6 +35,7 @@ from starlette.requests import Request
 from lucebox.chat_template import ChatTemplate
 from lucebox.config import SamplingConfig
 from lucebox.errors import ConfigError
+from lucebox.prefix_cache import PrefixCache
 
 from .config import ServerConfig
 from .errors import APIError, invalid
@@ -140,6 +141,23 @@ class Service:
         self.metrics.add_gauge("lucebox_slots_active", "Slots generating or reserved.", lambda: self.scheduler.active)
         self.metrics.add_gauge("lucebox_slots_total", "Session slots.", lambda: self.scheduler.n_slots)
         self.metrics.add_gauge("lucebox_context_tokens", "Context length per slot.", lambda: self.n_ctx)
+        self.prefix_cache: PrefixCache | None = None
+        if config.prefix_cache_mb > 0:
+            self.prefix_cache = PrefixCache(config.prefix_cache_mb << 20)
+            self._add_prefix_cache_metrics(self.prefix_cache)
+
+    def _add_prefix_cache_metrics(self, cache: PrefixCache) -> None:
+        m = self.metrics
+        m.add_gauge("lucebox_prefix_cache_hits_total", "Prompts that started from a cached prefix.",
+                    lambda: cache.hits, kind="counter")
+        m.add_gauge("lucebox_prefix_cache_misses_total", "Long prompts with no cached prefix.",
+                    lambda: cache.misses, kind="counter")
+        m.add_gauge("lucebox_prefix_cache_hit_tokens_total", "Prompt tokens restored from the prefix cache.",
+                    lambda: cache.hit_tokens, kind="counter")
+        m.add_gauge("lucebox_prefix_cache_bytes", "Host memory held by prefix-cache snapshots.", lambda: cache.bytes)
+        m.add_gauge("lucebox_prefix_cache_entries", "Snapshots in the prefix cache.", lambda: cache.entries)
+        m.add_gauge("lucebox_prefix_cache_evictions_total", "Snapshots evicted from the prefix cache.",
+                    lambda: cache.evictions, kind="counter")
 
     @property
     def fingerprint(self) -> str:
@@ -245,6 +263,7 @@ class Service:
         budget = spec.reasoning_budget if spec.reasoning_budget is not None else self.config.max_reasoning_tokens
         if not think_open:
             budget = None
+        points = self._turn_boundaries(spec, tools, ids)
         base_seed = int(spec.sampling.get("seed") or 0)
         plans = []
         for i in range(spec.n):
@@ -252,9 +271,33 @@ class Service:
             sampling["seed"] = (base_seed + i) % (1 << 64)
             plans.append(GenerationPlan(prompt_ids=ids, max_tokens=max_tokens, sampling=sampling, stop=tuple(stop),
                                         echo_prefix=echo, think_open=think_open, reasoning_budget=budget,
-                                        after_reasoning=after))
+                                        after_reasoning=after, cache_points=points))
         return PreparedChat(plans=plans, parse_tools=tools, think_open=think_open, n_prompt=len(ids),
                             prompt_text=prompt)
+
+    def _turn_boundaries(self, spec: ChatSpec, tools: list[dict[str, Any]] | None, ids: list[int]) -> tuple[int, ...]:
+        """Prefix-cache points of a chat prompt: the token lengths of the rendered system prompt
+        and of every message but the last, where those renderings are token prefixes of `ids`
+        (so a later request sharing the system prompt, or the next turn of this chat, starts
+        from a snapshot). Empty without a cache or for a short prompt."""
+        cache = self.prefix_cache
+        if cache is None or len(ids) - 1 < cache.min_tokens:
+            return ()
+        messages = [_fix_message(m) for m in spec.messages]
+        cuts = {len(messages) - 1}
+        if messages and messages[0].get("role") == "system":
+            cuts.add(1)
+        points = []
+        for k in sorted(c for c in cuts if 0 < c < len(messages)):
+            try:
+                text = self.template.render(messages[:k], tools=tools, add_generation_prompt=False,
+                                            enable_thinking=spec.enable_thinking, **spec.template_kwargs)
+            except Exception:  # a template may refuse a partial conversation: no point there
+                continue
+            prefix = self.tokenizer.encode(text, parse_special=True)
+            if cache.min_tokens <= len(prefix) < len(ids) - 1 and ids[:len(prefix)] == prefix:
+                points.append(len(prefix))
+        return tuple(points)
 
     def prepare_prompts(self, prompts: Sequence[str | Sequence[int]], max_tokens: int | None,
                         sampling: dict[str, Any], stop: list[str], n: int) -> tuple[list[GenerationPlan], int]:
@@ -305,7 +348,8 @@ class Service:
             ticket.cancel()
             raise
         try:
-            job = GenerationJob(self.scheduler, slot, self.tokenizer, plans, self.n_ctx, self._on_choice)
+            job = GenerationJob(self.scheduler, slot, self.tokenizer, plans, self.n_ctx, self._on_choice,
+                                prefix_cache=self.prefix_cache)
             job.start()
         except BaseException:
             self.scheduler.release(slot)

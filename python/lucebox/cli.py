@@ -292,6 +292,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model-name", default=None, help="model id clients use (default: the file name)")
     p.add_argument("--alias", action="append", default=[], metavar="NAME",
                    help="another model id requests may name, e.g. what an agent is configured to send (repeatable)")
+    p.add_argument("--prefix-cache-mb", type=int, default=1024,
+                   help="host memory (MiB) for snapshots of long prompts reused across requests (0 disables)")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 endpoints")
     p.add_argument("--max-tokens", type=_positive_int, default=None,
                    help="reply length when a request does not say (default: the rest of the context)")

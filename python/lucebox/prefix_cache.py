@@ -1,0 +1,206 @@
+"""`PrefixCache`: session snapshots keyed by their token prefix, for reusing long prompts.
+
+A recurrent (Gated DeltaNet) state cannot be truncated like a KV cache, so a session can only
+be resumed from a point where it was snapshotted. The cache keeps snapshots (host memory,
+`Session.snapshot()`) and finds, for a new prompt, the longest cached prefix of it: restore that
+snapshot into a session and evaluate only the rest of the prompt.
+
+Keys are a hash chain over token blocks of `block_tokens` tokens: the hash of block i covers
+block i's int32 tokens and the hash of block i-1 (blake2b), so equal chain hashes mean equal
+prefixes, not merely equal blocks. An entry of any length n is keyed by the chain hash of its
+``n // block_tokens`` full blocks plus its partial tail; a lookup walks the prompt's chain from
+the longest prefix down and checks only entries whose full blocks match. A hit is also checked
+token by token (a hash collision can never return a wrong state).
+
+Policy (what the server does): snapshot where the session is, which is the end of the prompt
+after prefill, before generation; more precisely after all but the last prompt token, since a
+session that generated holds a pending token and a snapshot must have none (the last prompt
+token is then evaluated by `generate`). `boundaries(n)` says which prefix lengths are worth
+snapshotting. Only snapshots without a pending token are stored.
+
+Memory: the sum of the entries' `nbytes` stays <= `budget_bytes`; the least recently used
+entries are evicted first; an entry larger than the budget is not stored. All methods are
+thread-safe (one lock); snapshots are immutable, so a snapshot returned by `lookup` stays valid
+after its entry is evicted.
+"""
+from __future__ import annotations
+
+import collections
+import hashlib
+import threading
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+__all__ = ["PrefixCache", "PrefixCacheStats"]
+
+_DIGEST = 16
+_ROOT = b"\x00" * _DIGEST
+
+
+def _chain(prev: bytes, tokens: Sequence[int]) -> bytes:
+    h = hashlib.blake2b(prev, digest_size=_DIGEST)
+    h.update(np.asarray(tokens, dtype=np.int32).tobytes())
+    return h.digest()
+
+
+def _tail_key(block_hash: bytes, tail: Sequence[int]) -> bytes:
+    """Key of an entry: the chain hash of its full blocks and its partial last block."""
+    h = hashlib.blake2b(block_hash, digest_size=_DIGEST, person=b"lucebox-tail")
+    h.update(np.asarray(tail, dtype=np.int32).tobytes())
+    return h.digest()
+
+
+@dataclass(frozen=True)
+class PrefixCacheStats:
+    hits: int
+    misses: int
+    hit_tokens: int
+    bytes: int
+    entries: int
+    evictions: int
+
+
+@dataclass
+class _Entry:
+    snapshot: Any
+    n_tokens: int
+    nbytes: int
+    block_hash: bytes
+
+
+class PrefixCache:
+    """Snapshots keyed by token prefix; LRU under `budget_bytes`.
+
+    >>> cache = PrefixCache(1 << 30)
+    >>> cache.insert(session.snapshot())          # no pending token
+    >>> hit = cache.lookup(prompt_ids)            # (snapshot, n_tokens) or None
+    """
+
+    def __init__(self, budget_bytes: int, block_tokens: int = 256, min_tokens: int = 64) -> None:
+        if budget_bytes < 0:
+            raise ValueError("budget_bytes must be >= 0")
+        if block_tokens < 1:
+            raise ValueError("block_tokens must be >= 1")
+        self.budget_bytes = int(budget_bytes)
+        self.block_tokens = int(block_tokens)
+        self.min_tokens = int(min_tokens)
+        self._lock = threading.Lock()
+        self._entries: collections.OrderedDict[bytes, _Entry] = collections.OrderedDict()  # LRU first
+        self._by_block: dict[bytes, collections.Counter[int]] = {}  # full-block chain hash -> lengths held
+        self._bytes = 0
+        self.hits = 0
+        self.misses = 0
+        self.hit_tokens = 0
+        self.evictions = 0
+
+    # -- keys -------------------------------------------------------------------------------
+    def block_hashes(self, tokens: Sequence[int]) -> list[bytes]:
+        """Chain hashes of the first 0, 1, ..., len(tokens) // block_tokens full blocks."""
+        b = self.block_tokens
+        out = [_ROOT]
+        for k in range(len(tokens) // b):
+            out.append(_chain(out[-1], tokens[k * b:(k + 1) * b]))
+        return out
+
+    def key(self, tokens: Sequence[int]) -> bytes:
+        """The key of an entry holding exactly `tokens`."""
+        hashes = self.block_hashes(tokens)
+        k = len(hashes) - 1
+        return _tail_key(hashes[-1], tokens[k * self.block_tokens:])
+
+    # -- policy -----------------------------------------------------------------------------
+    def boundaries(self, n_prompt: int) -> list[int]:
+        """Prefix lengths worth snapshotting for a prompt of `n_prompt` tokens: the end of the
+        prompt less its last token (see the module docstring), when at least `min_tokens` long;
+        otherwise none (prefill is cheaper than keeping the state)."""
+        end = n_prompt - 1
+        return [end] if end >= max(1, self.min_tokens) else []
+
+    # -- operations -------------------------------------------------------------------------
+    def lookup(self, tokens: Sequence[int]) -> tuple[Any, int] | None:
+        """(snapshot, n_tokens) of the longest cached prefix of `tokens` (n_tokens <=
+        len(tokens)), or None. Counts a hit or a miss."""
+        tokens = [int(t) for t in tokens]
+        hashes = self.block_hashes(tokens)
+        b = self.block_tokens
+        with self._lock:
+            for k in range(len(hashes) - 1, -1, -1):
+                lengths = self._by_block.get(hashes[k])
+                if not lengths:
+                    continue
+                for n in sorted(lengths, reverse=True):
+                    if n > len(tokens):
+                        continue
+                    key = _tail_key(hashes[k], tokens[k * b:n])
+                    entry = self._entries.get(key)
+                    if entry is None or entry.n_tokens != n or list(entry.snapshot.tokens) != tokens[:n]:
+                        continue
+                    self._entries.move_to_end(key)
+                    self.hits += 1
+                    self.hit_tokens += n
+                    return entry.snapshot, n
+            self.misses += 1
+            return None
+
+    def insert(self, snapshot: Any) -> bool:
+        """Store `snapshot` (keyed by its tokens). Returns False, storing nothing, when it holds a
+        pending token, has no tokens or is larger than the whole budget. Evicts least recently
+        used entries to stay within the budget."""
+        if int(getattr(snapshot, "pending", -1)) >= 0:
+            return False
+        tokens = [int(t) for t in snapshot.tokens]
+        nbytes = int(snapshot.nbytes)
+        if not tokens or nbytes > self.budget_bytes:
+            return False
+        hashes = self.block_hashes(tokens)
+        block_hash = hashes[-1]
+        key = _tail_key(block_hash, tokens[(len(hashes) - 1) * self.block_tokens:])
+        with self._lock:
+            old = self._entries.pop(key, None)
+            if old is not None:
+                self._bytes -= old.nbytes
+                self._forget_length(old)
+            while self._entries and self._bytes + nbytes > self.budget_bytes:
+                _, victim = self._entries.popitem(last=False)
+                self._bytes -= victim.nbytes
+                self._forget_length(victim)
+                self.evictions += 1
+            entry = _Entry(snapshot, len(tokens), nbytes, block_hash)
+            self._entries[key] = entry
+            self._by_block.setdefault(block_hash, collections.Counter())[len(tokens)] += 1
+            self._bytes += nbytes
+        return True
+
+    def _forget_length(self, entry: _Entry) -> None:
+        lengths = self._by_block.get(entry.block_hash)
+        if lengths is not None:
+            lengths[entry.n_tokens] -= 1
+            if lengths[entry.n_tokens] <= 0:
+                del lengths[entry.n_tokens]
+            if not lengths:
+                del self._by_block[entry.block_hash]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self._by_block.clear()
+            self._bytes = 0
+
+    # -- counters ---------------------------------------------------------------------------
+    @property
+    def bytes(self) -> int:
+        return self._bytes
+
+    @property
+    def entries(self) -> int:
+        return len(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def stats(self) -> PrefixCacheStats:
+        with self._lock:
+            return PrefixCacheStats(self.hits, self.misses, self.hit_tokens, self._bytes, len(self._entries),
+                                    self.evictions)

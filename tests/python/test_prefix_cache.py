@@ -1,0 +1,190 @@
+"""`lucebox.prefix_cache.PrefixCache` with fake snapshots (objects with tokens, nbytes, pending),
+and with the real engine (tiny synthetic target): a restored prefix continues token-identically."""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+
+from lucebox.prefix_cache import PrefixCache
+
+
+@dataclass
+class FakeSnap:
+    tokens: list[int]
+    nbytes: int = 100
+    pending: int = -1
+    tag: str = field(default="", compare=False)
+
+
+def _toks(n: int, seed: int = 0) -> list[int]:
+    return [int(x) for x in np.random.default_rng(seed).integers(0, 50_000, n)]
+
+
+def test_longest_prefix_match() -> None:
+    cache = PrefixCache(10_000, block_tokens=8)
+    base = _toks(100)
+    for n in (5, 8, 20, 37, 64):
+        assert cache.insert(FakeSnap(base[:n]))
+    assert cache.entries == 5
+    for query_len, expected in [(100, 64), (64, 64), (63, 37), (37, 37), (36, 20), (9, 8), (8, 8), (6, 5)]:
+        hit = cache.lookup(base[:query_len])
+        assert hit is not None and hit[1] == expected
+        assert hit[0].tokens == base[:expected]
+    assert cache.lookup(base[:4]) is None
+    assert cache.lookup(_toks(100, seed=9)) is None
+    s = cache.stats()
+    assert (s.hits, s.misses, s.hit_tokens) == (8, 2, 64 + 64 + 37 + 37 + 20 + 8 + 8 + 5)
+
+
+def test_changed_early_token_is_no_hit() -> None:
+    cache = PrefixCache(10_000, block_tokens=4)
+    base = _toks(40, seed=1)
+    cache.insert(FakeSnap(base[:30]))
+    for pos in (0, 3, 4, 17, 29):
+        changed = list(base)
+        changed[pos] += 1
+        assert cache.lookup(changed) is None, pos
+    # the same block contents after a different first block: the chain hash differs
+    other = [base[0] + 1] + base[1:]
+    cache.insert(FakeSnap(other[:12]))
+    assert cache.lookup(base)[1] == 30
+    assert cache.lookup(other)[1] == 12
+    # a change after the cached prefix still hits
+    later = list(base)
+    later[35] += 1
+    assert cache.lookup(later)[1] == 30
+
+
+def test_pending_and_empty_snapshots_are_not_stored() -> None:
+    cache = PrefixCache(10_000)
+    assert not cache.insert(FakeSnap(_toks(10), pending=7))
+    assert not cache.insert(FakeSnap([]))
+    assert cache.entries == 0 and cache.bytes == 0
+
+
+def test_lru_eviction_under_the_budget() -> None:
+    cache = PrefixCache(300, block_tokens=4)
+    a, b, c, d = (_toks(20, seed=s) for s in range(4))
+    for t in (a, b, c):
+        assert cache.insert(FakeSnap(t, nbytes=100))
+    assert cache.bytes == 300 and cache.entries == 3
+    assert cache.lookup(a) is not None  # a is now the most recently used
+    cache.insert(FakeSnap(d, nbytes=100))
+    assert cache.bytes <= 300 and cache.entries == 3 and cache.evictions == 1
+    assert cache.lookup(b) is None  # b was the least recently used
+    assert cache.lookup(a) is not None and cache.lookup(c) is not None and cache.lookup(d) is not None
+    # a big entry evicts several
+    cache.insert(FakeSnap(_toks(20, seed=9), nbytes=250))
+    assert cache.bytes <= 300 and cache.entries == 1 and cache.evictions == 4
+
+
+def test_entry_larger_than_the_budget_is_not_stored() -> None:
+    cache = PrefixCache(1000)
+    keep = FakeSnap(_toks(10), nbytes=500)
+    cache.insert(keep)
+    assert not cache.insert(FakeSnap(_toks(10, seed=3), nbytes=1001))
+    assert cache.entries == 1 and cache.bytes == 500 and cache.evictions == 0
+    assert PrefixCache(0).insert(FakeSnap(_toks(10))) is False
+
+
+def test_reinsert_replaces_and_same_block_lengths_are_tracked() -> None:
+    cache = PrefixCache(10_000, block_tokens=8)
+    base = _toks(30, seed=4)
+    cache.insert(FakeSnap(base[:20], nbytes=100, tag="old"))
+    cache.insert(FakeSnap(base[:20], nbytes=150, tag="new"))
+    assert cache.entries == 1 and cache.bytes == 150
+    assert cache.lookup(base)[0].tag == "new"
+    # two entries with the same full blocks and length but different tails
+    other = base[:16] + [1, 2, 3, 4]
+    cache.insert(FakeSnap(other, nbytes=100))
+    cache.clear()
+    assert cache.entries == 0 and cache.lookup(base) is None
+    small = PrefixCache(200, block_tokens=8)
+    small.insert(FakeSnap(base[:20], nbytes=100))
+    small.insert(FakeSnap(other, nbytes=100))
+    small.insert(FakeSnap(_toks(5, seed=8), nbytes=100))  # evicts base[:20] only
+    assert small.lookup(base) is None
+    assert small.lookup(other + [9])[1] == 20
+
+
+def test_boundaries() -> None:
+    cache = PrefixCache(1000, min_tokens=64)
+    assert cache.boundaries(10) == []
+    assert cache.boundaries(65) == [64]
+    assert cache.boundaries(1000) == [999]
+
+
+def test_thread_safety_smoke() -> None:
+    cache = PrefixCache(50 * 100, block_tokens=4)
+    prompts = [_toks(40, seed=s) for s in range(16)]
+    errors: list[BaseException] = []
+
+    def work(i: int) -> None:
+        try:
+            rng = np.random.default_rng(i)
+            for _ in range(300):
+                p = prompts[int(rng.integers(len(prompts)))]
+                n = int(rng.integers(1, 40))
+                if rng.random() < 0.5:
+                    cache.insert(FakeSnap(p[:n], nbytes=int(rng.integers(50, 300))))
+                else:
+                    hit = cache.lookup(p)
+                    if hit is not None:
+                        assert hit[0].tokens == p[:hit[1]]
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    s = cache.stats()
+    assert s.bytes <= cache.budget_bytes
+    assert s.bytes == sum(e.nbytes for e in cache._entries.values())
+    assert s.entries == sum(sum(c.values()) for c in cache._by_block.values())
+
+
+# -- with the real engine ---------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory):
+    import lucebox
+    from lucebox import synth
+
+    path = tmp_path_factory.mktemp("pc") / "t.gguf"
+    synth.write_target(path, "tiny", type="q8_0", seed=41)
+    return lucebox.Engine(path, ctx=1024, device="cpu", ubatch=64)
+
+
+def test_cold_and_warm_through_the_cache_are_identical(engine) -> None:
+    prompt = [int(x) for x in np.random.default_rng(5).integers(0, 1000, 300)]
+    cold = engine.session().generate(prompt, max_tokens=40).tokens
+
+    cache = PrefixCache(1 << 30, block_tokens=64)
+    first = engine.session()
+    first.append(prompt[:-1])
+    snap = first.snapshot()
+    assert snap.pending == -1
+    assert cache.insert(snap)
+    # append all but the last token, then generate from the last: the same tokens as cold
+    assert first.generate([prompt[-1]], max_tokens=40).tokens == cold
+
+    hit = cache.lookup(prompt[:-1])
+    assert hit is not None and hit[1] == len(prompt) - 1
+    warm = engine.session()
+    warm.restore(hit[0])
+    assert warm.generate(prompt[hit[1]:], max_tokens=40).tokens == cold
+
+    # a longer prompt sharing the prefix continues from it too
+    longer = prompt + [7, 8, 9]
+    hit = cache.lookup(longer[:-1])
+    assert hit is not None and hit[1] == len(prompt) - 1
+    s = engine.session()
+    s.restore(hit[0])
+    assert s.generate(longer[hit[1]:], max_tokens=20).tokens == engine.session().generate(longer, max_tokens=20).tokens
+    # a snapshot taken after generating holds a pending token: not stored
+    assert not cache.insert(warm.snapshot())

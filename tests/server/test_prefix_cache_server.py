@@ -1,0 +1,104 @@
+"""The server's prefix cache: requests sharing a long system prompt (or repeating a prompt) start
+from a snapshot, shown in /metrics, and answer exactly as a server without the cache does."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from server_helpers import ServerProcess
+
+SYSTEM = " ".join(f"rule {i}: answer briefly and never mention the number {i * 7}." for i in range(40))
+
+
+def _metric(srv: ServerProcess, name: str) -> float:
+    import httpx
+
+    text = httpx.get(srv.base_url + "/metrics", timeout=10).text
+    m = re.search(rf"^{name} (\S+)$", text, re.M)
+    assert m is not None, f"{name} missing from /metrics"
+    return float(m.group(1))
+
+
+@pytest.fixture(scope="module")
+def servers(tiny_models: tuple[Path, Path],
+            tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, ServerProcess]]:
+    target, _ = tiny_models
+    logs = tmp_path_factory.mktemp("logs")
+    args = ["--model", str(target), "--ctx", "2048", "--slots", "2", "--model-name", "tiny"]
+    cached = ServerProcess([*args, "--prefix-cache-mb", "64"], logs / "cached.log")
+    try:
+        plain = ServerProcess([*args, "--prefix-cache-mb", "0"], logs / "plain.log")
+    except BaseException:
+        cached.stop()
+        raise
+    yield cached, plain
+    cached.stop()
+    plain.stop()
+
+
+def _chat(srv: ServerProcess, messages: list[dict]) -> tuple[str, int]:
+    import openai
+
+    client = openai.OpenAI(base_url=srv.base_url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    r = client.chat.completions.create(model="tiny", temperature=0, max_tokens=12, messages=messages)
+    return r.choices[0].message.content or "", r.usage.prompt_tokens
+
+
+def _ask(srv: ServerProcess, user: str) -> tuple[str, int]:
+    return _chat(srv, [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}])
+
+
+def test_shared_system_prompt_hits_the_cache_and_answers_the_same(servers) -> None:
+    cached, plain = servers
+    assert _metric(cached, "lucebox_prefix_cache_hits_total") == 0
+
+    first, n_prompt = _ask(cached, "What is the first rule?")
+    assert n_prompt > 200
+    assert _metric(cached, "lucebox_prefix_cache_hits_total") == 0
+    assert _metric(cached, "lucebox_prefix_cache_misses_total") == 1
+    assert _metric(cached, "lucebox_prefix_cache_entries") >= 2  # the system prompt and the whole prompt
+    assert _metric(cached, "lucebox_prefix_cache_bytes") > 0
+
+    second, _ = _ask(cached, "And the last one?")
+    assert _metric(cached, "lucebox_prefix_cache_hits_total") == 1
+    hit_tokens = _metric(cached, "lucebox_prefix_cache_hit_tokens_total")
+    assert 200 < hit_tokens < n_prompt
+
+    again, _ = _ask(cached, "What is the first rule?")  # the whole prompt but its last token
+    assert _metric(cached, "lucebox_prefix_cache_hits_total") == 2
+    assert _metric(cached, "lucebox_prefix_cache_hit_tokens_total") == hit_tokens + n_prompt - 1
+    assert again == first
+
+    # the same answers as without the cache (temperature 0)
+    assert _ask(plain, "What is the first rule?")[0] == first
+    assert _ask(plain, "And the last one?")[0] == second
+    import httpx
+
+    assert "lucebox_prefix_cache_hits_total" not in httpx.get(plain.base_url + "/metrics", timeout=10).text
+    assert cached.alive() and plain.alive()
+
+
+def test_next_chat_turn_hits_and_concurrent_requests_agree(servers) -> None:
+    cached, plain = servers
+    turn1 = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Name a rule."}]
+    a1, n1 = _chat(cached, turn1)
+    hits, hit_tokens = (_metric(cached, "lucebox_prefix_cache_hits_total"),
+                        _metric(cached, "lucebox_prefix_cache_hit_tokens_total"))
+    turn2 = turn1 + [{"role": "assistant", "content": a1}, {"role": "user", "content": "Another one."}]
+    a2, _ = _chat(cached, turn2)
+    assert _metric(cached, "lucebox_prefix_cache_hits_total") == hits + 1
+    assert _metric(cached, "lucebox_prefix_cache_hit_tokens_total") - hit_tokens > 200
+    assert _chat(plain, turn2)[0] == a2
+
+    # requests sharing the prefix at once (two slots): each answers as without the cache
+    from concurrent.futures import ThreadPoolExecutor
+
+    questions = [f"Question {i}: which rule mentions {i * 7}?" for i in range(4)]
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(lambda q: _ask(cached, q)[0], questions))
+    assert answers == [_ask(plain, q)[0] for q in questions]
+    assert _metric(cached, "lucebox_prefix_cache_bytes") <= 64 << 20
+    assert cached.alive()

@@ -30,10 +30,10 @@ from fastapi.responses import JSONResponse, Response
 from .chat_output import ChatOutput
 from .errors import api_error_from, invalid
 from .generation import ChoiceDone, ChoiceResult, ErrorEvent, GenerationJob, TextEvent
-from .openai_api import job_events, service_of, start_stream
+from .openai_api import collect_one, job_events, service_of, start_stream
 from .schemas import CountTokensRequest, MessagesRequest
 from .service import ChatSpec, PreparedChat, Service
-from .streaming import ClientDisconnected, EventStreamResponse, sse_event, unless_disconnected
+from .streaming import EventStreamResponse, sse_event
 
 __all__ = ["router", "anthropic_error_body", "chat_spec_from_anthropic"]
 
@@ -200,25 +200,7 @@ async def messages(body: MessagesRequest, request: Request) -> Response:
         taken, ended = await start_stream(svc, job, request)
         return EventStreamResponse(_stream(svc, job, prepared, mid, taken, ended), on_disconnect=job.cancel,
                                    on_close=job.cancel)
-    out = ChatOutput(prepared.think_open, prepared.parse_tools)
-    result: list[ChoiceResult] = []
-
-    async def run() -> None:
-        async for ev in job.events():
-            if isinstance(ev, TextEvent):
-                out.feed(ev.text)
-            elif isinstance(ev, ChoiceDone):
-                out.finish()
-                result.append(ev.result)
-            elif isinstance(ev, ErrorEvent):
-                raise api_error_from(ev.error)
-
-    try:
-        await unless_disconnected(request, run())
-    except ClientDisconnected:
-        job.cancel()
-        raise
-    res = result[0] if result else ChoiceResult("cancelled", prepared.n_prompt, 0)
+    out, res = await collect_one(job, request, prepared)
     return JSONResponse({
         "id": mid, "type": "message", "role": "assistant", "model": svc.model_name, "content": _blocks(out),
         "stop_reason": _stop_reason(res, bool(out.tool_calls)), "stop_sequence": res.stop_sequence,

@@ -30,10 +30,10 @@ from fastapi.responses import JSONResponse, Response
 from .chat_output import ChatOutput
 from .errors import api_error_from, invalid
 from .generation import ChoiceDone, ChoiceResult, ErrorEvent, GenerationJob, TextEvent
-from .openai_api import job_events, service_of, start_stream
+from .openai_api import collect_one, job_events, service_of, start_stream
 from .schemas import ResponsesRequest
 from .service import ChatSpec, PreparedChat, Service
-from .streaming import ClientDisconnected, EventStreamResponse, sse_event, unless_disconnected
+from .streaming import EventStreamResponse, sse_event
 
 __all__ = ["router", "chat_spec_from_responses"]
 
@@ -184,25 +184,7 @@ async def responses(body: ResponsesRequest, request: Request) -> Response:
         taken, ended = await start_stream(svc, job, request)
         return EventStreamResponse(_stream(svc, body, job, prepared, rid, created, taken, ended),
                                    on_disconnect=job.cancel, on_close=job.cancel)
-    out = ChatOutput(prepared.think_open, prepared.parse_tools)
-    results: list[ChoiceResult] = []
-
-    async def run() -> None:
-        async for ev in job.events():
-            if isinstance(ev, TextEvent):
-                out.feed(ev.text)
-            elif isinstance(ev, ChoiceDone):
-                out.finish()
-                results.append(ev.result)
-            elif isinstance(ev, ErrorEvent):
-                raise api_error_from(ev.error)
-
-    try:
-        await unless_disconnected(request, run())
-    except ClientDisconnected:
-        job.cancel()
-        raise
-    res = results[0] if results else ChoiceResult("cancelled", prepared.n_prompt, 0)
+    out, res = await collect_one(job, request, prepared)
     incomplete = res.finish_reason == "length"
     resp = _envelope(body, svc, rid, created, "incomplete" if incomplete else "completed", _items(out))
     if incomplete:

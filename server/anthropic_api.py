@@ -30,7 +30,7 @@ from fastapi.responses import JSONResponse, Response
 from .chat_output import ChatOutput
 from .errors import api_error_from, invalid
 from .generation import ChoiceDone, ChoiceResult, ErrorEvent, GenerationJob, TextEvent
-from .openai_api import collect_one, job_events, service_of, start_stream
+from .openai_api import collect_chat, job_events, service_of, start_stream
 from .schemas import CountTokensRequest, MessagesRequest
 from .service import ChatSpec, PreparedChat, Service
 from .streaming import EventStreamResponse, sse_event
@@ -200,7 +200,7 @@ async def messages(body: MessagesRequest, request: Request) -> Response:
         taken, ended = await start_stream(svc, job, request)
         return EventStreamResponse(_stream(svc, job, prepared, mid, taken, ended), on_disconnect=job.cancel,
                                    on_close=job.cancel)
-    out, res = await collect_one(job, request, prepared)
+    (out,), (res,) = await collect_chat(job, prepared, 1, request)
     return JSONResponse({
         "id": mid, "type": "message", "role": "assistant", "model": svc.model_name, "content": _blocks(out),
         "stop_reason": _stop_reason(res, bool(out.tool_calls)), "stop_sequence": res.stop_sequence,

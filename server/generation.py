@@ -106,7 +106,7 @@ class ErrorEvent:
 
 Event = Union[TextEvent, ChoiceDone, ErrorEvent]
 
-_SUMMED = ("steps", "drafted", "accepted", "fast_rollbacks", "replays", "plain_tokens",
+_SUMMED = ("steps", "drafted", "accepted", "fast_rollbacks", "replays",
            "draft_seconds", "verify_seconds", "commit_seconds")
 
 
@@ -118,8 +118,6 @@ def _merge_spec(total: dict[str, Any], part: dict[str, Any]) -> None:
             old = total.get(k) or []
             n = max(len(old), len(v))
             total[k] = [(old[i] if i < len(old) else 0) + (v[i] if i < len(v) else 0) for i in range(n)]
-        elif k == "fallback_reason":
-            total[k] = total.get(k) or v
         elif k not in total:
             total[k] = v
 

@@ -103,7 +103,7 @@ class Metrics:
                 self.spec_accepted += accepted
                 self.spec_drafted += int(spec.get("drafted", 0) or 0)
                 self.last_acceptance_length = (accepted + steps) / steps
-            if spec.get("fallback_reason") or spec.get("replays"):
+            if spec.get("replays"):
                 self.spec_fallbacks += 1
 
     def render(self) -> str:
@@ -150,7 +150,7 @@ class Metrics:
                    "Tokens committed per speculative step over all generations.",
                    [({}, (self.spec_accepted + self.spec_steps) / self.spec_steps if self.spec_steps else 0.0)])
             family("lucebox_spec_fallbacks_total", "counter",
-                   "Generations where speculative decoding fell back (replay or plain decoding).",
+                   "Generations that rolled back by restore-and-replay instead of a verify checkpoint.",
                    [({}, self.spec_fallbacks)])
             family("lucebox_uptime_seconds", "gauge", "Seconds since the server started.",
                    [({}, time.time() - self._start)])

@@ -340,28 +340,3 @@ async def get_model(model_id: str, request: Request) -> JSONResponse:
     if model_id not in svc.config.accepted_names:
         raise APIError(404, f"the model {model_id!r} does not exist", param="model", code="model_not_found")
     return JSONResponse(svc.model_card())
-
-
-async def collect_one(job: GenerationJob, request: Request, prepared: Any) -> tuple[ChatOutput, ChoiceResult]:
-    """Runs a single-choice job to the end (non-streaming), feeding its text through a ChatOutput
-    (reasoning and tool-call parsing). Cancels the job if the client disconnects; an engine error
-    becomes an API error."""
-    out = ChatOutput(prepared.think_open, prepared.parse_tools)
-    results: list[ChoiceResult] = []
-
-    async def run() -> None:
-        async for ev in job.events():
-            if isinstance(ev, TextEvent):
-                out.feed(ev.text)
-            elif isinstance(ev, ChoiceDone):
-                out.finish()
-                results.append(ev.result)
-            elif isinstance(ev, ErrorEvent):
-                raise api_error_from(ev.error)
-
-    try:
-        await unless_disconnected(request, run())
-    except ClientDisconnected:
-        job.cancel()
-        raise
-    return out, results[0] if results else ChoiceResult("cancelled", prepared.n_prompt, 0)

@@ -30,7 +30,7 @@ from fastapi.responses import JSONResponse, Response
 from .chat_output import ChatOutput
 from .errors import api_error_from, invalid
 from .generation import ChoiceDone, ChoiceResult, ErrorEvent, GenerationJob, TextEvent
-from .openai_api import collect_one, job_events, service_of, start_stream
+from .openai_api import collect_chat, job_events, service_of, start_stream
 from .schemas import ResponsesRequest
 from .service import ChatSpec, PreparedChat, Service
 from .streaming import EventStreamResponse, sse_event
@@ -184,7 +184,7 @@ async def responses(body: ResponsesRequest, request: Request) -> Response:
         taken, ended = await start_stream(svc, job, request)
         return EventStreamResponse(_stream(svc, body, job, prepared, rid, created, taken, ended),
                                    on_disconnect=job.cancel, on_close=job.cancel)
-    out, res = await collect_one(job, request, prepared)
+    (out,), (res,) = await collect_chat(job, prepared, 1, request)
     incomplete = res.finish_reason == "length"
     resp = _envelope(body, svc, rid, created, "incomplete" if incomplete else "completed", _items(out))
     if incomplete:

@@ -59,8 +59,6 @@ void register_engine(py::module_ & m) {
             d["accept_histogram"] = s.accept_histogram;
             d["fast_rollbacks"] = s.fast_rollbacks;
             d["replays"] = s.replays;
-            d["plain_tokens"] = s.plain_tokens;
-            d["fallback_reason"] = s.fallback_reason;
             d["draft_seconds"] = s.draft_seconds;
             d["verify_seconds"] = s.verify_seconds;
             d["commit_seconds"] = s.commit_seconds;

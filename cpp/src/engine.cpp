@@ -790,9 +790,6 @@ generate_result session::generate(const std::vector<int32_t> & prompt, const gen
     }
     res.stats.n_generated = static_cast<uint32_t>(res.tokens.size());
     res.stats.decode_seconds = std::chrono::duration<double>(clock::now() - t1).count();
-    if (eng_->draft) {
-        res.stats.plain_tokens = res.stats.n_generated;
-    }
     return res;
 }
 

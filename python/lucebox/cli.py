@@ -203,8 +203,6 @@ def _cmd_generate(args: argparse.Namespace) -> int:
                   f"length {st.acceptance_length:.2f}, accept histogram {hist}; fast rollbacks "
                   f"{sp['fast_rollbacks']}, replays {sp['replays']}; draft {sp['draft_seconds']:.3f} s, verify "
                   f"{sp['verify_seconds']:.3f} s, commit {sp['commit_seconds']:.3f} s", file=sys.stderr)
-        elif sp.get("fallback_reason"):
-            print(f"[spec] not used: {sp['fallback_reason']}", file=sys.stderr)
     return 0
 
 

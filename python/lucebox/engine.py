@@ -25,8 +25,8 @@ Prompt = Union[str, Sequence[int], Sequence[dict]]
 @dataclass
 class GenerationStats:
     """Counts and timings of one generation. `spec` holds the speculative-decoding counters
-    (steps, drafted, accepted, accept_histogram, fast_rollbacks, replays, plain_tokens,
-    fallback_reason, and draft/verify/commit seconds when phase timings were requested)."""
+    (steps, drafted, accepted, accept_histogram, fast_rollbacks, replays, and draft/verify/commit
+    seconds when phase timings were requested)."""
 
     n_prompt: int
     n_generated: int

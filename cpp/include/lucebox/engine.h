@@ -61,8 +61,6 @@ struct generate_stats {
     std::vector<uint32_t> accept_histogram;  // [a] = steps that accepted a proposals
     uint32_t fast_rollbacks = 0;   // steps whose state was set from a verify checkpoint
     uint32_t replays = 0;          // steps that restored and replayed instead (none yet)
-    uint32_t plain_tokens = 0;     // tokens decoded without speculation while a draft was loaded
-    std::string fallback_reason;   // why speculation did not run, if it did not
     double draft_seconds = 0, verify_seconds = 0, commit_seconds = 0;  // with phase_timings
 };
 

@@ -33,7 +33,6 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
             raise ConfigError("--draft needs --model")
         target_path, draft_path = default_model.default_model_paths()
         model, draft = str(target_path), str(draft_path)
-        placeholder = default_model.IS_PLACEHOLDER
         model_name = model_name or default_model.DEFAULT_MODEL_NAME
         names = (default_model.DEFAULT_MODEL_NAME,)
     cache_mb = args.prefix_cache_mb

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version as _version
+from typing import TYPE_CHECKING, Any
 
 from lucebox.errors import (
     ConfigError,
@@ -13,7 +14,23 @@ from lucebox.errors import (
 )
 
 from lucebox.config import EngineConfig, SamplingConfig
-from lucebox.engine import Engine, GenerationChunk, GenerationResult, GenerationStats, Session, load_snapshot
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from lucebox.engine import (Engine, GenerationChunk, GenerationResult, GenerationStats, Session,
+                                load_snapshot)
+
+# The engine needs the compiled core (lucebox._core); it is imported on first use so that the
+# pure-Python parts (vocab, tokenizer, chat templates, the demo-pair trainer) work without it.
+_ENGINE_NAMES = ("Engine", "GenerationChunk", "GenerationResult", "GenerationStats", "Session",
+                 "load_snapshot")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _ENGINE_NAMES:
+        from lucebox import engine
+
+        return getattr(engine, name)
+    raise AttributeError(f"module 'lucebox' has no attribute {name!r}")
 
 try:
     __version__ = _version("lucebox")

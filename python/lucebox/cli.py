@@ -10,7 +10,7 @@ import json
 import sys
 from typing import Any, Sequence
 
-from lucebox.errors import LuceboxError
+from lucebox.errors import ConfigError, LuceboxError
 
 
 def _fmt_bytes(n: int) -> str:
@@ -169,6 +169,18 @@ class _Progress:
 def _cmd_generate(args: argparse.Namespace) -> int:
     import lucebox
 
+    if len(args.args) > 2:
+        raise ConfigError(f"generate takes [MODEL] PROMPT, got {len(args.args)} arguments (quote the prompt)")
+    if len(args.args) == 2:
+        args.model, args.prompt = args.args
+    else:
+        from lucebox import default_model
+
+        if args.draft is not None:
+            raise ConfigError("--draft needs a MODEL")
+        args.prompt = args.args[0]
+        args.model, args.draft = (str(p) for p in default_model.default_model_paths())
+        args.stats = True
     show = sys.stderr.isatty() or args.progress
     engine = lucebox.Engine(args.model, args.draft, ctx=args.ctx, kv_type_k=args.kv_type_k,
                             kv_type_v=args.kv_type_v, device=args.device, ubatch=args.ubatch, threads=args.threads,
@@ -241,9 +253,11 @@ def build_parser() -> argparse.ArgumentParser:
     synth.add_arguments(p)
     p.set_defaults(func=_cmd_synth)
 
-    p = sub.add_parser("generate", help="generate text from a prompt")
-    p.add_argument("model", help="qwen35 target GGUF")
-    p.add_argument("prompt", help="prompt text ('-' reads stdin)")
+    p = sub.add_parser("generate", help="generate text from a prompt",
+                       description="lucebox generate [MODEL] PROMPT. Without MODEL: the bundled demo pair "
+                                   "(a small code model and its DFlash draft), with --stats on.")
+    p.add_argument("args", nargs="+", metavar="[MODEL] PROMPT",
+                   help="qwen35 target GGUF (optional) and the prompt text ('-' reads stdin)")
     p.add_argument("--draft", help="DFlash draft GGUF: enables speculative decoding")
     p.add_argument("--spec", default="auto", choices=["auto", "off", "chain"],
                    help="speculative decoding mode (auto: chain when a draft is given)")

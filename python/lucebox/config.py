@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
-from lucebox import _core
 from lucebox.errors import ConfigError
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from lucebox import _core
 
 KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
 SPEC_MODES = ("auto", "off", "chain")
@@ -54,7 +56,9 @@ class EngineConfig:
         if self.rollback not in ROLLBACK_MODES:
             raise ConfigError(f"rollback={self.rollback!r} must be one of {', '.join(ROLLBACK_MODES)}")
 
-    def to_core(self, model_path: str) -> _core.EngineConfig:
+    def to_core(self, model_path: str) -> "_core.EngineConfig":
+        from lucebox import _core
+
         c = _core.EngineConfig()
         c.model_path = model_path
         c.n_ctx = self.ctx
@@ -94,7 +98,9 @@ class SamplingConfig:
         _check_int("penalty_last_n", self.penalty_last_n, -1, 1 << 31)
         _check_int("seed", self.seed, 0, (1 << 64) - 1)
 
-    def to_core(self) -> _core.SamplingParams:
+    def to_core(self) -> "_core.SamplingParams":
+        from lucebox import _core
+
         p = _core.SamplingParams()
         for name in ("temperature", "top_k", "top_p", "min_p", "presence_penalty", "frequency_penalty",
                      "repetition_penalty", "penalty_last_n", "seed"):

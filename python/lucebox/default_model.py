@@ -1,33 +1,24 @@
-"""The model `lucebox serve` uses when none is given.
+"""The model lucebox uses when none is given: the bundled demo pair.
 
-Until the trained demo pair exists, this is the ``tiny`` synthetic pair (a qwen35 target and a
-matching DFlash draft with *random weights*, fixed seeds), written by `lucebox.synth` into the
-cache directory on first use and reused afterwards. It answers with noise: it exists so the
-server, its API and its clients can be exercised on any machine in seconds.
-
-Cache directory: ``$LUCEBOX_CACHE_DIR/models`` (default ``~/.cache/lucebox/models``). Files are
-written to a temporary name in the same directory and renamed into place, so a reader never
-sees a partial file and two processes starting together both end up with a complete pair.
+``lucebox/models/lucebox-demo.gguf`` is a 14M-parameter qwen35 target (8 layers, 3 Gated DeltaNet
+: 1 attention) trained on the Python standard library, and ``lucebox-demo-draft.gguf`` its
+2.8M-parameter DFlash draft, both Q8_0 (18.5 MB together). `train/demo_pair.py` reproduces them;
+``lucebox/models/README.md`` is their model card. They write Python-like code and give speculative
+decoding a real acceptance behaviour on every machine, offline, in seconds.
 """
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
-from typing import Callable
 
-__all__ = ["DEFAULT_MODEL_NAME", "IS_PLACEHOLDER", "cache_dir", "default_model_paths"]
+__all__ = ["DEFAULT_MODEL_NAME", "MODELS_DIR", "cache_dir", "default_model_paths"]
 
 #: The id the default model is served under.
-DEFAULT_MODEL_NAME = "lucebox-default"
-#: True while the default model is the random-weight stand-in (not a trained model).
-IS_PLACEHOLDER = True
-
-# Bump the version when the synthetic format or shapes change, so stale files are not reused.
-_VERSION = "v1"
-_TARGET = f"lucebox-tiny-synth-{_VERSION}.gguf"
-_DRAFT = f"lucebox-tiny-synth-{_VERSION}-draft.gguf"
-_SEED = 0
+DEFAULT_MODEL_NAME = "lucebox-demo"
+#: Where the bundled model files live (inside the installed package).
+MODELS_DIR = Path(__file__).resolve().parent / "models"
+_TARGET = "lucebox-demo.gguf"
+_DRAFT = "lucebox-demo-draft.gguf"
 
 
 def cache_dir() -> Path:
@@ -36,31 +27,14 @@ def cache_dir() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "lucebox"
 
 
-def _write_atomic(path: Path, write: Callable[[str], object]) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-
-
 def default_model_paths() -> tuple[Path, Path]:
-    """(target, draft) of the default model, writing them on first use.
+    """(target, draft) of the bundled demo pair.
 
-    Raises OSError when the cache directory cannot be created or written."""
-    from lucebox import synth
-
-    models = cache_dir() / "models"
-    models.mkdir(parents=True, exist_ok=True)
-    target, draft = models / _TARGET, models / _DRAFT
-    if not target.is_file():
-        _write_atomic(target, lambda p: synth.write_target(p, "tiny", seed=_SEED))
-    if not draft.is_file():
-        _write_atomic(draft, lambda p: synth.write_draft(p, "tiny", seed=_SEED + 1))
+    Raises FileNotFoundError naming the missing file when the package was installed without its
+    model files (e.g. a source tree missing them)."""
+    target, draft = MODELS_DIR / _TARGET, MODELS_DIR / _DRAFT
+    for p in (target, draft):
+        if not p.is_file():
+            raise FileNotFoundError(f"the bundled demo model file {p} is missing; reinstall lucebox "
+                                    f"or pass --model")
     return target, draft

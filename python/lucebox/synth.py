@@ -615,8 +615,11 @@ def _common_keys(writer, name: str, description: str, type_: str) -> None:
 
 
 def _stream(path: Path, arch: str, add_keys: Callable[[Any], None], tensors: list[_Tensor], *,
-            seed: int, fill: str, d_conv: int, progress: Callable[[int, int], None] | None) -> int:
-    """Write the file at `path` (via a temporary name, renamed at the end); return its size."""
+            seed: int, fill: str, d_conv: int, progress: Callable[[int, int], None] | None,
+            weights: Mapping[str, np.ndarray] | None = None) -> int:
+    """Write the file at `path` (via a temporary name, renamed at the end); return its size.
+
+    Tensor data: `weights` (already checked by `_check_weights`) when given, else `fill`."""
     import gguf
 
     tmp = path.with_name(path.name + ".partial")
@@ -635,7 +638,7 @@ def _stream(path: Path, arch: str, add_keys: Callable[[Any], None], tensors: lis
         data_start = gguf.GGUFWriter.ggml_pad(fout.tell(), align)
         total = sum(gguf.GGUFWriter.ggml_pad(t.nbytes, align) for t in tensors)
         end = data_start + total
-        if fill == "zeros":
+        if fill == "zeros" and weights is None:
             fout.flush()
             fout.truncate(end)  # extends the file with a hole: all tensor data read as zero
             if progress is not None:
@@ -646,7 +649,9 @@ def _stream(path: Path, arch: str, add_keys: Callable[[Any], None], tensors: lis
             done = 0
             for t in tensors:
                 written = 0
-                for chunk in _tensor_chunks(t, seed, d_conv, pools):
+                chunks = (_tensor_chunks(t, seed, d_conv, pools) if weights is None
+                          else [memoryview(_encode(weights[t.name].reshape(t.n_rows, t.ne[0]), t.ggml_type)).cast("B")])
+                for chunk in chunks:
                     fout.write(chunk)
                     written += len(chunk)
                     if progress is not None:
@@ -669,6 +674,26 @@ def _stream(path: Path, arch: str, add_keys: Callable[[Any], None], tensors: lis
         except FileNotFoundError:
             pass
         raise
+
+
+def _check_weights(weights: Mapping[str, Any], tensors: list[_Tensor], what: str) -> dict[str, np.ndarray]:
+    """Trained values for every planned tensor: same names, numpy shapes = ggml ne reversed."""
+    names = {t.name for t in tensors}
+    missing = sorted(names - set(weights))
+    extra = sorted(set(weights) - names)
+    if missing or extra:
+        raise ConfigError(f"{what} weights do not match the tensor list: missing {missing[:5]}, "
+                          f"unexpected {extra[:5]}")
+    out: dict[str, np.ndarray] = {}
+    for t in tensors:
+        a = np.asarray(weights[t.name], dtype=np.float32)
+        want = tuple(reversed(t.ne))
+        if a.shape != want:
+            raise ConfigError(f"{what} weight {t.name!r} has shape {a.shape}, expected {want}")
+        if not np.isfinite(a).all():
+            raise ConfigError(f"{what} weight {t.name!r} has non-finite values")
+        out[t.name] = np.ascontiguousarray(a)
+    return out
 
 
 def _summary(path: Path, arch: str, preset: str, type_: str, fill: str, seed: int, size: int,
@@ -702,7 +727,9 @@ def _check_common(type_: str, fill: str, seed: int) -> tuple[str, str]:
 
 def write_target(path: str | os.PathLike[str], preset: str | Preset = "tiny", *, type: str = "q8_0",
                  seed: int = 0, fill: str = "random", overrides: Mapping[str, Any] | None = None,
-                 progress: Callable[[int, int], None] | None = None) -> dict:
+                 progress: Callable[[int, int], None] | None = None,
+                 weights: Mapping[str, Any] | None = None, vocab: Any = None,
+                 name: str | None = None, description: str | None = None) -> dict:
     """Write a synthetic ``qwen35`` target GGUF at `path`.
 
     `overrides` maps `TargetShape` field names to values (or command-line strings).
@@ -710,14 +737,23 @@ def write_target(path: str | os.PathLike[str], preset: str | Preset = "tiny", *,
     path, arch, preset, type, fill, seed, bytes (file size), data_bytes, n_tensors, types
     (ggml type -> count), fallbacks (list of {tensor, wanted, used, reason}), seconds.
     Raises ConfigError (before creating any file) for a bad preset, type, fill or override.
+
+    Trained models: `weights` maps every tensor name to its float values (numpy shape = ggml
+    ``ne`` reversed; quantized to `type` here), `vocab` is their `lucebox.vocab.GGUFVocab`, and
+    `name` / `description` replace the synthetic ones; `seed` and `fill` are then unused.
     """
     t0 = time.perf_counter()
     type_, fill = _check_common(type, fill, seed)
     p = _get_preset(preset)
     shape, hp = resolve_target(p, overrides)
     tensors, fallbacks = _plan(hp.tensor_specs(), type_,
-                               lambda name: shape.has_output and name == "output.weight")
-    vocab = dataclasses.replace(_vocab(shape.n_vocab), mask_id=None)  # the mask token is the draft's
+                               lambda t: shape.has_output and t == "output.weight")
+    given = None if weights is None else _check_weights(weights, tensors, "target")
+    if vocab is None:
+        vocab = _vocab(shape.n_vocab)
+    elif vocab.n_vocab != shape.n_vocab:
+        raise ConfigError(f"the vocabulary has {vocab.n_vocab} tokens, the target n_vocab is {shape.n_vocab}")
+    vocab = dataclasses.replace(vocab, mask_id=None)  # the mask token is the draft's
     pattern = shape.layer_pattern()
     interval = shape.full_attention_interval
     interval_rule = interval > 0 and pattern == [(i + 1) % interval != 0 for i in range(shape.n_layer)]
@@ -726,9 +762,9 @@ def write_target(path: str | os.PathLike[str], preset: str | Preset = "tiny", *,
         from .vocab import add_vocab_to_gguf
 
         a = "qwen35."
-        _common_keys(w, f"lucebox-synth {p.name}",
-                     f"synthetic random weights: lucebox synth preset={p.name} type={type_} "
-                     f"seed={int(seed)} fill={fill}", type_)
+        _common_keys(w, name or f"lucebox-synth {p.name}",
+                     description or f"synthetic random weights: lucebox synth preset={p.name} "
+                                    f"type={type_} seed={int(seed)} fill={fill}", type_)
         w.add_uint32(a + "context_length", shape.n_ctx_train)
         w.add_uint32(a + "embedding_length", shape.n_embd)
         w.add_uint32(a + "block_count", shape.n_layer)
@@ -754,7 +790,7 @@ def write_target(path: str | os.PathLike[str], preset: str | Preset = "tiny", *,
 
     out = Path(path)
     size = _stream(out, "qwen35", add_keys, tensors, seed=int(seed), fill=fill, d_conv=shape.ssm_d_conv,
-                   progress=progress)
+                   progress=progress, weights=given)
     return _summary(out, "qwen35", p.name, type_, fill, int(seed), size, tensors, fallbacks,
                     time.perf_counter() - t0)
 
@@ -762,30 +798,38 @@ def write_target(path: str | os.PathLike[str], preset: str | Preset = "tiny", *,
 def write_draft(path: str | os.PathLike[str], preset: str | Preset = "tiny", *, type: str = "q8_0",
                 seed: int = 1, fill: str = "random", overrides: Mapping[str, Any] | None = None,
                 target_overrides: Mapping[str, Any] | None = None, own_head: bool = False,
-                progress: Callable[[int, int], None] | None = None) -> dict:
+                progress: Callable[[int, int], None] | None = None,
+                weights: Mapping[str, Any] | None = None, vocab: Any = None,
+                name: str | None = None, description: str | None = None) -> dict:
     """Write a synthetic DFlash draft GGUF at `path` matching the preset's target.
 
     `overrides` maps `DraftShape` field names to values; `target_overrides` are the overrides
     of the target it must serve (hidden size, vocabulary, layer count). The draft carries the
     target's vocabulary plus ``tokenizer.ggml.mask_token_id``; with `own_head` it also gets its
     own ``token_embd.weight`` and ``output.weight``, else it shares the target's. Returns a
-    summary like `write_target`. Raises ConfigError before creating any file.
+    summary like `write_target`; `weights`, `vocab`, `name` and `description` as there (the
+    vocabulary must be the target's). Raises ConfigError before creating any file.
     """
     t0 = time.perf_counter()
     type_, fill = _check_common(type, fill, seed)
     p = _get_preset(preset)
     shape, hp, tshape = resolve_draft(p, overrides, target_overrides, own_head=bool(own_head))
-    tensors, fallbacks = _plan(hp.tensor_specs(), type_, lambda name: bool(own_head))
-    vocab = dataclasses.replace(_vocab(tshape.n_vocab), mask_id=hp.mask_token_id)
+    tensors, fallbacks = _plan(hp.tensor_specs(), type_, lambda t: bool(own_head))
+    given = None if weights is None else _check_weights(weights, tensors, "draft")
+    if vocab is None:
+        vocab = _vocab(tshape.n_vocab)
+    elif vocab.n_vocab != tshape.n_vocab:
+        raise ConfigError(f"the vocabulary has {vocab.n_vocab} tokens, the target n_vocab is {tshape.n_vocab}")
+    vocab = dataclasses.replace(vocab, mask_id=hp.mask_token_id)
     n_ctx = tshape.n_ctx_train if shape.n_ctx_train is None else shape.n_ctx_train
 
     def add_keys(w) -> None:
         from .vocab import add_vocab_to_gguf
 
         a = "dflash."
-        _common_keys(w, f"lucebox-synth {p.name} dflash draft",
-                     f"synthetic random weights: lucebox synth preset={p.name} draft type={type_} "
-                     f"seed={int(seed)} fill={fill}", type_)
+        _common_keys(w, name or f"lucebox-synth {p.name} dflash draft",
+                     description or f"synthetic random weights: lucebox synth preset={p.name} "
+                                    f"draft type={type_} seed={int(seed)} fill={fill}", type_)
         w.add_uint32(a + "context_length", n_ctx)
         w.add_uint32(a + "embedding_length", hp.n_embd)
         w.add_uint32(a + "block_count", shape.n_layer)
@@ -812,7 +856,7 @@ def write_draft(path: str | os.PathLike[str], preset: str | Preset = "tiny", *, 
     out = Path(path)
     d_conv = 4  # unused: a draft has no conv kernel
     size = _stream(out, "dflash", add_keys, tensors, seed=int(seed), fill=fill, d_conv=d_conv,
-                   progress=progress)
+                   progress=progress, weights=given)
     return _summary(out, "dflash", p.name, type_, fill, int(seed), size, tensors, fallbacks,
                     time.perf_counter() - t0)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -133,18 +134,17 @@ class GGUFVocab:
 # --------------------------------------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=1)
-def _trained_base() -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """Train the byte-level BPE on the bundled corpus, once per process.
+def train_bpe(texts: Iterable[str], vocab_size: int = 1 << 20) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Train a byte-level BPE (the ``qwen35`` pre-tokenizer) on `texts`.
 
     Returns ``(tokens, merges)``: the 256 byte tokens in byte order followed by every merged
-    token in the order its merge was learned, and the merges as ``"left right"`` strings.
-    The result depends only on the corpus file and the `tokenizers` training algorithm, which
-    breaks ties between equally frequent pairs deterministically.
+    token in the order its merge was learned (at most `vocab_size` tokens in all), and the merges
+    as ``"left right"`` strings. Merges stop when no pair occurs at least twice. Deterministic for
+    the same texts: the `tokenizers` trainer breaks ties between equally frequent pairs by a fixed
+    order.
     """
     from tokenizers import Regex, Tokenizer, models, pre_tokenizers, trainers
 
-    text = _CORPUS_PATH.read_text(encoding="utf-8")
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.Sequence(
         [
@@ -153,12 +153,12 @@ def _trained_base() -> tuple[tuple[str, ...], tuple[str, ...]]:
         ]
     )
     trainer = trainers.BpeTrainer(
-        vocab_size=1 << 20,  # stop only when no pair occurs at least twice
+        vocab_size=vocab_size,
         min_frequency=2,
         show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
-    bpe.train_from_iterator([text], trainer)
+    bpe.train_from_iterator(texts, trainer)
     raw_merges: list[Any] = json.loads(bpe.to_str())["model"]["merges"]
 
     byte_tokens = [byte_to_unicode()[b] for b in range(256)]
@@ -174,6 +174,12 @@ def _trained_base() -> tuple[tuple[str, ...], tuple[str, ...]]:
     return tuple(tokens), tuple(merges)
 
 
+@functools.lru_cache(maxsize=1)
+def _trained_base() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """`train_bpe` on the bundled corpus, once per process (every pair seen twice is merged)."""
+    return train_bpe([_CORPUS_PATH.read_text(encoding="utf-8")])
+
+
 def synthetic_vocab(n_vocab: int) -> GGUFVocab:
     """Return a byte-level BPE vocabulary of exactly `n_vocab` tokens.
 
@@ -187,6 +193,21 @@ def synthetic_vocab(n_vocab: int) -> GGUFVocab:
     The result is identical for the same `n_vocab` in every process. Raises ValueError if
     `n_vocab` is below `MIN_SYNTHETIC_VOCAB`.
     """
+    return vocab_from_bpe(*_trained_base(), n_vocab)
+
+
+def train_vocab(texts: Iterable[str], n_vocab: int) -> GGUFVocab:
+    """A vocabulary of exactly `n_vocab` tokens, BPE-trained on `texts`, laid out as `synthetic_vocab`."""
+    n_special = len(CONTROL_TOKENS) + len(USER_DEFINED_TOKENS)
+    return vocab_from_bpe(*train_bpe(texts, vocab_size=n_vocab - n_special), n_vocab)
+
+
+def vocab_from_bpe(base_tokens: Sequence[str], base_merges: Sequence[str], n_vocab: int) -> GGUFVocab:
+    """Lay out a trained BPE (see `train_bpe`) as a GGUF vocabulary of exactly `n_vocab` tokens.
+
+    The layout is the one `synthetic_vocab` documents. Raises ValueError if `n_vocab` is below
+    `MIN_SYNTHETIC_VOCAB`.
+    """
     from .chat_template import DEFAULT_CHAT_TEMPLATE
 
     if not isinstance(n_vocab, int) or isinstance(n_vocab, bool):
@@ -198,7 +219,6 @@ def synthetic_vocab(n_vocab: int) -> GGUFVocab:
             f"{len(CONTROL_TOKENS) + len(USER_DEFINED_TOKENS)} special tokens)"
         )
 
-    base_tokens, base_merges = _trained_base()
     n_special = len(CONTROL_TOKENS) + len(USER_DEFINED_TOKENS)
     budget = n_vocab - n_special  # room for byte + learned tokens
 

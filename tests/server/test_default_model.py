@@ -1,4 +1,4 @@
-"""The default (placeholder) model, `lucebox serve` without --model, and the import boundary."""
+"""The default model (the bundled demo pair), `lucebox serve` without --model, and the import boundary."""
 from __future__ import annotations
 
 import subprocess
@@ -9,30 +9,25 @@ import httpx
 from lucebox import default_model
 
 
-def test_default_model_written_once_and_reused(tmp_path, monkeypatch):
-    monkeypatch.setenv("LUCEBOX_CACHE_DIR", str(tmp_path))
+def test_default_model_is_the_bundled_demo_pair():
     target, draft = default_model.default_model_paths()
-    assert target.parent == tmp_path / "models"
+    assert target.parent == draft.parent == default_model.MODELS_DIR
     assert target.is_file() and draft.is_file()
-    stamp = (target.stat().st_mtime_ns, draft.stat().st_mtime_ns)
-    again = default_model.default_model_paths()
-    assert again == (target, draft)
-    assert (target.stat().st_mtime_ns, draft.stat().st_mtime_ns) == stamp
-    assert not [p for p in (tmp_path / "models").iterdir() if p.name.endswith(".tmp")]
+    assert target.stat().st_size + draft.stat().st_size <= 20 * 1024 * 1024
 
 
-def test_serve_without_model_uses_placeholder(tmp_path):
+def test_serve_without_model_uses_the_demo_pair(tmp_path):
     from server_helpers import ServerProcess
 
     srv = ServerProcess(["--ctx", "256"], tmp_path / "log.txt", env={"LUCEBOX_CACHE_DIR": str(tmp_path)})
     try:
         models = httpx.get(srv.base_url + "/v1/models").json()["data"]
-        assert models[0]["id"] == "lucebox-default" and models[0]["meta"]["placeholder"] is True
-        assert httpx.get(srv.base_url + "/health").json()["placeholder"] is True
-        r = httpx.post(srv.base_url + "/v1/chat/completions", json={
-            "model": "lucebox-default", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})
+        assert models[0]["id"] == "lucebox-demo" and models[0]["meta"]["draft"] is True
+        r = httpx.post(srv.base_url + "/v1/completions", json={
+            "model": "lucebox-demo", "prompt": "def fibonacci(n):\n", "max_tokens": 24})
         assert r.status_code == 200
-        assert "PLACEHOLDER" in srv.log() and "RANDOM weights" in srv.log()
+        text = r.json()["choices"][0]["text"]
+        assert text.strip() and any(w in text for w in ("return", "if ", "=", "(")), text
     finally:
         srv.stop()
 

@@ -12,8 +12,11 @@ On one engine and one deterministic prompt of N random token ids (normal tokens 
   bytes/token   snapshot size / prefix length, and the fixed part (DeltaNet conv + ssm state)
                 and per-token part (attention KV rows + the token id) fitted over the lengths,
                 next to what the model's shapes predict.
-Correctness: the first --check tokens (greedy) after a warm restore must equal the cold run's
-(and the miss path's); otherwise MISMATCH is printed and the exit status is 1.
+Correctness: the first --check tokens (greedy) after a warm restore must equal the miss path's
+(the same computation: prefill N-1 tokens, then 1); otherwise MISMATCH is printed and the exit
+status is 1. Whether they also equal the cold run's is printed as information: the cold run
+splits the prompt into different micro-batches, and on a GPU different batch shapes can flip a
+near-tied argmax of a random-weight model.
 
 Method: one short discarded generation warms the engine up; cold and miss are then measured
 --cold-reps times (each a full prefill); warm and restore get one discarded run, then --reps
@@ -258,7 +261,7 @@ def main() -> int:
             print(f"ERROR: warm run {i} did not hit the prefix cache ({len(rest)} tokens left to evaluate)")
             return 1
         toks, _ = continue_greedy(slot, r, args.check)
-        if toks != cold_tokens:
+        if toks != miss_tokens:
             mismatches.append(f"warm run {i}: {toks}")
         if i:
             warm_times.append(dt)
@@ -352,14 +355,16 @@ def main() -> int:
     print(f"snapshot bytes = fixed + per_token * tokens: {fitted}; shapes predict fixed "
           f"{fixed_exp / 2**20:.2f} MiB (DeltaNet conv+ssm state), per token {per_token_exp} B (KV rows + token id)")
     print()
-    ok = not mismatches and miss_tokens == cold_tokens
-    print(f"greedy tokens (first {args.check}): cold {cold_tokens} ({cold_finish})")
+    ok = not mismatches
+    print(f"greedy tokens (first {args.check}): cold {cold_tokens} ({cold_finish}), miss {miss_tokens}")
     if miss_tokens != cold_tokens:
-        print(f"MISMATCH: miss path {miss_tokens} != cold {cold_tokens}")
+        at = next((i for i, (a, b) in enumerate(zip(miss_tokens, cold_tokens)) if a != b), None)
+        print(f"note: the miss path (prefill {n - 1} + 1) differs from the cold run (prefill {n}) from token "
+              f"{at}: different micro-batch splits, different rounding (not a restore error)")
     for m in mismatches:
-        print(f"MISMATCH: {m} != cold {cold_tokens}")
+        print(f"MISMATCH: {m} != miss path {miss_tokens}")
     if ok:
-        print(f"correctness: warm restore x{args.reps + 1} and miss path == cold: OK")
+        print(f"correctness: warm restore x{args.reps + 1} == miss path (same computation): OK")
 
     if args.json:
         with open(args.json, "w") as f:

@@ -2,8 +2,12 @@
 """DFlash chain speculative decoding speed at controlled acceptance.
 
 Random-weight drafts are never accepted, so acceptance is forced: the proposals are the target's
-own greedy continuation (computed first, plainly) corrupted at index AL-1, so every step commits
-exactly AL tokens (AL = accepted proposals + the target's bonus token; AL 16 = nothing corrupted).
+own greedy continuation corrupted at index AL-1, so every step commits exactly AL tokens (AL =
+accepted proposals + the target's bonus token; AL 16 = nothing corrupted). That continuation is
+computed through the verify path itself (a speculative run whose proposals are all rejected):
+a 16-token verify and a 1-token decode use different GPU kernels, and on a deep random-weight
+model the last-bit differences flip near-tied argmaxes, after which a plain-decode reference would
+no longer be the target's choice. Whether the two references agree is printed as information.
 Prints tok/s per AL, the ratio to plain decoding measured in the same run, and one step's phase
 costs (draft, verify, commit) relative to one plain decode step. With --draft, also the real
 draft's full step (draft forward + verify + commit) at its natural acceptance.
@@ -37,8 +41,14 @@ def main() -> int:
     rng = np.random.default_rng(0)
     prompt = [int(x) for x in rng.integers(10, engine.hparams.n_vocab, args.prompt)]
     plain = lucebox.Engine(args.model, ctx=args.ctx, device=args.device)
-    ref = plain.generate(prompt, max_tokens=args.tokens + 32)
-    reference = ref.tokens
+    plain_ref = plain.generate(prompt, max_tokens=args.tokens + 32).tokens
+    # the verify path's greedy continuation: proposals that are (almost surely) all rejected
+    reference = plain.session().generate(prompt, max_tokens=args.tokens + 32,
+                                         propose=lambda context, last, n: [0] * n).tokens
+    first_diff = next((i for i, (a, b) in enumerate(zip(plain_ref, reference)) if a != b), None)
+    print(f"verify-path greedy vs plain decode: " +
+          ("identical" if first_diff is None and len(plain_ref) == len(reference)
+           else f"differ from token {first_diff} (batch-dependent GPU numerics on near-tied logits)"))
 
     def med(xs: list[float]) -> str:
         return f"{statistics.median(xs):.1f} ({min(xs):.1f}..{max(xs):.1f})"
@@ -52,6 +62,7 @@ def main() -> int:
     print(f"plain decode: {med(plain_tps)} tok/s ({step_ms:.2f} ms per token) on {engine.device}")
     print(f"{'AL':>4} {'tok/s':>22} {'x plain':>8} {'step ms':>8} {'verify/decode':>14} {'draft ms':>9} {'commit ms':>10} {'AL seen':>8}")
 
+    mismatches = 0
     for al in [int(x) for x in args.accept.split(",")]:
         corrupt = None if al >= 16 else al - 1
 
@@ -66,7 +77,8 @@ def main() -> int:
         for i in range(args.reps + 1):
             r = plain.session().generate(prompt, max_tokens=args.tokens, propose=propose, phase_timings=True)
             if r.tokens != reference[: len(r.tokens)]:
-                print(f"  warning: AL {al}: output differs from plain decoding", file=sys.stderr)
+                print(f"  MISMATCH: AL {al}: output differs from the verify-path greedy reference", file=sys.stderr)
+                mismatches += 1
             s = r.stats.spec
             if i:
                 tps.append(r.stats.decode_tokens_per_second)
@@ -90,7 +102,7 @@ def main() -> int:
         tps = [x[0] for x in times]
         print(f"real draft: {med(tps)} tok/s, {statistics.median(x[1] for x in times):.2f} ms per full step "
               f"({statistics.median(x[1] for x in times) / step_ms:.2f}x a decode step), AL {times[0][2]:.2f}")
-    return 0
+    return 1 if mismatches else 0
 
 
 if __name__ == "__main__":

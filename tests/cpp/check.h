@@ -28,8 +28,14 @@ struct registrar {
     registrar(const char * name, std::function<void()> fn) { registry().push_back({name, std::move(fn)}); }
 };
 
-inline int run_all() {
+// Runs every registered case, or only the one named `only` (CTest registers single cases that way).
+inline int run_all(const char * only = nullptr) {
+    bool found = only == nullptr;
     for (const auto & t : registry()) {
+        if (only != nullptr && std::string(only) != t.name) {
+            continue;
+        }
+        found = true;
         const int before = failures();
         try {
             t.fn();
@@ -38,6 +44,10 @@ inline int run_all() {
             ++failures();
         }
         std::printf("%s %s\n", failures() == before ? "PASS" : "FAIL", t.name);
+    }
+    if (!found) {
+        std::fprintf(stderr, "no test case named %s\n", only);
+        return 1;
     }
     std::printf("%d failure(s)\n", failures());
     return failures() == 0 ? 0 : 1;
@@ -78,4 +88,4 @@ inline int run_all() {
     } while (0)
 
 #define TEST_MAIN() \
-    int main() { return lucebox_test::run_all(); }
+    int main(int argc, char ** argv) { return lucebox_test::run_all(argc > 1 ? argv[1] : nullptr); }

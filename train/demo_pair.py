@@ -99,6 +99,15 @@ def load_vocab(out: Path):
     return GGUFVocab(**json.loads((out / "vocab.json").read_text()))
 
 
+def fit_steps(step: int, elapsed: float, t_warm: float, budget: float) -> int:
+    """Total steps that fill `budget` seconds, from the time of steps 5..`step` (the first
+    five include CUDA warm-up and are not representative)."""
+    per_step = (elapsed - t_warm) / (step - 5)
+    total = step + int((budget - elapsed) / per_step)
+    print(f"{per_step * 1000:.0f} ms/step -> {total} steps", flush=True)
+    return max(40, total)
+
+
 def cosine_lr(step: int, total: int, peak: float, warmup: int) -> float:
     if step < warmup:
         return peak * (step + 1) / warmup
@@ -156,12 +165,13 @@ def stage_target(out: Path, minutes: float, device: str, seq: int = 1024, batch:
     step, total = 0, 10_000
     t_start = time.time()
     model.train()
+    t_warm = 0.0
     while True:
         elapsed = time.time() - t_start
-        if step == 20:
-            per_step = elapsed / 20
-            total = max(40, int(budget / per_step))
-            print(f"{per_step * 1000:.0f} ms/step -> {total} steps", flush=True)
+        if step == 5:
+            t_warm = elapsed
+        if step == 40:
+            total = fit_steps(step, elapsed, t_warm, budget)
         if step >= total:
             break
         lr = cosine_lr(step, total, 1.5e-3, 100)
@@ -177,7 +187,7 @@ def stage_target(out: Path, minutes: float, device: str, seq: int = 1024, batch:
         opt.step()
         if step % 100 == 0 or step == total - 1:
             log.append({"step": step, "loss": loss.item(), "lr": lr, "s": time.time() - t_start})
-            print(f"step {step}/{total} loss {float(loss):.3f} lr {lr:.2e} {time.time() - t_start:.0f}s", flush=True)
+            print(f"step {step}/{total} loss {loss.item():.3f} lr {lr:.2e} {time.time() - t_start:.0f}s", flush=True)
         step += 1
 
     model.eval()
@@ -261,11 +271,13 @@ def stage_draft(out: Path, minutes: float, device: str, n_seq: int = 8192, batch
         return (ce * w_pos).sum(-1).mean() / w_pos.sum(), acc
 
     draft.train()
+    t_warm = 0.0
     while True:
         elapsed = time.time() - t_start
-        if step == 20:
-            total = max(40, int(budget / (elapsed / 20)))
-            print(f"{elapsed / 20 * 1000:.0f} ms/step -> {total} steps", flush=True)
+        if step == 5:
+            t_warm = elapsed
+        if step == 40:
+            total = fit_steps(step, elapsed, t_warm, budget)
         if step >= total:
             break
         lr = cosine_lr(step, total, 2e-3, 100)
@@ -282,7 +294,7 @@ def stage_draft(out: Path, minutes: float, device: str, n_seq: int = 8192, batch
             # expected accepted length of a chain: sum over k of P(first k all right)
             al = float(torch.cumprod(acc, dim=-1).sum(-1).mean()) + 1
             log.append({"step": step, "loss": loss.item(), "acc1": float(acc[..., 0].mean()), "al": al})
-            print(f"step {step}/{total} loss {float(loss):.3f} acc1 {float(acc[..., 0].mean()):.3f} "
+            print(f"step {step}/{total} loss {loss.item():.3f} acc1 {float(acc[..., 0].mean()):.3f} "
                   f"AL~{al:.2f} {time.time() - t_start:.0f}s", flush=True)
         step += 1
 

@@ -20,9 +20,9 @@ near-tied argmax of a random-weight model.
 
 Method: one short discarded generation warms the engine up; cold and miss are then measured
 --cold-reps times (each a full prefill); warm and restore get one discarded run, then --reps
-runs; median (min..max). The warm path is the server's own `start_session`
-(server/generation.py) with `lucebox.prefix_cache.PrefixCache` when the server package imports,
-else an inline copy of it (the path used is printed).
+runs; median (min..max). The warm path is the server's own policy, `lucebox.prefix_cache`'s
+`start_session` with a `PrefixCache` keeping its snapshots at --location (host: pinned host
+memory where the device offers it; device: the GPU's memory).
 Example (GPU machine; writes or reuses the synthetic 27B target in the cache dir):
     python bench/bench_prefix.py --preset qwen3.6-27b --type q8_0 --prompt-tokens 26000 --json prefix.json
 CPU check:
@@ -37,16 +37,15 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
 import lucebox
 from lucebox import _core
-from lucebox.prefix_cache import PrefixCache
+from lucebox.prefix_cache import PrefixCache, start_session
 from lucebox.vocab import TOKEN_TYPE_NORMAL
 
-REPO = Path(__file__).resolve().parents[1]
 
 
 def stats(xs: list[float]) -> dict[str, float]:
@@ -55,48 +54,6 @@ def stats(xs: list[float]) -> dict[str, float]:
 
 def fmt_ms(s: dict[str, float]) -> str:
     return f"{s['median'] * 1e3:.2f} ({s['min'] * 1e3:.2f}..{s['max'] * 1e3:.2f})"
-
-
-def load_start_session() -> tuple[Callable[..., tuple[list[int], float]], str]:
-    """The server's `start_session` (prefix-cache lookup/restore/snapshot policy), and where it
-    came from. Falls back to an inline copy when the server package (FastAPI) is not importable."""
-    try:
-        from lucebox.server.generation import start_session  # installed wheel
-        return start_session, "lucebox.server.generation.start_session"
-    except ImportError:
-        pass
-    try:
-        sys.path.insert(0, str(REPO))
-        from server.generation import start_session  # source tree
-        return start_session, "server.generation.start_session (source tree)"
-    except ImportError as exc:
-        reason = f"{type(exc).__name__}: {exc}"
-    finally:
-        if sys.path and sys.path[0] == str(REPO):
-            sys.path.pop(0)
-
-    def start_session_copy(session: Any, prompt_ids: Sequence[int], cache: Any = None,
-                           points: Sequence[int] = ()) -> tuple[list[int], float]:
-        ids = [int(t) for t in prompt_ids]
-        if cache is None or len(ids) - 1 < max(1, cache.min_tokens):
-            session.reset()
-            return ids, 0.0
-        t0 = time.perf_counter()
-        pos = 0
-        hit = cache.lookup(ids[:-1])
-        if hit is not None:
-            session.restore(hit[0])
-            pos = hit[1]
-        else:
-            session.reset()
-        for end in sorted(set(cache.boundaries(len(ids))) | {int(p) for p in points}):
-            if pos < end < len(ids):
-                session.append(ids[pos:end])
-                pos = end
-                cache.insert(session.snapshot())
-        return ids[pos:], time.perf_counter() - t0
-
-    return start_session_copy, f"inline copy of server.generation.start_session (server not importable: {reason})"
 
 
 def ensure_model(args: argparse.Namespace) -> str:
@@ -178,6 +135,8 @@ def main() -> int:
     ap.add_argument("--cold-reps", type=int, default=2, help="measured cold and cache-miss runs")
     ap.add_argument("--check", type=int, default=8, help="greedy tokens compared between cold and warm")
     ap.add_argument("--seed", type=int, default=0, help="prompt seed")
+    ap.add_argument("--location", choices=("host", "device"), default="host",
+                    help="where the prefix cache keeps snapshots (the server's --prefix-cache-location)")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args()
     if min(args.reps, args.cold_reps, args.check) < 1:
@@ -194,8 +153,8 @@ def main() -> int:
     load_s = time.perf_counter() - t
     hp = engine.hparams
     prompt = make_prompt(engine, n, args.seed)
-    start_session, path_used = load_start_session()
-    cache = PrefixCache(1 << 40)  # budget large enough for every snapshot here; the server's is --prefix-cache-mb
+    path_used = f"start_session, snapshots in {args.location} memory"
+    cache = PrefixCache(1 << 40, location=args.location)  # budget large enough for every snapshot here; the server's is --prefix-cache-mb
     if n - 1 < max(1, cache.min_tokens):
         ap.error(f"--prompt-tokens must be > {cache.min_tokens} (the prefix cache ignores shorter prompts)")
     print(f"device {engine.device}; model {model} ({hp.n_layer} layers: {hp.n_recurrent_layers} DeltaNet + "
@@ -292,7 +251,7 @@ def main() -> int:
         builder.append(prompt[pos:length])
         pos = length
         t = time.perf_counter()
-        snap = builder.snapshot()
+        snap = builder.snapshot(args.location)
         snaps.append((length, snap, time.perf_counter() - t))
     del builder
     rows: list[dict[str, Any]] = []

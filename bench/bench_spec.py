@@ -46,7 +46,7 @@ def main() -> int:
     reference = plain.session().generate(prompt, max_tokens=args.tokens + 32,
                                          propose=lambda context, last, n: [0] * n).tokens
     first_diff = next((i for i, (a, b) in enumerate(zip(plain_ref, reference)) if a != b), None)
-    print(f"verify-path greedy vs plain decode: " +
+    print("verify-path greedy vs plain decode: " +
           ("identical" if first_diff is None and len(plain_ref) == len(reference)
            else f"differ from token {first_diff} (batch-dependent GPU numerics on near-tied logits)"))
 

@@ -104,7 +104,7 @@ def bench_lucebox(args: argparse.Namespace) -> dict[str, Any]:
             s = engine.session()
             s.append(ctx_ids)
             t = time.perf_counter()
-            s.eval(block, all_logits=True)
+            s.eval(block, all_logits=False)  # last-row logits, like llama-bench's pp16
             return (time.perf_counter() - t) * 1e3
 
         out[f"fwd16_ms@d{depth}"] = measure(run_block, args.reps)

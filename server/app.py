@@ -178,7 +178,7 @@ def create_app(config: ServerConfig, engine: Any = None) -> FastAPI:
     @app.get("/health")
     async def health() -> JSONResponse:
         s = service.scheduler
-        return JSONResponse({"status": "ok", "model": service.model_name, "placeholder": config.placeholder,
+        return JSONResponse({"status": "ok", "model": service.model_name,
                              "slots": s.n_slots, "slots_active": s.active, "queue_depth": s.queued,
                              "context_length": service.n_ctx})
 

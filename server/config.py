@@ -5,7 +5,7 @@ import math
 import os
 from dataclasses import dataclass, field
 
-from lucebox.config import KV_TYPES, SPEC_MODES
+from lucebox.config import KV_TYPES, SNAPSHOT_LOCATIONS, SPEC_MODES
 from lucebox.errors import ConfigError
 
 __all__ = ["ServerConfig"]
@@ -27,12 +27,15 @@ class ServerConfig:
     when a request does not say (None: the rest of the context). max_reasoning_tokens: the
     default thinking budget (None: unlimited; a request may set its own). temperature / top_p
     / top_k / min_p: sampling defaults for requests that omit them. chat_template_file:
-    replaces the GGUF's chat template. max_n: largest ``n`` accepted. placeholder: the model is
-    the generated random-weight stand-in (said in logs, /v1/models and /health).
+    replaces the GGUF's chat template. max_n: largest ``n`` accepted. 
     stream_header_wait: seconds a streaming request waits for its first token before the
     response headers go out (so an error at prefill still gets a proper status code).
-    prefix_cache_mb: host memory (MiB) for session snapshots of long prompts, reused by later
+    prefix_cache_mb: memory (MiB) for session snapshots of long prompts, reused by later
     requests that share the prefix (`lucebox.prefix_cache`); 0 disables the cache.
+    prefix_cache_location: where those snapshots live: "host" (pinned host memory where the
+    device offers it) or "device" (the engine's device memory: fastest restore, costs device
+    memory; on a CPU engine the same as host). prefix_cache_interval: also snapshot every this
+    many tokens of a long prompt (0: off).
     """
 
     model: str
@@ -58,10 +61,11 @@ class ServerConfig:
     min_p: float = 0.0
     chat_template_file: str | None = None
     max_n: int = 8
-    placeholder: bool = False
     stream_header_wait: float = 10.0
     log_level: str = "info"
     prefix_cache_mb: int = 1024
+    prefix_cache_location: str = "host"
+    prefix_cache_interval: int = 0
     extra_model_names: tuple[str, ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
@@ -104,6 +108,12 @@ class ServerConfig:
         if isinstance(self.prefix_cache_mb, bool) or not isinstance(self.prefix_cache_mb, int) \
                 or self.prefix_cache_mb < 0:
             raise ConfigError(f"prefix_cache_mb={self.prefix_cache_mb!r} must be a non-negative integer")
+        if isinstance(self.prefix_cache_interval, bool) or not isinstance(self.prefix_cache_interval, int) \
+                or self.prefix_cache_interval < 0:
+            raise ConfigError(f"prefix_cache_interval={self.prefix_cache_interval!r} must be a non-negative integer")
+        if self.prefix_cache_location not in SNAPSHOT_LOCATIONS:
+            raise ConfigError(f"prefix_cache_location={self.prefix_cache_location!r} must be one of "
+                              f"{', '.join(SNAPSHOT_LOCATIONS)}")
         if self.model_name is not None and not self.model_name.strip():
             raise ConfigError("model_name must not be empty")
 

@@ -28,9 +28,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Sequence, Union
+
+from lucebox.prefix_cache import start_session  # noqa: F401 - re-exported
 
 from .reasoning import THINK_CLOSE
 from .scheduler import Scheduler, Slot
@@ -159,38 +160,6 @@ def _phase(session: Any, tokenizer: Any, prompt: Sequence[int], max_tokens: int,
         finish = "cancelled"
     matched = _ending_with(tokenizer, session.tokens[start:], stop) if finish == "stop" else None
     return finish, stats, matched
-
-
-def start_session(session: Any, prompt_ids: Sequence[int], cache: Any = None,
-                  points: Sequence[int] = ()) -> tuple[list[int], float]:
-    """Put `session` at the start of `prompt_ids`: reset it, or restore the longest cached prefix
-    of the prompt (less its last token, so at least one token is left to generate from). Then,
-    at each of the cache's `boundaries` (the prompt less its last token, for a long prompt) and
-    of `points` beyond that prefix, prefill up to it and insert a snapshot. Returns (the prompt
-    ids still to feed to generation, seconds spent). Evaluating a prefix with `append` and the
-    rest with `generate` yields the same tokens as generating from the whole prompt."""
-    ids = [int(t) for t in prompt_ids]
-    if cache is None or len(ids) - 1 < max(1, cache.min_tokens):
-        session.reset()
-        return ids, 0.0
-    t0 = time.perf_counter()
-    pos = 0
-    hit = cache.lookup(ids[:-1])
-    if hit is not None:
-        try:
-            session.restore(hit[0])
-            pos = hit[1]
-        except Exception as exc:  # never expected (one engine); fall back to a cold start
-            log.warning("prefix cache: restoring a %d-token prefix failed (%s); prefilling instead", hit[1], exc)
-            session.reset()
-    else:
-        session.reset()
-    for end in sorted(set(cache.boundaries(len(ids))) | {int(p) for p in points}):
-        if pos < end < len(ids):
-            session.append(ids[pos:end])
-            pos = end
-            cache.insert(session.snapshot())
-    return ids[pos:], time.perf_counter() - t0
 
 
 def run_plan(session: Any, tokenizer: Any, plan: GenerationPlan, emit: Callable[[str], None],

@@ -21,7 +21,6 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     default model (see `lucebox.default_model`) is prepared and used."""
     model = args.model or getattr(args, "model_pos", None)
     draft = args.draft
-    placeholder = False
     names: tuple[str, ...] = ()
     model_name = args.model_name
     if model is None:
@@ -42,7 +41,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         queue=args.queue, model_name=model_name, api_key=args.api_key, default_max_tokens=args.max_tokens,
         max_reasoning_tokens=args.max_reasoning_tokens, temperature=args.temperature, top_p=args.top_p,
         top_k=args.top_k, min_p=args.min_p, chat_template_file=args.chat_template_file,
-        placeholder=placeholder, log_level=args.log_level, prefix_cache_mb=cache_mb,
+        log_level=args.log_level, prefix_cache_mb=cache_mb,
+        prefix_cache_location=args.prefix_cache_location, prefix_cache_interval=args.prefix_cache_interval,
         extra_model_names=names + tuple(getattr(args, "alias", None) or ()))
 
 
@@ -53,11 +53,6 @@ def serve(args: argparse.Namespace) -> int:
     level = getattr(logging, args.log_level.upper(), logging.INFO)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     config = config_from_args(args)
-    if config.placeholder:
-        log.warning("no --model given: serving the built-in PLACEHOLDER model %r, a tiny synthetic pair with "
-                    "RANDOM weights (%s, draft %s). Its answers are noise; it exists to exercise the server "
-                    "until the trained demo model ships. Pass --model to serve a real qwen35 GGUF.",
-                    config.served_name, config.model, config.draft)
     from .app import create_app, load_engine
 
     log.info("loading %s%s", config.model, f" with draft {config.draft}" if config.draft else "")
@@ -67,6 +62,9 @@ def serve(args: argparse.Namespace) -> int:
     log.info("model %r on %s: context %d tokens, %d slot(s), queue %d, tool-call format %s, chat template %s",
              svc.model_name, engine.device, svc.n_ctx, config.slots, config.queue, svc.tool_format,
              config.chat_template_file or "from the GGUF (or lucebox's default)")
+    if config.prefix_cache_mb > 0:
+        log.info("prefix cache: %d MiB of %s memory for snapshots of long prompts", config.prefix_cache_mb,
+                 config.prefix_cache_location)
     log.info("listening on http://%s:%d (OpenAI API under /v1)", config.host, config.port)
     uvicorn.run(app, host=config.host, port=config.port, log_level=args.log_level, access_log=args.access_log,
                 timeout_graceful_shutdown=5)

@@ -143,7 +143,8 @@ class Service:
         self.metrics.add_gauge("lucebox_context_tokens", "Context length per slot.", lambda: self.n_ctx)
         self.prefix_cache: PrefixCache | None = None
         if config.prefix_cache_mb > 0:
-            self.prefix_cache = PrefixCache(config.prefix_cache_mb << 20)
+            self.prefix_cache = PrefixCache(config.prefix_cache_mb << 20, location=config.prefix_cache_location,
+                                            interval_tokens=config.prefix_cache_interval)
             self._add_prefix_cache_metrics(self.prefix_cache)
 
     def _add_prefix_cache_metrics(self, cache: PrefixCache) -> None:
@@ -154,10 +155,17 @@ class Service:
                     lambda: cache.misses, kind="counter")
         m.add_gauge("lucebox_prefix_cache_hit_tokens_total", "Prompt tokens restored from the prefix cache.",
                     lambda: cache.hit_tokens, kind="counter")
-        m.add_gauge("lucebox_prefix_cache_bytes", "Host memory held by prefix-cache snapshots.", lambda: cache.bytes)
+        m.add_gauge("lucebox_prefix_cache_bytes",
+                    f"Memory held by prefix-cache snapshots (in {cache.location} memory).", lambda: cache.bytes)
         m.add_gauge("lucebox_prefix_cache_entries", "Snapshots in the prefix cache.", lambda: cache.entries)
         m.add_gauge("lucebox_prefix_cache_evictions_total", "Snapshots evicted from the prefix cache.",
                     lambda: cache.evictions, kind="counter")
+        m.add_gauge("lucebox_prefix_cache_too_large_total",
+                    "Snapshots not stored because each alone exceeds the whole budget (--prefix-cache-mb).",
+                    lambda: cache.too_large, kind="counter")
+        m.add_gauge("lucebox_prefix_cache_out_of_memory_total",
+                    "Snapshots not taken because memory at the cache's location ran out, even after evicting.",
+                    lambda: cache.out_of_memory, kind="counter")
 
     @property
     def fingerprint(self) -> str:
@@ -168,7 +176,7 @@ class Service:
         """The /v1/models entry of the served model."""
         return {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "lucebox",
                 "context_length": self.n_ctx, "max_model_len": self.n_ctx,
-                "meta": {"placeholder": self.config.placeholder, "draft": self.config.draft is not None,
+                "meta": {"draft": self.config.draft is not None,
                          "slots": self.config.slots, "tool_call_format": self.tool_format}}
 
     # -- validation -------------------------------------------------------------------------

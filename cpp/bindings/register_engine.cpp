@@ -65,11 +65,16 @@ void register_engine(py::module_ & m) {
             return d;
         });
 
-    py::class_<session_snapshot>(m, "Snapshot", "A session's state in host memory (see engine.h).")
+    py::class_<session_snapshot>(m, "Snapshot",
+                                 "A session's state in host or device memory (see engine.h); copies share the data.")
         .def_readonly("fingerprint", &session_snapshot::fingerprint)
         .def_readonly("tokens", &session_snapshot::tokens)
         .def_readonly("pending", &session_snapshot::pending)
         .def_property_readonly("nbytes", &session_snapshot::bytes)
+        .def_property_readonly("location",
+                               [](const session_snapshot & s) { return snapshot_location_name(s.location()); })
+        .def_property_readonly("region_sizes", &session_snapshot::region_sizes)
+        .def("to_host", &session_snapshot::to_host, py::call_guard<py::gil_scoped_release>())
         .def("save", &session_snapshot::save, py::arg("path"), py::call_guard<py::gil_scoped_release>())
         .def_static("load", &session_snapshot::load, py::arg("path"), py::call_guard<py::gil_scoped_release>());
 
@@ -122,7 +127,12 @@ void register_engine(py::module_ & m) {
            py::arg("on_token") = py::none(), py::arg("on_prefill") = py::none(), py::arg("propose") = py::none(),
            py::arg("block_size") = 0, py::arg("phase_timings") = false)
         .def("reset", &session::reset, py::call_guard<py::gil_scoped_release>())
-        .def("snapshot", &session::snapshot, py::call_guard<py::gil_scoped_release>())
+        .def("snapshot", [](session & s, const std::string & location) {
+            const snapshot_location where = parse_snapshot_location(location);
+            py::gil_scoped_release nogil;
+            return s.snapshot(where);
+        }, py::arg("location") = "host")
+        .def_property_readonly("snapshot_nbytes", &session::snapshot_bytes)
         .def("restore", &session::restore, py::arg("snapshot"), py::call_guard<py::gil_scoped_release>())
         .def("draft_proposals", &session::draft_proposals, py::arg("last"), py::call_guard<py::gil_scoped_release>())
         .def_property_readonly("n_past", &session::n_past)
@@ -144,6 +154,16 @@ void register_engine(py::module_ & m) {
             return std::make_unique<engine>(cfg, cb);
         }), py::arg("config"), py::arg("progress") = py::none())
         .def("new_session", &engine::new_session, py::call_guard<py::gil_scoped_release>(), py::keep_alive<0, 1>())
+        .def("copy_snapshot", [](const engine & e, const session_snapshot & snap, const std::string & location) {
+            const snapshot_location where = parse_snapshot_location(location);
+            py::gil_scoped_release nogil;
+            return e.copy_snapshot(snap, where);
+        }, py::arg("snapshot"), py::arg("location"))
+        .def("load_snapshot", [](const engine & e, const std::string & path, const std::string & location) {
+            const snapshot_location where = parse_snapshot_location(location);
+            py::gil_scoped_release nogil;
+            return e.load_snapshot(path, where);
+        }, py::arg("path"), py::arg("location") = "host")
         .def_property_readonly("hparams", &engine::hparams, py::return_value_policy::reference_internal)
         .def_property_readonly("device_name", &engine::device_name)
         .def_property_readonly("device_description", &engine::device_description)

@@ -101,12 +101,35 @@ void register_models(py::module_ & m) {
         .def_readwrite("block_size", &dflash_hparams::block_size)
         .def_readwrite("mask_token_id", &dflash_hparams::mask_token_id)
         .def_readwrite("target_layers", &dflash_hparams::target_layers)
+        .def_readwrite("n_deferred_target_layers", &dflash_hparams::n_deferred_target_layers)
+        .def_property_readonly("n_target_layers", &dflash_hparams::n_target_layers)
         .def_readwrite("causal", &dflash_hparams::causal)
         .def_readwrite("n_swa", &dflash_hparams::n_swa)
         .def_readwrite("is_swa", &dflash_hparams::is_swa)
         .def_readwrite("n_vocab", &dflash_hparams::n_vocab)
         .def_readwrite("has_token_embd", &dflash_hparams::has_token_embd)
         .def_readwrite("has_output", &dflash_hparams::has_output)
+        .def_property("schema", [](const dflash_hparams & hp) { return std::string(dflash_schema_name(hp.schema)); },
+                      [](dflash_hparams & hp, const std::string & name) {
+                          if (name == "upstream") {
+                              hp.set_schema(dflash_schema::upstream);
+                          } else if (name == "lucebox") {
+                              hp.set_schema(dflash_schema::lucebox);
+                          } else {
+                              throw config_error("unknown DFlash draft schema '" + name + "' (upstream or lucebox)");
+                          }
+                      },
+                      "GGUF schema: 'upstream' (llama.cpp dflash) or 'lucebox' (qwen35-dflash-draft); setting it "
+                      "also sets the schema's tensor names and SWA semantics.")
+        .def_property_readonly("swa_kind", [](const dflash_hparams & hp) { return std::string(dflash_swa_kind_name(hp.swa_kind)); },
+                               "SWA semantics: 'per_query' (upstream) or 'last_context' (lucebox).")
+        .def_property_readonly("tensor_names", [](const dflash_hparams & hp) {
+            py::dict d;
+            d["fc"] = hp.names.fc;
+            d["enc_norm"] = hp.names.enc_norm;
+            d["ffn_norm"] = hp.names.ffn_norm;
+            return d;
+        }, "File names of the schema-dependent tensors (ffn_norm: the per-layer suffix after 'blk.N.').")
         .def("validate", &dflash_hparams::validate)
         .def("tensor_specs", [](const dflash_hparams & hp) { hp.validate(); return specs_to_list(dflash_tensor_specs(hp)); },
              "[(name, shape, role, required)] in ggml order.");
@@ -136,9 +159,14 @@ void register_models(py::module_ & m) {
         .def_property_readonly("tensors", [](const draft_model_file & d) { return tensors_to_list(d.file); })
         .def_property_readonly("bytes_by_type", [](const draft_model_file & d) { return bytes_by_type(d.file); });
 
-    m.def("validate_draft", [](const target_model_file & t, const draft_model_file & d) {
+    m.def("validate_draft", [](const target_model_file & t, draft_model_file & d) {
         validate_draft_for_target(t.file, t.hparams, d.file, d.hparams);
-    }, py::arg("target"), py::arg("draft"), "Raise DraftMismatchError if the draft cannot serve the target.");
+    }, py::arg("target"), py::arg("draft"),
+       "Raise DraftMismatchError if the draft cannot serve the target. Completes the draft's hparams that depend "
+       "on the target (a lucebox-schema draft without target_layer_ids gets the original default ids).");
+
+    m.def("dflash_default_target_layers", &dflash_default_target_layers, py::arg("n"), py::arg("n_layer_target"),
+          "The original lucebox default captured layers (our convention: layer inputs): 2 + k * ((n_layer - 2) / (n - 1)).");
 
     m.def("plan_memory", [](const target_model_file & t, const draft_model_file * d, uint32_t n_ctx, uint32_t n_seq,
                             const std::string & kv_type_k, const std::string & kv_type_v, uint32_t verify_tokens,

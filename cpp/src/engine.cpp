@@ -19,6 +19,7 @@
 #include "models/dflash_model.h"
 #include "models/qwen35_model.h"
 #include "spec/chain.h"
+#include "state/snapshot.h"
 
 namespace lucebox {
 
@@ -481,26 +482,13 @@ std::vector<int32_t> session::run_draft(int32_t last, uint32_t block) {
         ggml_backend_tensor_set(g.in.block_tokens, toks.data(), 0, sizeof(int32_t) * block);
         ggml_backend_tensor_set(g.in.block_pos, pos.data(), 0, sizeof(int32_t) * block);
         ggml_backend_tensor_set(g.in.block_kv_rows, rows.data(), 0, sizeof(int64_t) * block);
-        // context rows [0, n_past) then the block; bidirectional in the block unless the draft is causal
-        auto block_mask = [&](uint32_t window) {
-            const ggml_fp16_t zero = ggml_fp32_to_fp16(0.0f), ninf = ggml_fp32_to_fp16(-INFINITY);
-            std::vector<ggml_fp16_t> mask(size_t(n_kv) * block, ninf);
-            for (uint32_t i = 0; i < block; ++i) {
-                const uint32_t q_pos = n_past + i;
-                const uint32_t ctx_from = window > 0 && q_pos >= window ? q_pos - window + 1 : 0;
-                const uint32_t block_end = dh.causal ? q_pos + 1 : n_past + block;
-                ggml_fp16_t * row = mask.data() + size_t(i) * n_kv;
-                std::fill(row + std::min(ctx_from, n_past), row + n_past, zero);
-                std::fill(row + n_past, row + block_end, zero);
-            }
-            return mask;
-        };
+        // context rows [0, n_past) then the block (models/dflash_model.h: dflash_block_mask)
         if (g.in.kq_mask != nullptr) {
-            const auto mask = block_mask(0);
+            const auto mask = dflash_block_mask(dh, /*swa=*/false, n_past, block, n_kv);
             ggml_backend_tensor_set(g.in.kq_mask, mask.data(), 0, sizeof(ggml_fp16_t) * mask.size());
         }
         if (g.in.kq_mask_swa != nullptr) {
-            const auto swa = block_mask(dh.n_swa);
+            const auto swa = dflash_block_mask(dh, /*swa=*/true, n_past, block, n_kv);
             ggml_backend_tensor_set(g.in.kq_mask_swa, swa.data(), 0, sizeof(ggml_fp16_t) * swa.size());
         }
     }
@@ -576,27 +564,87 @@ std::vector<std::pair<ggml_tensor *, size_t>> snapshot_layout(const engine::impl
     }
     return out;
 }
+
+// Copies every region between the session state and `data` (to_snapshot: state -> data, else
+// data -> state), queued on the engine's backend, then waits once. Host data (pinned or plain) is
+// read and written with tensor_get/set_async (direct DMA from pinned memory on CUDA); device data
+// with device-to-device tensor copies between 1-D I8 byte views of the state tensors' leading
+// bytes and the data's regions. Region i is the first layout[i].second bytes of layout[i].first.
+void copy_regions(engine::impl & e, const std::vector<std::pair<ggml_tensor *, size_t>> & layout,
+                  const snapshot_data & data, bool to_snapshot) {
+    // Byte views first (the only step that can fail), so nothing is queued when it does.
+    std::vector<ggml_tensor *> views(layout.size(), nullptr);
+    std::vector<uint8_t> meta;
+    std::unique_ptr<ggml_context, void (*)(ggml_context *)> ctx(nullptr, [](ggml_context * c) { ggml_free(c); });
+    if (!data.is_host()) {
+        meta.resize(ggml_tensor_overhead() * (layout.size() + 1));
+        ggml_init_params ip{meta.size(), meta.data(), /*no_alloc=*/true};
+        ctx.reset(ggml_init(ip));
+        for (size_t i = 0; i < layout.size(); ++i) {
+            ggml_tensor * state = layout[i].first;
+            if (layout[i].second == 0) {
+                continue;
+            }
+            views[i] = ggml_new_tensor_1d(ctx.get(), GGML_TYPE_I8, static_cast<int64_t>(layout[i].second));
+            if (ggml_backend_tensor_alloc(state->buffer, views[i], state->data) != GGML_STATUS_SUCCESS) {
+                throw error("internal: could not view the state tensor " + std::string(ggml_get_name(state)));
+            }
+        }
+    }
+    for (size_t i = 0; i < layout.size(); ++i) {
+        ggml_tensor * state = layout[i].first;
+        const size_t n = layout[i].second;
+        ggml_tensor * region = data.region(i);
+        if (n == 0) {
+            continue;
+        }
+        if (data.is_host()) {
+            if (to_snapshot) {
+                ggml_backend_tensor_get_async(e.backend, state, region->data, 0, n);
+            } else {
+                ggml_backend_tensor_set_async(e.backend, state, region->data, 0, n);
+            }
+        } else if (to_snapshot) {
+            ggml_backend_tensor_copy_async(e.backend, e.backend, views[i], region);
+        } else {
+            ggml_backend_tensor_copy_async(e.backend, e.backend, region, views[i]);
+        }
+    }
+    ggml_backend_synchronize(e.backend);
+}
 }  // namespace
 
-session_snapshot session::snapshot() {
+session_snapshot session::snapshot(snapshot_location where) {
     engine::impl & e = *eng_;
     std::lock_guard<std::mutex> lock(e.compute_mutex);
     if (e.draft && n_draft_ctx_ < tokens_.size()) {
         run_draft(-1, 0);  // the draft catches up, so its KV rows cover every evaluated position
     }
+    const uint32_t n_past = static_cast<uint32_t>(tokens_.size());
+    const auto layout = snapshot_layout(e, st_->model_state, e.draft ? &st_->draft_state : nullptr, n_past);
+    std::vector<uint64_t> sizes;
+    for (const auto & region : layout) {
+        sizes.push_back(region.second);
+    }
+    // Allocated before anything is copied: out of memory here leaves nothing changed.
+    auto data = std::make_shared<snapshot_data>(sizes, snapshot_buffer_type(e.dev, where), where);
+    copy_regions(e, layout, *data, /*to_snapshot=*/true);
     session_snapshot snap;
     snap.fingerprint = layout_fingerprint(e);
     snap.tokens = tokens_;
     snap.pending = pending_;
-    const uint32_t n_past = static_cast<uint32_t>(tokens_.size());
-    for (const auto & [t, n] : snapshot_layout(e, st_->model_state, e.draft ? &st_->draft_state : nullptr, n_past)) {
-        std::vector<uint8_t> blob(n);
-        if (n > 0) {
-            ggml_backend_tensor_get(t, blob.data(), 0, n);
-        }
-        snap.blobs.push_back(std::move(blob));
-    }
+    snap.data = std::move(data);
     return snap;
+}
+
+uint64_t session::snapshot_bytes() const {
+    uint64_t n = tokens_.size() * sizeof(int32_t);
+    const uint32_t n_past = static_cast<uint32_t>(tokens_.size());
+    const dflash_state * ds = eng_->draft ? &st_->draft_state : nullptr;
+    for (const auto & region : snapshot_layout(*eng_, st_->model_state, ds, n_past)) {
+        n += region.second;
+    }
+    return n;
 }
 
 void session::restore(const session_snapshot & snap) {
@@ -613,13 +661,14 @@ void session::restore(const session_snapshot & snap) {
     }
     const uint32_t n_past = static_cast<uint32_t>(snap.tokens.size());
     const auto layout = snapshot_layout(e, st_->model_state, e.draft ? &st_->draft_state : nullptr, n_past);
-    if (layout.size() != snap.blobs.size()) {
-        throw config_error("snapshot has " + std::to_string(snap.blobs.size()) + " tensors, expected " +
+    const std::vector<uint64_t> sizes = snap.region_sizes();
+    if (!snap.data || layout.size() != sizes.size()) {
+        throw config_error("snapshot has " + std::to_string(sizes.size()) + " tensors, expected " +
                            std::to_string(layout.size()));
     }
     for (size_t i = 0; i < layout.size(); ++i) {
-        if (snap.blobs[i].size() != layout[i].second) {
-            throw config_error("snapshot tensor " + std::to_string(i) + " has " + std::to_string(snap.blobs[i].size()) +
+        if (sizes[i] != layout[i].second) {
+            throw config_error("snapshot tensor " + std::to_string(i) + " has " + std::to_string(sizes[i]) +
                                " bytes, expected " + std::to_string(layout[i].second));
         }
     }
@@ -631,14 +680,24 @@ void session::restore(const session_snapshot & snap) {
     std::lock_guard<std::mutex> lock(e.compute_mutex);
     st_->model_state.store.clear();
     st_->draft_state.store.clear();
-    for (size_t i = 0; i < layout.size(); ++i) {
-        if (!snap.blobs[i].empty()) {
-            ggml_backend_tensor_set(layout[i].first, snap.blobs[i].data(), 0, snap.blobs[i].size());
-        }
-    }
+    copy_regions(e, layout, *snap.data, /*to_snapshot=*/false);
     tokens_ = snap.tokens;
     pending_ = snap.pending;
     n_draft_ctx_ = e.draft ? n_past : 0;
+}
+
+session_snapshot engine::copy_snapshot(const session_snapshot & snap, snapshot_location where) const {
+    ggml_backend_buffer_type_t buft = snapshot_buffer_type(impl_->dev, where);
+    if (!snap.data || (snap.data->buffer_type() == buft && snap.data->location() == where)) {
+        return snap;
+    }
+    session_snapshot s = snap;
+    s.data = copy_snapshot_data(*snap.data, buft, where);
+    return s;
+}
+
+session_snapshot engine::load_snapshot(const std::string & path, snapshot_location where) const {
+    return load_snapshot_file(path, snapshot_buffer_type(impl_->dev, where), where);
 }
 
 void session::commit(uint32_t n_verified, uint32_t last_kept) {

@@ -1,4 +1,4 @@
-"""The `lucebox` command line: info, synth, generate, serve.
+"""The `lucebox` command line: info, synth, convert-draft, generate, serve.
 
 Each subcommand is a small function over the public Python API; heavy modules (the server, the
 synthetic-model writer) are imported only by the subcommand that needs them.
@@ -78,12 +78,15 @@ def _describe_target(t: Any) -> dict[str, Any]:
 def _describe_draft(d: Any) -> dict[str, Any]:
     hp = d.hparams
     return {
-        "path": d.path, "architecture": "dflash", "file_size": d.file_size, "weight_bytes": d.weight_bytes,
-        "bytes_by_type": d.bytes_by_type, "n_tensors": len(d.tensors),
+        "path": d.path, "architecture": "dflash", "schema": hp.schema, "file_size": d.file_size,
+        "weight_bytes": d.weight_bytes, "bytes_by_type": d.bytes_by_type, "n_tensors": len(d.tensors),
         "hparams": {
             "n_embd": hp.n_embd, "n_layer": hp.n_layer, "n_ff": hp.n_ff, "n_head": hp.n_head,
             "n_head_kv": hp.n_head_kv, "head_dim": hp.head_dim, "block_size": hp.block_size,
-            "target_layers": list(hp.target_layers), "mask_token_id": hp.mask_token_id,
+            # a lucebox-schema draft without ids gets them from the target (validate_draft)
+            "target_layers": (list(hp.target_layers) if hp.target_layers
+                              else f"{hp.n_deferred_target_layers} from the target's layer count"),
+            "mask_token_id": hp.mask_token_id,
             "own_embedding": hp.has_token_embd, "own_head": hp.has_output, "causal_block": hp.causal,
             "sliding_window": hp.n_swa, "swa_layers": [i for i, s in enumerate(hp.is_swa) if s],
         },
@@ -92,7 +95,8 @@ def _describe_draft(d: Any) -> dict[str, Any]:
 
 def _print_model(label: str, m: dict[str, Any]) -> None:
     types = ", ".join(f"{k} {_fmt_bytes(v)}" for k, v in sorted(m["bytes_by_type"].items()))
-    print(f"{label}: {m['path']} ({m['architecture']}, {m['n_tensors']} tensors, {_fmt_bytes(m['weight_bytes'])}: {types})")
+    arch = m["architecture"] + (f", {m['schema']} schema" if "schema" in m else "")
+    print(f"{label}: {m['path']} ({arch}, {m['n_tensors']} tensors, {_fmt_bytes(m['weight_bytes'])}: {types})")
     print("  " + ", ".join(f"{k}={v}" for k, v in m["hparams"].items()))
 
 
@@ -117,6 +121,12 @@ def _cmd_synth(args: argparse.Namespace) -> int:
     from lucebox import synth
 
     return synth.run(args)
+
+
+def _cmd_convert_draft(args: argparse.Namespace) -> int:
+    from lucebox import convert
+
+    return convert.run(args)
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -253,6 +263,15 @@ def build_parser() -> argparse.ArgumentParser:
     synth.add_arguments(p)
     p.set_defaults(func=_cmd_synth)
 
+    p = sub.add_parser("convert-draft", help="convert a z-lab DFlash draft (safetensors) to a draft GGUF",
+                       description="Convert a Hugging Face DFlash draft directory (config.json + model.safetensors, "
+                                   "z-lab layout) to an upstream-schema 'dflash' GGUF for a qwen35 target, whose "
+                                   "vocabulary it takes.")
+    from lucebox import convert
+
+    convert.add_arguments(p)
+    p.set_defaults(func=_cmd_convert_draft)
+
     p = sub.add_parser("generate", help="generate text from a prompt",
                        description="lucebox generate [MODEL] PROMPT. Without MODEL: the bundled demo pair "
                                    "(a small code model and its DFlash draft), with --stats on.")
@@ -284,10 +303,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="run the OpenAI-compatible HTTP server (Anthropic Messages and Responses too)",
                        description="Serve a qwen35 GGUF over HTTP: /v1/chat/completions, /v1/completions, "
                                    "/v1/models, /v1/messages, /v1/responses, /health, /metrics and a chat page at /. "
-                                   "Without --model it serves the built-in placeholder model (a tiny synthetic "
-                                   "pair with random weights, written to $LUCEBOX_CACHE_DIR/models on first use).")
+                                   "Without --model it serves the bundled demo pair (a small code model trained on the "
+                                   "Python standard library, with its DFlash draft).")
     p.add_argument("model_pos", nargs="?", metavar="MODEL", help="qwen35 target GGUF (same as --model)")
-    p.add_argument("--model", "-m", default=None, help="qwen35 target GGUF (default: the built-in placeholder model)")
+    p.add_argument("--model", "-m", default=None, help="qwen35 target GGUF (default: the bundled demo pair)")
     p.add_argument("--draft", default=None, help="DFlash draft GGUF for speculative decoding")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
@@ -305,7 +324,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--alias", action="append", default=[], metavar="NAME",
                    help="another model id requests may name, e.g. what an agent is configured to send (repeatable)")
     p.add_argument("--prefix-cache-mb", type=int, default=1024,
-                   help="host memory (MiB) for snapshots of long prompts reused across requests (0 disables)")
+                   help="memory (MiB) for snapshots of long prompts reused across requests (0 disables)")
+    p.add_argument("--prefix-cache-interval", type=int, default=0, metavar="N",
+                   help="also snapshot every N tokens of a long prompt, so prompts sharing only its "
+                        "beginning resume near where they diverge (0: only the end of the prompt and "
+                        "chat-turn boundaries; default 0)")
+    p.add_argument("--prefix-cache-location", choices=["host", "device"], default="host",
+                   help="where prefix-cache snapshots live: host (pinned memory; default) or device "
+                        "(the GPU's memory: fastest restore, counts against device memory)")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 endpoints")
     p.add_argument("--max-tokens", type=_positive_int, default=None,
                    help="reply length when a request does not say (default: the rest of the context)")

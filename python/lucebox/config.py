@@ -17,6 +17,15 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
 SPEC_MODES = ("auto", "off", "chain")
 ROLLBACK_MODES = ("fast", "replay")
+# Where a session snapshot keeps its tensor data (see `Session.snapshot`).
+SNAPSHOT_LOCATIONS = ("host", "device")
+
+
+def check_snapshot_location(location: object) -> str:
+    """`location` if it is one of SNAPSHOT_LOCATIONS, else ConfigError."""
+    if not isinstance(location, str) or location not in SNAPSHOT_LOCATIONS:
+        raise ConfigError(f"snapshot location {location!r} must be one of {', '.join(SNAPSHOT_LOCATIONS)}")
+    return location
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import numpy as np
 
 from lucebox import _core
 from lucebox.chat_template import ChatTemplate
-from lucebox.config import EngineConfig, SamplingConfig, stop_list
+from lucebox.config import EngineConfig, SamplingConfig, check_snapshot_location, stop_list
 from lucebox.errors import ConfigError
 from lucebox.tokenizer import Tokenizer
 
@@ -113,6 +113,12 @@ class Engine:
     def device(self) -> str:
         return f"{self._core.device_name} ({self._core.device_description})"
 
+    def copy_snapshot(self, snapshot: _core.Snapshot, location: str = "device") -> _core.Snapshot:
+        """`snapshot` with its data at `location` of this engine ("device": this engine's device
+        memory; "host": pinned host memory when the device offers it). Returns the same snapshot
+        when it is already there. Raises OutOfMemoryError when it does not fit."""
+        return self._core.copy_snapshot(snapshot, check_snapshot_location(location))
+
     def session(self) -> "Session":
         """A new, empty sequence with its own KV cache and recurrent state."""
         return Session(self)
@@ -179,16 +185,31 @@ class Session:
     def reset(self) -> None:
         self._core.reset()
 
-    def snapshot(self) -> _core.Snapshot:
-        """Copy of this session's state in host memory (tokens, KV rows, DeltaNet state, draft KV).
+    def snapshot(self, location: str = "host") -> _core.Snapshot:
+        """Copy of this session's state (tokens, KV rows, DeltaNet state, draft KV).
+
+        location: where the copy's tensor data lives. "host" (default): host memory, pinned
+        (page-locked) when the device offers it (CUDA), so restoring runs at full bus speed.
+        "device": the engine's device memory, so restoring is a device-to-device copy (the
+        fastest; it costs device memory). On a CPU engine both are the same plain memory
+        (`snapshot.location` still says what was asked). Raises ConfigError for another value and
+        OutOfMemoryError (naming the bytes) when the memory is short; the session is unchanged.
+
         `restore` it into any session of an engine with the same model, KV types and draft to
         continue token-identically; `snapshot.save(path)` / `lucebox.load_snapshot(path)` keep it
-        on disk (a versioned file; one from another layout is refused on restore)."""
-        return self._core.snapshot()
+        on disk (a versioned file, written through host memory for a device snapshot; one from
+        another layout is refused on restore). `snapshot.to_host()` copies a device snapshot to
+        host memory; `engine.copy_snapshot(snapshot, "device")` the other way."""
+        return self._core.snapshot(check_snapshot_location(location))
+
+    @property
+    def snapshot_nbytes(self) -> int:
+        """Bytes a snapshot taken now would hold (`Snapshot.nbytes`), computed without copying."""
+        return self._core.snapshot_nbytes
 
     def restore(self, snapshot: _core.Snapshot) -> None:
-        """Replace this session's state by `snapshot`. Raises ConfigError if it was taken with
-        another model/KV/draft layout or does not fit this engine's context."""
+        """Replace this session's state by `snapshot` (host or device). Raises ConfigError if it
+        was taken with another model/KV/draft layout or does not fit this engine's context."""
         self._core.restore(snapshot)
 
     def eval(self, tokens: Sequence[int], *, all_logits: bool = True) -> np.ndarray:
@@ -326,7 +347,15 @@ class Session:
             thread.join()
 
 
-def load_snapshot(path: str | os.PathLike[str]) -> _core.Snapshot:
-    """Read a snapshot written by `Snapshot.save`. Raises ConfigError for a missing, truncated
-    or foreign file."""
-    return _core.Snapshot.load(os.fspath(path))
+def load_snapshot(path: str | os.PathLike[str], *, engine: Engine | None = None,
+                  location: str = "host") -> _core.Snapshot:
+    """Read a snapshot written by `Snapshot.save`. Without `engine` the data lands in plain host
+    memory; with it, in that engine's memory at `location` ("host": pinned when the device
+    offers it; "device": the engine's device). Raises ConfigError for a missing, truncated or
+    foreign file, or for location="device" without an engine."""
+    check_snapshot_location(location)
+    if engine is None:
+        if location != "host":
+            raise ConfigError("load_snapshot: location='device' needs the engine whose device holds it")
+        return _core.Snapshot.load(os.fspath(path))
+    return engine._core.load_snapshot(os.fspath(path), location)

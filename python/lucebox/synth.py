@@ -6,6 +6,9 @@ DFlash draft (``dflash``), with the metadata keys upstream llama.cpp reads, a sm
 byte-level BPE vocabulary (`lucebox.vocab.synthetic_vocab`) and random weights. Which tensors a
 file holds, and their shapes, come from `lucebox._core` (``Qwen35HParams.tensor_specs()`` /
 ``DFlashHParams.tensor_specs()``), the same tables the loader checks files against.
+``write_draft(..., schema="lucebox")`` writes the draft in the original lucebox schema
+(``qwen35-dflash-draft``) instead; random values are keyed by the upstream tensor names, so one seed
+gives the same weights in both schemas.
 
 Presets (`PRESETS`): ``tiny`` (seconds on a CPU; shapes that ggml's CUDA kernels also accept),
 ``small`` (a few hundred MB, for CPU benchmarks) and ``qwen3.6-27b`` (the real Qwen3.6-27B
@@ -35,6 +38,7 @@ Command line (``lucebox synth``, see `add_arguments`)::
     lucebox synth tiny -o tiny.gguf --draft-out tiny-draft.gguf --type q8_0
     lucebox synth qwen3.6-27b -o t.gguf --draft-out d.gguf --fill zeros
     lucebox synth tiny -o t.gguf --set n_layer=6 --set recurrent_layers=T,F,T,T,F,T
+    lucebox synth tiny -o t.gguf --draft-out d.gguf --draft-schema lucebox
 """
 
 from __future__ import annotations
@@ -64,6 +68,7 @@ __all__ = [
     "PRESETS",
     "TYPES",
     "FILLS",
+    "SCHEMAS",
     "POOL_ELEMENTS",
     "resolve_target",
     "resolve_draft",
@@ -77,6 +82,10 @@ __all__ = [
 TYPES: tuple[str, ...] = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", "q5_k", "q6_k", "q4_k_m")
 #: Fill modes: random weights, or all-zero data written as a sparse file.
 FILLS: tuple[str, ...] = ("random", "zeros")
+#: Draft GGUF schemas: upstream llama.cpp ``dflash``, or the original lucebox ``qwen35-dflash-draft``.
+SCHEMAS: tuple[str, ...] = ("upstream", "lucebox")
+#: general.architecture of a lucebox-schema draft.
+LUCEBOX_DRAFT_ARCH = "qwen35-dflash-draft"
 #: Tensors with at most this many values are fully random; larger ones are tiled from a pool of
 #: random rows of (about) this many values.
 POOL_ELEMENTS = 8 << 20
@@ -391,8 +400,16 @@ def resolve_target(preset: str | Preset = "tiny", overrides: Mapping[str, Any] |
 
 
 def resolve_draft(preset: str | Preset = "tiny", overrides: Mapping[str, Any] | None = None,
-                  target_overrides: Mapping[str, Any] | None = None, *, own_head: bool = False):
-    """Return ``(DraftShape, DFlashHParams, TargetShape)`` for a draft matching its target."""
+                  target_overrides: Mapping[str, Any] | None = None, *, own_head: bool = False,
+                  schema: str = "upstream"):
+    """Return ``(DraftShape, DFlashHParams, TargetShape)`` for a draft matching its target.
+
+    `schema` ``"lucebox"``: the original lucebox schema, which stores the *outputs* of target
+    layers (ids = our `target_layers` - 1, so each id must be in [1, n_layer]; n_layer is the
+    output of the last layer), ropes whole heads (n_rot == head_dim), has no causal flag and no
+    embedding/head of its own.
+    """
+    schema = _check_choice(schema, SCHEMAS, "draft schema")
     tshape, thp = resolve_target(preset, target_overrides)
     shape: DraftShape = _apply_overrides(_get_preset(preset).draft, overrides, "draft")
     n_embd = tshape.n_embd if shape.n_embd is None else shape.n_embd
@@ -406,15 +423,30 @@ def resolve_draft(preset: str | Preset = "tiny", overrides: Mapping[str, Any] | 
                           f"{tshape.n_vocab} tokens")
     seen: set[int] = set()
     for layer in shape.target_layers:
+        if schema == "lucebox":
+            # lucebox stores output ids (layer - 1 >= 0); the last layer's output (id n_layer) is fine
+            if not 1 <= layer <= thp.n_layer:
+                raise ConfigError(f"draft target layer {layer} is out of range [1, {thp.n_layer}] for a "
+                                  f"lucebox-schema draft of a target with {thp.n_layer} layers (set draft "
+                                  f"field 'target_layers')")
         # Upstream llama.cpp extracts the *input* of each listed layer and aborts on id == n_layer
         # (the output of the last layer is not wired for qwen35), so ids must be < n_layer.
-        if layer >= thp.n_layer:
+        elif layer >= thp.n_layer:
             raise ConfigError(f"draft target layer {layer} is out of range [0, {thp.n_layer - 1}] for a "
                               f"target with {thp.n_layer} layers (set draft field 'target_layers')")
         if layer in seen:
             raise ConfigError(f"draft target layer {layer} is listed twice")
         seen.add(layer)
+    if schema == "lucebox":
+        if own_head:
+            raise ConfigError("a lucebox-schema draft has no embedding or head of its own (own_head)")
+        if shape.causal:
+            raise ConfigError("the lucebox schema has no causal flag (draft field 'causal')")
+        if shape.n_rot != shape.head_dim:
+            raise ConfigError(f"the lucebox schema ropes whole heads: draft n_rot {shape.n_rot} must equal "
+                              f"head_dim {shape.head_dim}")
     hp = _core().DFlashHParams()
+    hp.schema = schema
     hp.n_embd = n_embd
     hp.n_layer = shape.n_layer
     hp.n_ff = shape.n_ff
@@ -462,6 +494,10 @@ class _Tensor:
     ggml_type: str  # ggml's spelling, e.g. "q4_K"
     block: int
     type_size: int
+    key: str = ""  # name that random values and given weights are keyed by (upstream schema name)
+
+    def __post_init__(self) -> None:
+        self.key = self.key or self.name
 
     @property
     def n_rows(self) -> int:
@@ -484,12 +520,14 @@ def _wanted_type(type_: str, name: str) -> str:
     return _GGML_NAME[type_]
 
 
-def _plan(specs: list, type_: str, include_optional: Callable[[str], bool]):
-    """Pick the tensors to write and their types; return (tensors, fallbacks)."""
+def _plan(specs: list, type_: str, include_optional: Callable[[str], bool], keys: list[str] | None = None):
+    """Pick the tensors to write and their types; return (tensors, fallbacks).
+
+    `keys[i]` is the name spec i's values are keyed by (default: its own name)."""
     core = _core()
     tensors: list[_Tensor] = []
     fallbacks: list[dict[str, str]] = []
-    for name, ne, role, required in specs:
+    for i, (name, ne, role, required) in enumerate(specs):
         if not required and not include_optional(name):
             continue
         ne = tuple(int(n) for n in ne)
@@ -507,7 +545,7 @@ def _plan(specs: list, type_: str, include_optional: Callable[[str], bool]):
                                   "reason": f"row length {ne[0]} is not a multiple of the {wanted} "
                                             f"block size {core.ggml_type_traits(wanted)[1]}"})
         canonical, block, size = core.ggml_type_traits(gtype)
-        tensors.append(_Tensor(name, ne, role, canonical, block, size))
+        tensors.append(_Tensor(name, ne, role, canonical, block, size, keys[i] if keys else name))
     return tensors, fallbacks
 
 
@@ -571,7 +609,7 @@ class _Pools:
 
 def _tensor_chunks(t: _Tensor, seed: int, d_conv: int, pools: _Pools) -> Iterator[memoryview]:
     """Yield the bytes of tensor `t` in chunks of at most about `_CHUNK_BYTES`."""
-    rng = _rng(seed, t.name)
+    rng = _rng(seed, t.key)
     if t.n_rows * t.ne[0] <= POOL_ELEMENTS or t.role not in ("matrix", "embedding", "conv"):
         data = _encode(_values(t, rng, d_conv), t.ggml_type)
         yield memoryview(data).cast("B")
@@ -650,7 +688,7 @@ def _stream(path: Path, arch: str, add_keys: Callable[[Any], None], tensors: lis
             for t in tensors:
                 written = 0
                 chunks = (_tensor_chunks(t, seed, d_conv, pools) if weights is None
-                          else [memoryview(_encode(weights[t.name].reshape(t.n_rows, t.ne[0]), t.ggml_type)).cast("B")])
+                          else [memoryview(_encode(weights[t.key].reshape(t.n_rows, t.ne[0]), t.ggml_type)).cast("B")])
                 for chunk in chunks:
                     fout.write(chunk)
                     written += len(chunk)
@@ -677,8 +715,8 @@ def _stream(path: Path, arch: str, add_keys: Callable[[Any], None], tensors: lis
 
 
 def _check_weights(weights: Mapping[str, Any], tensors: list[_Tensor], what: str) -> dict[str, np.ndarray]:
-    """Trained values for every planned tensor: same names, numpy shapes = ggml ne reversed."""
-    names = {t.name for t in tensors}
+    """Trained values for every planned tensor, keyed by `_Tensor.key`; numpy shapes = ggml ne reversed."""
+    names = {t.key for t in tensors}
     missing = sorted(names - set(weights))
     extra = sorted(set(weights) - names)
     if missing or extra:
@@ -686,13 +724,13 @@ def _check_weights(weights: Mapping[str, Any], tensors: list[_Tensor], what: str
                           f"unexpected {extra[:5]}")
     out: dict[str, np.ndarray] = {}
     for t in tensors:
-        a = np.asarray(weights[t.name], dtype=np.float32)
+        a = np.asarray(weights[t.key], dtype=np.float32)
         want = tuple(reversed(t.ne))
         if a.shape != want:
-            raise ConfigError(f"{what} weight {t.name!r} has shape {a.shape}, expected {want}")
+            raise ConfigError(f"{what} weight {t.key!r} has shape {a.shape}, expected {want}")
         if not np.isfinite(a).all():
-            raise ConfigError(f"{what} weight {t.name!r} has non-finite values")
-        out[t.name] = np.ascontiguousarray(a)
+            raise ConfigError(f"{what} weight {t.key!r} has non-finite values")
+        out[t.key] = np.ascontiguousarray(a)
     return out
 
 
@@ -800,7 +838,8 @@ def write_draft(path: str | os.PathLike[str], preset: str | Preset = "tiny", *, 
                 target_overrides: Mapping[str, Any] | None = None, own_head: bool = False,
                 progress: Callable[[int, int], None] | None = None,
                 weights: Mapping[str, Any] | None = None, vocab: Any = None,
-                name: str | None = None, description: str | None = None) -> dict:
+                name: str | None = None, description: str | None = None,
+                schema: str = "upstream", target_layer_ids: bool = True) -> dict:
     """Write a synthetic DFlash draft GGUF at `path` matching the preset's target.
 
     `overrides` maps `DraftShape` field names to values; `target_overrides` are the overrides
@@ -809,12 +848,30 @@ def write_draft(path: str | os.PathLike[str], preset: str | Preset = "tiny", *, 
     own ``token_embd.weight`` and ``output.weight``, else it shares the target's. Returns a
     summary like `write_target`; `weights`, `vocab`, `name` and `description` as there (the
     vocabulary must be the target's). Raises ConfigError before creating any file.
+
+    `schema` ``"lucebox"`` writes the original lucebox schema (arch ``qwen35-dflash-draft``,
+    arch-prefixed keys, ``dflash.fc.weight`` / ``dflash.hidden_norm.weight``, target layer *output*
+    ids in ``dflash.target_layer_ids``; no tokenizer, no own head): the same tensors as the upstream
+    schema under other names, so `weights` are keyed by the upstream names in both schemas and a
+    seed gives the same values. `target_layer_ids=False` (lucebox only) leaves the ids out; the
+    loader then derives them from the target's layer count (the original lucebox default).
     """
     t0 = time.perf_counter()
     type_, fill = _check_common(type, fill, seed)
     p = _get_preset(preset)
-    shape, hp, tshape = resolve_draft(p, overrides, target_overrides, own_head=bool(own_head))
-    tensors, fallbacks = _plan(hp.tensor_specs(), type_, lambda t: bool(own_head))
+    shape, hp, tshape = resolve_draft(p, overrides, target_overrides, own_head=bool(own_head), schema=schema)
+    lucebox = hp.schema == "lucebox"
+    if not lucebox and not target_layer_ids:
+        raise ConfigError("target_layer_ids=False needs schema='lucebox' (the upstream schema always stores the ids)")
+    specs = hp.tensor_specs()
+    keys = None
+    if lucebox:  # the same tensors under upstream names, in the same order (models.h dflash_tensor_specs)
+        hp.schema = "upstream"
+        upstream_specs = hp.tensor_specs()
+        hp.schema = "lucebox"
+        assert [tuple(x[1:]) for x in specs] == [tuple(x[1:]) for x in upstream_specs]
+        keys = [x[0] for x in upstream_specs]
+    tensors, fallbacks = _plan(specs, type_, lambda t: bool(own_head), keys)
     given = None if weights is None else _check_weights(weights, tensors, "draft")
     if vocab is None:
         vocab = _vocab(tshape.n_vocab)
@@ -853,11 +910,38 @@ def write_draft(path: str | os.PathLike[str], preset: str | Preset = "tiny", *, 
             w.add_array(a + "attention.sliding_window_pattern", [bool(x) for x in hp.is_swa])
         add_vocab_to_gguf(w, vocab)
 
+    def add_lucebox_keys(w) -> None:
+        # what the original scripts/convert_dflash_to_gguf.py writes (no tokenizer: the target's)
+        a = LUCEBOX_DRAFT_ARCH + "."
+        _common_keys(w, name or f"lucebox-synth {p.name} qwen35-dflash-draft",
+                     description or f"synthetic random weights: lucebox synth preset={p.name} "
+                                    f"draft schema=lucebox type={type_} seed={int(seed)} fill={fill}", type_)
+        w.add_uint32(a + "context_length", n_ctx)
+        w.add_uint32(a + "embedding_length", hp.n_embd)
+        w.add_uint32(a + "block_count", shape.n_layer)
+        w.add_uint32(a + "feed_forward_length", shape.n_ff)
+        w.add_uint32(a + "attention.head_count", shape.n_head)
+        w.add_uint32(a + "attention.head_count_kv", shape.n_head_kv)
+        w.add_uint32(a + "attention.key_length", shape.head_dim)
+        w.add_uint32(a + "attention.value_length", shape.head_dim)
+        w.add_uint32(a + "vocab_size", tshape.n_vocab)
+        w.add_float32(a + "attention.layer_norm_rms_epsilon", shape.rms_eps)
+        w.add_float32(a + "rope.freq_base", shape.rope_freq_base)
+        w.add_uint32(a + "dflash.n_target_layers", len(shape.target_layers))
+        w.add_uint32(a + "dflash.block_size", shape.block_size)
+        w.add_uint32(a + "dflash.mask_token_id", hp.mask_token_id)
+        if target_layer_ids:
+            _int32_array(w, a + "dflash.target_layer_ids", [layer - 1 for layer in shape.target_layers])
+        if hp.n_swa > 0:
+            w.add_uint32(a + "attention.sliding_window", hp.n_swa)
+            _bool_array(w, a + "attention.sliding_window_pattern", hp.is_swa)
+
     out = Path(path)
+    arch = LUCEBOX_DRAFT_ARCH if lucebox else "dflash"
     d_conv = 4  # unused: a draft has no conv kernel
-    size = _stream(out, "dflash", add_keys, tensors, seed=int(seed), fill=fill, d_conv=d_conv,
-                   progress=progress, weights=given)
-    return _summary(out, "dflash", p.name, type_, fill, int(seed), size, tensors, fallbacks,
+    size = _stream(out, arch, add_lucebox_keys if lucebox else add_keys, tensors, seed=int(seed), fill=fill,
+                   d_conv=d_conv, progress=progress, weights=given)
+    return _summary(out, arch, p.name, type_, fill, int(seed), size, tensors, fallbacks,
                     time.perf_counter() - t0)
 
 
@@ -892,6 +976,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--own-head", action="store_true",
                         help="give the draft its own token_embd and output (default: shared with "
                              "the target)")
+    parser.add_argument("--draft-schema", default="upstream", type=str.lower, choices=SCHEMAS,
+                        help="GGUF schema of the draft: upstream llama.cpp 'dflash' or the original "
+                             "lucebox 'qwen35-dflash-draft' (default: upstream)")
 
 
 _PROGRESS_MIN_BYTES = 256 << 20
@@ -939,12 +1026,13 @@ def run(args: argparse.Namespace) -> int:
     type_ = args.type
     draft_type = args.draft_type or args.type
     own_head = bool(getattr(args, "own_head", False))
+    draft_schema = getattr(args, "draft_schema", "upstream")
     # Validate everything (both files) before writing anything.
     _check_common(type_, args.fill, args.seed)
     _check_common(draft_type, args.fill, args.seed + 1)
     resolve_target(args.preset, target_over)
     if args.draft_out:
-        resolve_draft(args.preset, draft_over, target_over, own_head=own_head)
+        resolve_draft(args.preset, draft_over, target_over, own_head=own_head, schema=draft_schema)
         if os.path.abspath(args.draft_out) == os.path.abspath(args.out):
             raise ConfigError("--draft-out must differ from --out")
     elif draft_over:
@@ -956,6 +1044,6 @@ def run(args: argparse.Namespace) -> int:
     if args.draft_out:
         s = write_draft(args.draft_out, args.preset, type=draft_type, seed=args.seed + 1, fill=args.fill,
                         overrides=draft_over, target_overrides=target_over, own_head=own_head,
-                        progress=_progress_printer(f"writing {args.draft_out}"))
+                        progress=_progress_printer(f"writing {args.draft_out}"), schema=draft_schema)
         print(_describe(s), flush=True)
     return 0

@@ -479,3 +479,195 @@ def test_cli_draft_mismatch(base, tmp_path):
 def test_cli_nonexistent_model(tmp_path):
     p = tmp_path / "nope.gguf"
     _assert_cli_error(_cli(str(p)), f"file '{p}'", "cannot open")
+
+
+# --------------------------------------------------------------------------------------------
+# Drafts in the original lucebox schema (qwen35-dflash-draft)
+# --------------------------------------------------------------------------------------------
+
+LB = "qwen35-dflash-draft."
+
+
+@pytest.fixture(scope="module")
+def lucebox_draft(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("malformed-lucebox") / "draft.gguf"
+    synth.write_draft(d, "tiny", type="q8_0", seed=1, schema="lucebox")
+    assert gm.GGUFModel.read(d).to_bytes() == d.read_bytes()
+    return d
+
+
+def _f32(name: str, n: int = N_EMBD) -> gm.Tensor:
+    return gm.Tensor(name, QT.F32, (n,), bytes(4 * n))
+
+
+def test_lucebox_base_is_valid(base, lucebox_draft):
+    d = _core.DraftFile.open(str(lucebox_draft))
+    _core.validate_draft(_core.TargetFile.open(str(base["target"])), d)
+    assert d.hparams.schema == "lucebox" and list(d.hparams.target_layers) == [1, 3]
+    assert d.hparams.tensor_names == {"fc": "dflash.fc.weight", "enc_norm": "dflash.hidden_norm.weight",
+                                      "ffn_norm": "ffn_norm.weight"}
+
+
+@pytest.mark.parametrize("name, shape", [("dflash.hidden_norm.weight", f"[{N_EMBD}]"),
+                                         ("output_norm.weight", f"[{N_EMBD}]"),
+                                         ("blk.1.ffn_up.weight", f"[{N_EMBD}, {N_FF}]")])
+def test_lucebox_missing_tensor(lucebox_draft, tmp_path, name, shape):
+    p = variant(lucebox_draft, tmp_path / "missing.gguf", lambda m: m.drop_tensor(name))
+    expect(GGUFError, open_draft(p), f"'{p}'", f"missing tensor '{name}'", f"expected shape {shape}")
+
+
+def test_lucebox_missing_fc(lucebox_draft, tmp_path):
+    p = variant(lucebox_draft, tmp_path / "nofc.gguf", lambda m: m.drop_tensor("dflash.fc.weight"))
+    expect(GGUFError, open_draft(p), f"'{p}'", "missing tensor 'dflash.fc.weight'", "alias 'dflash_fc.weight'")
+
+
+def test_lucebox_wrong_shape(lucebox_draft, tmp_path):
+    name = "blk.1.attn_q.weight"
+    p = variant(lucebox_draft, tmp_path / "shape.gguf", lambda m: m.retype_tensor(name, QT.Q8_0, (N_EMBD, 64)))
+    expect(GGUFError, open_draft(p), f"'{p}'", f"tensor '{name}' has shape [{N_EMBD}, 64]", f"expected [{N_EMBD}, 256]")
+
+
+def test_lucebox_fc_width_not_a_multiple_of_hidden(lucebox_draft, tmp_path):
+    width = 2 * N_EMBD + 32
+    p = variant(lucebox_draft, tmp_path / "fc.gguf",
+                lambda m: m.retype_tensor("dflash.fc.weight", QT.Q8_0, (width, N_EMBD)))
+    expect(GGUFError, open_draft(p), f"'{p}'", "tensor 'dflash.fc.weight'", f"input width {width}",
+           f"not a multiple of the hidden size {N_EMBD}")
+
+
+def test_lucebox_fc_width_disagrees_with_target_ids(lucebox_draft, tmp_path):
+    p = variant(lucebox_draft, tmp_path / "fc3.gguf",
+                lambda m: m.retype_tensor("dflash.fc.weight", QT.Q8_0, (3 * N_EMBD, N_EMBD)))
+    expect(GGUFError, open_draft(p), f"'{p}'", f"key '{LB}dflash.target_layer_ids' has 2 ids",
+           "'dflash.fc.weight' takes 3 captured layers")
+
+
+def test_lucebox_fc_width_gives_the_layer_count(base, lucebox_draft, tmp_path):
+    """Without ids the layer count is fc's width (not dflash.n_target_layers), and the ids come from
+    the target; too many for the target's depth is a mismatch."""
+    def edit(n: int):
+        def f(m: gm.GGUFModel) -> None:
+            m.drop(LB + "dflash.target_layer_ids")
+            m.retype_tensor("dflash.fc.weight", QT.Q8_0, (n * N_EMBD, N_EMBD))
+        return f
+
+    three = variant(lucebox_draft, tmp_path / "three.gguf", edit(3))
+    d = _core.DraftFile.open(str(three))
+    assert d.hparams.n_target_layers == 3 and list(d.hparams.target_layers) == []
+    _core.validate_draft(_core.TargetFile.open(str(base["target"])), d)
+    assert list(d.hparams.target_layers) == [2, 3, 4]  # output ids 1, 2, 3: step (4 - 2) / 2
+    four = variant(lucebox_draft, tmp_path / "four.gguf", edit(4))
+    expect(DraftMismatchError, validate(base["target"], four), *_both(base["target"], four),
+           "has no target_layer_ids", f"cannot derive 4 distinct captured layers from a target with {N_LAYER} layers")
+
+
+@pytest.mark.parametrize("tensor, fragment", [
+    ("dflash.aux_hidden_norm.0.weight", "aux_hidden_norm"),
+    ("blk.1.attn_gate.weight", "attention output gate"),
+    ("dflash.domino.start", "Domino"),
+    ("dflash.dspark.markov.w1", "DSpark"),
+])
+def test_lucebox_unsupported_feature_tensor(lucebox_draft, tmp_path, tensor, fragment):
+    p = variant(lucebox_draft, tmp_path / "aux.gguf", lambda m: m.tensors.append(_f32(tensor)))
+    expect(UnsupportedError, open_draft(p), f"'{p}'", f"tensor '{tensor}'", fragment, "is not supported")
+
+
+@pytest.mark.parametrize("key, vtype, value", [
+    ("dflash.context_kv_layer_norm", VT.BOOL, True),
+    ("dflash.context_kv_layer_norm", VT.UINT32, 1),
+    ("dflash.domino.enabled", VT.UINT32, 1),
+    ("dflash.dspark.enabled", VT.UINT32, 1),
+])
+def test_lucebox_unsupported_feature_key(lucebox_draft, tmp_path, key, vtype, value):
+    p = variant(lucebox_draft, tmp_path / "key.gguf", lambda m: m.set(LB + key, vtype, value))
+    expect(UnsupportedError, open_draft(p), f"'{p}'", f"key '{LB}{key}' is set", "is not supported")
+
+
+def test_lucebox_feature_key_off_is_fine(lucebox_draft, tmp_path):
+    p = variant(lucebox_draft, tmp_path / "off.gguf", lambda m: m.set(LB + "dflash.context_kv_layer_norm", VT.BOOL, False))
+    _core.DraftFile.open(str(p))
+
+
+@pytest.mark.parametrize("tensor", ["token_embd.weight", "blk.0.post_attention_norm.weight"])
+def test_lucebox_unknown_tensor_is_refused(lucebox_draft, tmp_path, tensor):
+    p = variant(lucebox_draft, tmp_path / "extra.gguf", lambda m: m.tensors.append(_f32(tensor)))
+    expect(UnsupportedError, open_draft(p), f"'{p}'", f"tensor '{tensor}' is not part of the lucebox DFlash draft schema")
+
+
+def test_lucebox_aliases(base, lucebox_draft, tmp_path):
+    """dflash_fc / dflash_hidden_norm / post_attention_norm: the same draft."""
+    def edit(m: gm.GGUFModel) -> None:
+        m.tensor("dflash.fc.weight").name = "dflash_fc.weight"
+        m.tensor("dflash.hidden_norm.weight").name = "dflash_hidden_norm.weight"
+        for i in range(TINY.draft.n_layer):
+            m.tensor(f"blk.{i}.ffn_norm.weight").name = f"blk.{i}.post_attention_norm.weight"
+
+    p = variant(lucebox_draft, tmp_path / "alias.gguf", edit)
+    d = _core.DraftFile.open(str(p))
+    assert d.hparams.tensor_names == {"fc": "dflash_fc.weight", "enc_norm": "dflash_hidden_norm.weight",
+                                      "ffn_norm": "post_attention_norm.weight"}
+    import lucebox
+
+    def proposals(draft: Path) -> list[int]:
+        s = lucebox.Engine(str(base["target"]), str(draft), ctx=128, device="cpu").session()
+        s.append([5, 6, 7, 8, 9])
+        return list(s._core.draft_proposals(9))
+
+    assert proposals(p) == proposals(lucebox_draft)
+
+
+def test_lucebox_dflash_draft_arch(lucebox_draft, tmp_path):
+    def edit(m: gm.GGUFModel) -> None:
+        m.set_value("general.architecture", "dflash-draft")
+        m.kv = {("dflash-draft." + k[len(LB):] if k.startswith(LB) else k): v for k, v in m.kv.items()}
+
+    p = variant(lucebox_draft, tmp_path / "arch.gguf", edit)
+    assert _core.DraftFile.open(str(p)).hparams.schema == "lucebox"
+
+
+@pytest.mark.parametrize("ids, exc, fragments", [
+    ([-1, 2], GGUFError, ["holds an invalid layer id -1"]),
+    ([0, N_LAYER], DraftMismatchError, [f"target layer id {N_LAYER + 1} is out of range"]),
+    ([2, 2], DraftMismatchError, ["target layer id 3 is listed twice"]),
+])
+def test_lucebox_bad_target_ids(base, lucebox_draft, tmp_path, ids, exc, fragments):
+    p = variant(lucebox_draft, tmp_path / "ids.gguf", lambda m: m.set_value(LB + "dflash.target_layer_ids", ids))
+    fn = open_draft(p) if exc is GGUFError else validate(base["target"], p)
+    expect(exc, fn, f"'{p}'", *fragments)
+
+
+def test_lucebox_target_ids_not_integers(lucebox_draft, tmp_path):
+    key = LB + "dflash.target_layer_ids"
+    p = variant(lucebox_draft, tmp_path / "fids.gguf", lambda m: m.set(key, VT.ARRAY, [0.0, 2.0], VT.FLOAT32))
+    expect(GGUFError, open_draft(p), f"'{p}'", f"key '{key}'", "expected an array of integers")
+
+
+@pytest.mark.parametrize("key", ["dflash.mask_token_id", "dflash.block_size", "rope.freq_base", "embedding_length",
+                                 "attention.head_count_kv"])
+def test_lucebox_missing_required_key(lucebox_draft, tmp_path, key):
+    p = variant(lucebox_draft, tmp_path / "missing.gguf", lambda m: m.drop(LB + key))
+    expect(GGUFError, open_draft(p), f"'{p}'", f"missing required key '{LB}{key}'")
+
+
+def test_lucebox_vocab_size_mismatch(base, lucebox_draft, tmp_path):
+    p = variant(lucebox_draft, tmp_path / "vocab.gguf", lambda m: m.set_value(LB + "vocab_size", 2 * N_VOCAB))
+    expect(DraftMismatchError, validate(base["target"], p), *_both(base["target"], p),
+           f"'{LB}vocab_size' = {2 * N_VOCAB} but the target has {N_VOCAB} tokens")
+
+
+def test_lucebox_swa_pattern_without_window(lucebox_draft, tmp_path):
+    key = LB + "attention.sliding_window_pattern"
+    p = variant(lucebox_draft, tmp_path / "swa.gguf", lambda m: m.set(key, VT.ARRAY, [True, False], VT.BOOL))
+    expect(UnsupportedError, open_draft(p), f"'{p}'", f"'{key}' marks sliding-window layers",
+           f"'{LB}attention.sliding_window' is missing or 0")
+
+
+def test_lucebox_swa_pattern_wrong_length(lucebox_draft, tmp_path):
+    key = LB + "attention.sliding_window_pattern"
+
+    def edit(m: gm.GGUFModel) -> None:
+        m.set(LB + "attention.sliding_window", VT.UINT32, 8)
+        m.set(key, VT.ARRAY, [True, True, False], VT.BOOL)
+
+    p = variant(lucebox_draft, tmp_path / "swalen.gguf", edit)
+    expect(GGUFError, open_draft(p), f"'{p}'", f"key '{key}' has 3 entries", "expected block_count = 2")

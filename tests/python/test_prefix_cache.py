@@ -90,6 +90,77 @@ def test_entry_larger_than_the_budget_is_not_stored() -> None:
     assert PrefixCache(0).insert(FakeSnap(_toks(10))) is False
 
 
+def test_too_large_refusals_are_counted() -> None:
+    cache = PrefixCache(1000)
+    assert not cache.insert(FakeSnap(_toks(10), nbytes=1001))
+    assert not cache.insert(FakeSnap(_toks(10, seed=1), nbytes=5000))
+    assert cache.insert(FakeSnap(_toks(10, seed=2), nbytes=1000))  # exactly the budget fits
+    assert not cache.insert(FakeSnap(_toks(10, seed=3), pending=4))  # not a size refusal
+    s = cache.stats()
+    assert (s.too_large, s.out_of_memory, s.entries, s.evictions) == (2, 0, 1, 0)
+
+
+def test_location_is_validated() -> None:
+    from lucebox.errors import ConfigError
+
+    assert PrefixCache(10).location == "host"
+    assert PrefixCache(10, location="device").location == "device"
+    for bad in ("gpu", "HOST", "", None):
+        with pytest.raises(ConfigError, match="must be one of host, device"):
+            PrefixCache(10, location=bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError):  # ConfigError is a ValueError
+        PrefixCache(10, location="vram")
+
+
+class FakeSession:
+    """A session whose snapshot fails with OutOfMemoryError `oom` times first."""
+
+    def __init__(self, tokens: list[int], nbytes: int = 100, oom: int = 0) -> None:
+        self.tokens, self.snapshot_nbytes, self.oom, self.taken = tokens, nbytes, oom, []
+
+    def snapshot(self, location: str = "host") -> FakeSnap:
+        from lucebox.errors import OutOfMemoryError
+
+        self.taken.append(location)
+        if self.oom > 0:
+            self.oom -= 1
+            raise OutOfMemoryError("out of memory for a device snapshot: it needs 100 bytes")
+        return FakeSnap(list(self.tokens), nbytes=self.snapshot_nbytes, tag=location)
+
+
+def test_snapshot_session_takes_it_at_the_cache_location() -> None:
+    cache = PrefixCache(1000, block_tokens=4, location="device")
+    s = FakeSession(_toks(20))
+    assert cache.snapshot_session(s)
+    assert s.taken == ["device"] and cache.lookup(s.tokens)[0].tag == "device"
+    # a prefix already held is not snapshotted again
+    assert cache.snapshot_session(s) and s.taken == ["device"]
+    # too large for the whole budget: refused before any copy
+    big = FakeSession(_toks(20, seed=1), nbytes=1001)
+    assert not cache.snapshot_session(big)
+    assert big.taken == [] and cache.stats().too_large == 1 and cache.entries == 1
+
+
+def test_snapshot_session_makes_room_first_and_evicts_on_out_of_memory() -> None:
+    cache = PrefixCache(300, block_tokens=4)
+    for seed in range(3):
+        assert cache.insert(FakeSnap(_toks(20, seed=seed), nbytes=100))
+    # room is made in the budget before the snapshot is allocated
+    assert cache.snapshot_session(FakeSession(_toks(20, seed=10), nbytes=150))
+    assert cache.entries == 2 and cache.evictions == 2 and cache.bytes == 250
+    # out of memory: evict one more entry per failure and retry
+    s = FakeSession(_toks(20, seed=11), nbytes=50, oom=1)
+    assert cache.snapshot_session(s)
+    assert len(s.taken) == 2 and cache.evictions == 3 and cache.stats().out_of_memory == 0
+    # out of memory with nothing left to evict: counted, nothing stored, no exception
+    cache.clear()
+    s = FakeSession(_toks(20, seed=12), nbytes=50, oom=5)
+    assert not cache.snapshot_session(s)
+    assert len(s.taken) == 1 and cache.entries == 0
+    st = cache.stats()
+    assert (st.out_of_memory, st.too_large) == (1, 0)
+
+
 def test_reinsert_replaces_and_same_block_lengths_are_tracked() -> None:
     cache = PrefixCache(10_000, block_tokens=8)
     base = _toks(30, seed=4)
@@ -188,3 +259,36 @@ def test_cold_and_warm_through_the_cache_are_identical(engine) -> None:
     assert s.generate(longer[hit[1]:], max_tokens=20).tokens == engine.session().generate(longer, max_tokens=20).tokens
     # a snapshot taken after generating holds a pending token: not stored
     assert not cache.insert(warm.snapshot())
+
+
+def test_device_cache_through_snapshot_session(engine) -> None:
+    prompt = [int(x) for x in np.random.default_rng(6).integers(0, 1000, 200)]
+    cold = engine.session().generate(prompt, max_tokens=30).tokens
+    cache = PrefixCache(1 << 30, block_tokens=64, location="device")
+    first = engine.session()
+    first.append(prompt[:-1])
+    assert cache.snapshot_session(first)
+    hit = cache.lookup(prompt[:-1])
+    assert hit is not None and hit[0].location == "device" and hit[1] == len(prompt) - 1
+    assert cache.bytes == hit[0].nbytes == first.snapshot_nbytes
+    warm = engine.session()
+    warm.restore(hit[0])
+    assert warm.generate(prompt[hit[1]:], max_tokens=30).tokens == cold
+    # a budget smaller than one snapshot: refused and counted, before any copy
+    small = PrefixCache(first.snapshot_nbytes - 1, block_tokens=64, location="device")
+    assert not small.snapshot_session(first)
+    assert small.stats().too_large == 1 and small.entries == 0
+    # a session holding a pending token is not stored
+    assert not cache.snapshot_session(warm) and cache.entries == 1
+
+
+def test_interval_boundaries():
+    from lucebox.prefix_cache import PrefixCache
+
+    assert PrefixCache(1 << 20, min_tokens=64).boundaries(10_000) == [9_999]
+    cache = PrefixCache(1 << 20, min_tokens=64, interval_tokens=4096)
+    assert cache.boundaries(10_000) == [4096, 8192, 9_999]
+    assert cache.boundaries(8193) == [4096, 8192]  # the end (8192) is also an interval point
+    assert cache.boundaries(50) == []               # below min_tokens: nothing
+    with pytest.raises(ValueError):
+        PrefixCache(1 << 20, interval_tokens=-1)

@@ -604,3 +604,50 @@ def test_cli_rejects_unknown_preset_and_type() -> None:
         _parse(["nope", "-o", "x.gguf"])
     with pytest.raises(SystemExit):
         _parse(["tiny", "-o", "x.gguf", "--type", "q3_k"])
+
+
+# --------------------------------------------------------------------------------------------
+# drafts in the original lucebox schema
+# --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs", [
+    {"schema": "lucebox", "own_head": True},                           # never an own head
+    {"schema": "lucebox", "overrides": {"causal": True}},              # no causal flag in the schema
+    {"schema": "lucebox", "overrides": {"n_rot": 32}},                 # whole-head rope only
+    {"schema": "lucebox", "overrides": {"target_layers": [0, 3]}},     # output id -1
+    {"schema": "lucebox", "overrides": {"target_layers": [1, 4]}},     # > n_layer 3
+    {"target_layer_ids": False},                                       # upstream always stores ids
+    {"schema": "gemma4"},
+])
+def test_bad_lucebox_draft_arguments(tmp_path: Path, kwargs: dict) -> None:
+    with pytest.raises(ConfigError):
+        synth.write_draft(tmp_path / "d.gguf", "tiny", target_overrides={"n_layer": 3}, **kwargs)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_lucebox_draft_keys_and_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    t, d = tmp_path / "t.gguf", tmp_path / "d.gguf"
+    assert synth.run(_parse(["tiny", "-o", str(t), "--draft-out", str(d), "--draft-schema", "lucebox",
+                             "--draft-set", "target_layers=1,4", "--draft-set", "sliding_window=8"])) == 0
+    assert "qwen35-dflash-draft" in capsys.readouterr().out
+    md = read_gguf_metadata(d)
+    a = "qwen35-dflash-draft."
+    assert md["general.architecture"] == "qwen35-dflash-draft"
+    assert md[a + "dflash.target_layer_ids"] == [0, 3] and md[a + "dflash.n_target_layers"] == 2
+    assert md[a + "dflash.mask_token_id"] == synth._vocab(1024).mask_id and md[a + "vocab_size"] == 1024
+    assert md[a + "attention.sliding_window"] == 8 and md[a + "attention.sliding_window_pattern"] == [True, False]
+    assert not any(k.startswith(("tokenizer.", "dflash.")) for k in md)
+    df = _core.DraftFile.open(str(d))
+    _core.validate_draft(_core.TargetFile.open(str(t)), df)
+    assert df.hparams.schema == "lucebox" and list(df.hparams.target_layers) == [1, 4]  # 4 = the last output
+
+
+def test_lucebox_27b_default_ids_sparse(tmp_path: Path) -> None:
+    """The real shapes without target_layer_ids: the original default gives the preset's ids."""
+    t, d = tmp_path / "t.gguf", tmp_path / "d.gguf"
+    synth.write_target(t, "qwen3.6-27b", fill="zeros")
+    synth.write_draft(d, "qwen3.6-27b", fill="zeros", schema="lucebox", target_layer_ids=False)
+    df = _core.DraftFile.open(str(d))
+    assert df.hparams.n_deferred_target_layers == 5
+    _core.validate_draft(_core.TargetFile.open(str(t)), df)
+    assert list(df.hparams.target_layers) == list(synth.PRESETS["qwen3.6-27b"].draft.target_layers)

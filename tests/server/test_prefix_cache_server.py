@@ -23,6 +23,17 @@ def _metric(srv: ServerProcess, name: str) -> float:
 
 
 @pytest.fixture(scope="module")
+def device_server(tiny_models: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """The cache with --prefix-cache-location device (on this CPU build: the CPU's own memory)."""
+    target, _ = tiny_models
+    log = tmp_path_factory.mktemp("logs") / "device.log"
+    srv = ServerProcess(["--model", str(target), "--ctx", "2048", "--model-name", "tiny", "--prefix-cache-mb", "64",
+                         "--prefix-cache-location", "device"], log)
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
 def servers(tiny_models: tuple[Path, Path],
             tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, ServerProcess]]:
     target, _ = tiny_models
@@ -61,6 +72,8 @@ def test_shared_system_prompt_hits_the_cache_and_answers_the_same(servers) -> No
     assert _metric(cached, "lucebox_prefix_cache_misses_total") == 1
     assert _metric(cached, "lucebox_prefix_cache_entries") >= 2  # the system prompt and the whole prompt
     assert _metric(cached, "lucebox_prefix_cache_bytes") > 0
+    assert _metric(cached, "lucebox_prefix_cache_too_large_total") == 0
+    assert _metric(cached, "lucebox_prefix_cache_out_of_memory_total") == 0
 
     second, _ = _ask(cached, "And the last one?")
     assert _metric(cached, "lucebox_prefix_cache_hits_total") == 1
@@ -102,3 +115,52 @@ def test_next_chat_turn_hits_and_concurrent_requests_agree(servers) -> None:
     assert answers == [_ask(plain, q)[0] for q in questions]
     assert _metric(cached, "lucebox_prefix_cache_bytes") <= 64 << 20
     assert cached.alive()
+
+
+def test_device_location_hits_and_answers_the_same(device_server, servers) -> None:
+    _, plain = servers
+    first, _ = _ask(device_server, "What is the first rule?")
+    assert _metric(device_server, "lucebox_prefix_cache_entries") >= 2
+    second, _ = _ask(device_server, "And the last one?")
+    assert _metric(device_server, "lucebox_prefix_cache_hits_total") == 1
+    assert _metric(device_server, "lucebox_prefix_cache_too_large_total") == 0
+    assert _ask(plain, "What is the first rule?")[0] == first
+    assert _ask(plain, "And the last one?")[0] == second
+    assert "prefix cache: 64 MiB of device memory" in device_server.log_path.read_text()
+
+
+def test_snapshots_larger_than_the_budget_are_counted(tiny_models: tuple[Path, Path]) -> None:
+    """In process: a cache whose budget is smaller than one snapshot stores nothing, says so in
+    /metrics (lucebox_prefix_cache_too_large_total), and the request answers as without it."""
+    import lucebox
+    from lucebox.server import ServerConfig, create_app
+    from lucebox.prefix_cache import start_session
+
+    target, _ = tiny_models
+    engine = lucebox.Engine(target, ctx=1024, device="cpu", threads=2)
+    for location in ("host", "device"):
+        config = ServerConfig(model=str(target), ctx=1024, device="cpu", model_name="tiny", prefix_cache_mb=1,
+                              prefix_cache_location=location)
+        svc = create_app(config, engine).state.service
+        cache = svc.prefix_cache
+        assert cache is not None and cache.location == location
+        cache.budget_bytes = 10_000  # smaller than any snapshot of this model
+        prompt = [int(t) for t in range(3, 303)]
+        session = engine.session()
+        rest, _ = start_session(session, prompt, cache)
+        assert rest == prompt[-1:] and session.n_past == len(prompt) - 1  # prefilled, not stored
+        assert cache.entries == 0 and cache.stats().too_large == 1
+        metrics = svc.metrics.render()
+        assert "lucebox_prefix_cache_too_large_total 1" in metrics
+        assert "lucebox_prefix_cache_out_of_memory_total 0" in metrics
+        assert f"in {location} memory" in metrics
+        assert session.generate(rest, max_tokens=8).tokens == engine.session().generate(prompt, max_tokens=8).tokens
+
+
+def test_prefix_cache_location_is_validated(tiny_models: tuple[Path, Path]) -> None:
+    from lucebox.errors import ConfigError
+    from lucebox.server import ServerConfig
+
+    target, _ = tiny_models
+    with pytest.raises(ConfigError, match="prefix_cache_location"):
+        ServerConfig(model=str(target), prefix_cache_location="gpu")

@@ -76,18 +76,40 @@ using token_callback = std::function<bool(int32_t)>;
 
 class session;
 
-// A copy of a session's full state in host memory: the evaluated tokens, the pending token, the
-// attention KV rows [0, n_past), the DeltaNet conv and ssm state, and the draft's KV rows. Restoring
-// it into a session of an engine with the same layout continues token-identically.
+// Where a snapshot keeps its tensor data, chosen when it is taken:
+//   host   - host memory: pinned (page-locked) when the engine's device offers a host buffer type
+//            (CUDA does), so copies to and from the device run at full bus speed; plain memory else
+//   device - a buffer on the engine's device, so restore is a device-to-device copy. On a CPU
+//            engine the device is the CPU: the same (plain) memory as host, still reported "device".
+enum class snapshot_location { host, device };
+const char * snapshot_location_name(snapshot_location where);        // "host" | "device"
+snapshot_location parse_snapshot_location(const std::string & name);  // throws config_error
+
+// The tensor data of a snapshot: regions of given byte sizes, back to back (aligned) in one backend
+// buffer. Defined in src/state/snapshot.h; immutable once filled, shared by copies of a snapshot.
+class snapshot_data;
+
+// A copy of a session's full state: the evaluated tokens, the pending token, the attention KV rows
+// [0, n_past), the DeltaNet conv and ssm state, and the draft's KV rows (the regions, in the order of
+// session::snapshot). Restoring it into a session of an engine with the same layout continues
+// token-identically. Copies share the data (copying a snapshot copies no tensor bytes).
 struct session_snapshot {
     std::string fingerprint;  // layout of the model, KV types and draft; restore refuses a mismatch
     std::vector<int32_t> tokens;
     int32_t pending = -1;
-    std::vector<std::vector<uint8_t>> blobs;  // tensor data in a fixed order (see session::snapshot)
+    std::shared_ptr<const snapshot_data> data;  // null only in a default-constructed snapshot
 
-    uint64_t bytes() const;
-    void save(const std::string & path) const;               // versioned binary file
-    static session_snapshot load(const std::string & path);  // throws config_error on a bad file
+    snapshot_location location() const;
+    uint64_t bytes() const;                      // tensor data + tokens
+    std::vector<uint64_t> region_sizes() const;  // bytes of each region, in order
+    // This snapshot with its data in host memory (itself when its location is host; else a copy,
+    // pinned when its device offers pinned memory). Throws out_of_memory_error when that does not fit.
+    session_snapshot to_host() const;
+    // Versioned binary file ("LBXSNAP1"); a device snapshot is copied to host in chunks on the way.
+    void save(const std::string & path) const;
+    // Reads a file written by save() into plain host memory. Throws config_error on a bad file.
+    // (engine::load_snapshot places it in an engine's pinned host or device memory instead.)
+    static session_snapshot load(const std::string & path);
 };
 
 class engine {
@@ -104,6 +126,13 @@ class engine {
     std::string device_description() const;  // e.g. "NVIDIA H200"
 
     std::unique_ptr<session> new_session();
+
+    // A copy of `snap` with its data at `where` for this engine (device: this engine's device;
+    // host: pinned memory of this device if it offers it). Returns `snap` itself when its data is
+    // already in that buffer type. Throws out_of_memory_error naming the bytes when it does not fit.
+    session_snapshot copy_snapshot(const session_snapshot & snap, snapshot_location where) const;
+    // session_snapshot::load straight into this engine's memory at `where`.
+    session_snapshot load_snapshot(const std::string & path, snapshot_location where) const;
 
     struct impl;
 
@@ -132,8 +161,13 @@ class session {
     // block_size - 1 token ids. The context is unchanged (the draft only catches up on features).
     std::vector<int32_t> draft_proposals(int32_t last);
 
-    session_snapshot snapshot();                 // copies the state to host memory
-    void restore(const session_snapshot & snap);  // throws config_error on a layout mismatch or overflow
+    // Copies the state into a new snapshot whose data lives at `where`. Throws out_of_memory_error
+    // (naming the bytes needed) when that memory is short; the session is unchanged then.
+    session_snapshot snapshot(snapshot_location where = snapshot_location::host);
+    uint64_t snapshot_bytes() const;  // what snapshot().bytes() would be now, without copying anything
+    // Replaces the state by `snap` (from host or device memory). Throws config_error on a layout
+    // mismatch or a snapshot longer than the context; the session is unchanged then.
+    void restore(const session_snapshot & snap);
 
     void reset();  // empty context
     uint32_t n_past() const { return static_cast<uint32_t>(tokens_.size()); }  // evaluated tokens

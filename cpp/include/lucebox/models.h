@@ -1,6 +1,8 @@
 // Hyperparameters and tensor layouts of the supported GGUF architectures:
 //   qwen35  - the Qwen3.5/3.6 hybrid target (Gated DeltaNet + gated attention), src/models/qwen35.cpp
-//   dflash  - the DFlash block-diffusion draft (upstream llama.cpp schema), src/models/dflash.cpp
+//   dflash  - the DFlash block-diffusion draft, src/models/dflash.cpp, in either GGUF schema:
+//             upstream llama.cpp's `dflash` arch, or the original lucebox `qwen35-dflash-draft`
+//             (alias `dflash-draft`) arch; both map onto the same hparams, weights and graph
 // Reading validates every value and every tensor; a file that passes can be loaded and run.
 #pragma once
 
@@ -49,6 +51,29 @@ struct qwen35_hparams {
     void validate() const;
 };
 
+// The GGUF schemas a DFlash draft can come in.
+enum class dflash_schema : uint8_t {
+    upstream,  // llama.cpp `dflash`: fc.weight, enc.output_norm.weight, dflash.target_layers (layer inputs)
+    lucebox,   // original lucebox `qwen35-dflash-draft`: dflash.fc.weight, dflash.hidden_norm.weight,
+               // dflash.target_layer_ids (layer outputs, optional), no embedding/head of its own
+};
+
+// How the sliding-window (SWA) layers of a draft see the context and the proposal block.
+enum class dflash_swa_kind : uint8_t {
+    per_query,     // upstream: block row at position q sees context keys k with q - k < n_swa; the block
+                   // is bidirectional unless `causal`
+    last_context,  // lucebox: every block row sees the last n_swa context positions [n_past - n_swa,
+                   // n_past), and the block is causal (for the SWA layers only)
+};
+
+// File names of the tensors whose spelling depends on the schema (and, in the lucebox schema, on
+// which alias the file uses). ffn_norm is the per-layer suffix after "blk.<i>.".
+struct dflash_tensor_names {
+    std::string fc = "fc.weight";                   // lucebox: dflash.fc.weight | dflash_fc.weight
+    std::string enc_norm = "enc.output_norm.weight";  // lucebox: dflash.hidden_norm.weight | dflash_hidden_norm.weight
+    std::string ffn_norm = "ffn_norm.weight";       // lucebox alias: post_attention_norm.weight
+};
+
 struct dflash_hparams {
     uint32_t n_embd = 0;         // must equal the target's hidden size
     uint32_t n_layer = 0;
@@ -62,15 +87,37 @@ struct dflash_hparams {
     uint32_t block_size = 16;    // tokens per proposal block (last token + block_size-1 masks)
     uint32_t mask_token_id = 0;
     std::vector<int32_t> target_layers;  // target layer inputs whose hidden states feed the draft
+    // lucebox schema without dflash.target_layer_ids: how many ids validate_draft_for_target derives
+    // from the target's layer count (target_layers is empty until then); 0 otherwise
+    uint32_t n_deferred_target_layers = 0;
     bool causal = false;         // causal attention inside the proposal block (default: bidirectional)
     uint32_t n_swa = 0;          // sliding window of the SWA layers (0: none)
-    std::vector<bool> is_swa;    // per layer, when n_swa > 0: sees only context keys with q_pos - k_pos < n_swa
+    std::vector<bool> is_swa;    // per layer, when n_swa > 0: sees only the context window of swa_kind
+    dflash_swa_kind swa_kind = dflash_swa_kind::per_query;
     uint32_t n_vocab = 0;        // rows of the draft's own embedding/head; 0 when shared with the target
     bool has_token_embd = false;
     bool has_output = false;
+    dflash_schema schema = dflash_schema::upstream;
+    dflash_tensor_names names;   // as stored in the file (set_schema gives the schema's primary names)
+
+    // Number of captured target layers fc consumes: fc is [n_target_layers() * n_embd, n_embd].
+    uint32_t n_target_layers() const {
+        return target_layers.empty() ? n_deferred_target_layers : static_cast<uint32_t>(target_layers.size());
+    }
+    // Sets schema, its primary tensor names and its SWA semantics.
+    void set_schema(dflash_schema s);
 
     void validate() const;
 };
+
+const char * dflash_schema_name(dflash_schema s);  // "upstream" | "lucebox"
+const char * dflash_swa_kind_name(dflash_swa_kind k);  // "per_query" | "last_context"
+
+// The original lucebox default of the captured target layers (when a draft has no
+// target_layer_ids): output ids 1 + k * step, step = (n_layer_target - 2) / (n - 1), returned in
+// our convention (layer inputs: output id + 1). Throws draft_mismatch_error when the target has too
+// few layers to give n distinct ids.
+std::vector<int32_t> dflash_default_target_layers(uint32_t n, uint32_t n_layer_target);
 
 // Read and validate the metadata and tensors of a file. Throw gguf_error (or unsupported_error
 // for known-but-unsupported variants such as qwen35moe, DFlash2, DSpark).
@@ -83,7 +130,9 @@ std::vector<tensor_spec> dflash_tensor_specs(const dflash_hparams & hp);
 
 // Checks that a draft can serve a target: hidden size, target layer ids in range, vocabulary
 // (size, mask token, and token strings when both files carry them). Throws draft_mismatch_error.
+// Completes what depends on the target: a lucebox-schema draft without target_layer_ids gets its
+// ids from dflash_default_target_layers (draft.target_layers is filled in, n_deferred cleared).
 void validate_draft_for_target(const gguf_file & target_file, const qwen35_hparams & target,
-                               const gguf_file & draft_file, const dflash_hparams & draft);
+                               const gguf_file & draft_file, dflash_hparams & draft);
 
 }  // namespace lucebox

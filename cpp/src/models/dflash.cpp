@@ -1,12 +1,16 @@
-// dflash: the DFlash block-diffusion draft in upstream llama.cpp's GGUF schema.
+// dflash: the DFlash block-diffusion draft, read from either GGUF schema (see models.h):
+//   upstream - llama.cpp's `dflash` arch (what upstream's converter writes)
+//   lucebox  - the original lucebox `qwen35-dflash-draft` / `dflash-draft` arch
 // A Qwen3-style stack whose K/V for committed context come from fc(concat of target hidden
 // states at `target_layers`) + hidden norm, and whose queries are the block
 // [last token, MASK x (block_size-1)], attending non-causally. Embedding and LM head are the
-// target's unless the draft carries its own.
+// target's unless the draft carries its own. Both schemas map onto the same hparams and weights;
+// the graph does not know which one a draft came from (only the SWA mask semantics differ).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <unordered_set>
+#include <utility>
 
 #include "gguf.h"
 #include "lucebox/errors.h"
@@ -21,6 +25,10 @@ namespace lucebox {
 namespace {
 
 const char * ARCH = "dflash";
+// Architecture strings of the original lucebox schema (the loader there also took
+// gemma4-dflash-draft, a Gemma target's draft, which lucebox does not serve).
+const char * const LUCEBOX_ARCHS[] = {"qwen35-dflash-draft", "dflash-draft"};
+constexpr uint32_t MAX_LAYER_ID = 1u << 20;
 
 std::string key(const char * suffix) { return std::string(ARCH) + "." + suffix; }
 
@@ -30,7 +38,208 @@ void require(bool cond, const std::string & what) {
     }
 }
 
+bool starts_with(const std::string & s, const char * prefix) { return s.rfind(prefix, 0) == 0; }
+
+bool ends_with(const std::string & s, const char * suffix) {
+    const size_t n = std::strlen(suffix);
+    return s.size() >= n && s.compare(s.size() - n, n, suffix) == 0;
+}
+
+// A feature flag stored as a bool or as an integer (converters differ); false when absent.
+bool flag_set(const gguf_file & f, const std::string & k) {
+    if (!f.has_key(k)) {
+        return false;
+    }
+    if (gguf_get_kv_type(f.raw(), gguf_find_key(f.raw(), k.c_str())) == GGUF_TYPE_BOOL) {
+        return f.get_bool(k);
+    }
+    return f.get_u32(k) != 0;  // throws gguf_error naming the key for any other type
+}
+
+// Features of the original lucebox runtime that change the draft's math and that lucebox does not
+// implement: refused by name, never ignored.
+void refuse_unsupported_lucebox_features(const gguf_file & f, const std::string & arch) {
+    for (const gguf_tensor_entry & t : f.tensors()) {
+        const std::string & n = t.name;
+        const char * what = nullptr;
+        if (starts_with(n, "dflash.aux_hidden_norm.")) {
+            what = "per-captured-layer hidden norms before fc (aux_hidden_norm, Laguna drafts)";
+        } else if (starts_with(n, "dflash.domino.")) {
+            what = "the Domino GRU correction head";
+        } else if (starts_with(n, "dflash.dspark.")) {
+            what = "the DSpark Markov head";
+        } else if (starts_with(n, "blk.") && ends_with(n, ".attn_gate.weight")) {
+            what = "the softplus attention output gate (attn_gate)";
+        }
+        if (what != nullptr) {
+            throw unsupported_error(f.where() + "tensor '" + n + "': " + what + " is not supported");
+        }
+    }
+    const std::pair<const char *, const char *> flags[] = {
+        {"dflash.context_kv_layer_norm", "normalising the injected context with each layer's attn_norm"},
+        {"dflash.domino.enabled", "the Domino GRU correction head"},
+        {"dflash.dspark.enabled", "the DSpark Markov head"},
+    };
+    for (const auto & [suffix, what] : flags) {
+        const std::string k = arch + "." + suffix;
+        if (flag_set(f, k)) {
+            throw unsupported_error(f.where() + "key '" + k + "' is set: " + what + " is not supported");
+        }
+    }
+}
+
+// The original lucebox schema (scripts/convert_dflash_to_gguf.py there). Keys are prefixed by the
+// arch; target_layer_ids are the 0-based ids of the layers whose OUTPUT is captured (ours + 1);
+// no embedding or LM head (always the target's); SWA layers see the last `sliding_window` context
+// positions and are causal inside the block (dflash_swa_kind::last_context).
+dflash_hparams read_lucebox_draft(const gguf_file & f, const std::string & arch) {
+    auto k = [&](const char * suffix) { return arch + "." + suffix; };
+    refuse_unsupported_lucebox_features(f, arch);
+
+    dflash_hparams hp;
+    hp.set_schema(dflash_schema::lucebox);
+    // the aliases the original loader accepts (the primary spelling wins when both are present;
+    // the other one is then an unknown tensor and refused below)
+    if (f.find_tensor(hp.names.fc) == nullptr && f.find_tensor("dflash_fc.weight") != nullptr) {
+        hp.names.fc = "dflash_fc.weight";
+    }
+    if (f.find_tensor(hp.names.enc_norm) == nullptr && f.find_tensor("dflash_hidden_norm.weight") != nullptr) {
+        hp.names.enc_norm = "dflash_hidden_norm.weight";
+    }
+    if (f.find_tensor("blk.0.ffn_norm.weight") == nullptr && f.find_tensor("blk.0.post_attention_norm.weight") != nullptr) {
+        hp.names.ffn_norm = "post_attention_norm.weight";
+    }
+
+    hp.n_embd = f.get_u32(k("embedding_length"));
+    hp.n_layer = f.get_u32(k("block_count"));
+    if (hp.n_layer > f.tensors().size()) {  // bounds per-layer work on corrupt files
+        throw gguf_error(f.where() + "key '" + k("block_count") + "' = " + std::to_string(hp.n_layer) +
+                         " exceeds the " + std::to_string(f.tensors().size()) + " tensors in the file");
+    }
+    hp.n_ff = f.get_u32(k("feed_forward_length"));
+    hp.n_head = f.get_u32(k("attention.head_count"));
+    hp.n_head_kv = f.get_u32(k("attention.head_count_kv"));
+    hp.head_dim = f.get_u32(k("attention.key_length"));
+    const uint32_t v_dim = f.find_u32(k("attention.value_length")).value_or(hp.head_dim);
+    if (v_dim != hp.head_dim) {
+        throw unsupported_error(f.where() + "draft key_length " + std::to_string(hp.head_dim) +
+                                " != value_length " + std::to_string(v_dim) + " is not supported");
+    }
+    hp.n_rot = hp.head_dim;  // the original ropes whole heads (NeoX)
+    hp.rope_freq_base = f.get_f32(k("rope.freq_base"));
+    hp.rms_eps = f.find_f32(k("attention.layer_norm_rms_epsilon")).value_or(1e-6f);  // the original's constant
+    hp.block_size = f.get_u32(k("dflash.block_size"));
+    hp.mask_token_id = f.get_u32(k("dflash.mask_token_id"));
+
+    const std::string swa_key = k("attention.sliding_window"), pattern_key = k("attention.sliding_window_pattern");
+    const uint32_t window = f.find_u32(swa_key).value_or(0);
+    std::vector<bool> pattern;
+    if (f.has_key(pattern_key)) {
+        pattern = f.get_bool_array(pattern_key);
+        if (pattern.size() != hp.n_layer) {
+            throw gguf_error(f.where() + "key '" + pattern_key + "' has " + std::to_string(pattern.size()) +
+                             " entries, expected block_count = " + std::to_string(hp.n_layer));
+        }
+    }
+    const bool any_swa = std::find(pattern.begin(), pattern.end(), true) != pattern.end();
+    if (any_swa && window == 0) {
+        // the original runs such layers causal over the whole context; nothing writes such files
+        throw unsupported_error(f.where() + "key '" + pattern_key + "' marks sliding-window layers but '" + swa_key +
+                                "' is missing or 0");
+    }
+    if (any_swa) {  // a window without SWA layers changes nothing (as in the original)
+        hp.n_swa = window;
+        hp.is_swa = pattern;
+    }
+
+    // The number of captured target layers is fc's input width / hidden size (the original loader
+    // also prefers the weights to dflash.n_target_layers, which some converters fill with the
+    // target's layer count).
+    const gguf_tensor_entry * fc = f.find_tensor(hp.names.fc);
+    if (fc == nullptr) {
+        throw gguf_error(f.where() + "missing tensor '" + hp.names.fc + "' (or its alias 'dflash_fc.weight')");
+    }
+    if (hp.n_embd == 0 || fc->ne[0] <= 0 || fc->ne[0] % hp.n_embd != 0 || fc->ne[0] / hp.n_embd > MAX_LAYER_ID) {
+        throw gguf_error(f.where() + "tensor '" + hp.names.fc + "' has shape " + fc->shape_string() +
+                         ": its input width " + std::to_string(fc->ne[0]) +
+                         " is not a multiple of the hidden size " + std::to_string(hp.n_embd) +
+                         " (one hidden state per captured target layer)");
+    }
+    const auto n_captured = static_cast<uint32_t>(fc->ne[0] / hp.n_embd);
+    const std::string ids_key = k("dflash.target_layer_ids");
+    if (f.has_key(ids_key)) {
+        const std::vector<int64_t> ids = f.get_int_array(ids_key);
+        if (ids.size() != n_captured) {
+            throw gguf_error(f.where() + "key '" + ids_key + "' has " + std::to_string(ids.size()) + " ids but '" +
+                             hp.names.fc + "' takes " + std::to_string(n_captured) + " captured layers (input width " +
+                             std::to_string(fc->ne[0]) + " = " + std::to_string(n_captured) + " x hidden " +
+                             std::to_string(hp.n_embd) + ")");
+        }
+        for (int64_t id : ids) {
+            if (id < 0 || id >= MAX_LAYER_ID) {
+                throw gguf_error(f.where() + "key '" + ids_key + "' holds an invalid layer id " + std::to_string(id));
+            }
+            hp.target_layers.push_back(static_cast<int32_t>(id + 1));  // output of layer id = input of id + 1
+        }
+    } else {
+        hp.n_deferred_target_layers = n_captured;  // validate_draft_for_target derives them from the target
+    }
+
+    try {
+        hp.validate();
+    } catch (const config_error & e) {
+        throw gguf_error(f.where() + e.what());
+    }
+    const std::vector<tensor_spec> specs = dflash_tensor_specs(hp);
+    check_tensors(f, specs);
+    std::unordered_set<std::string> known;
+    for (const tensor_spec & s : specs) {
+        known.insert(s.name);
+    }
+    for (const gguf_tensor_entry & t : f.tensors()) {
+        if (known.count(t.name) == 0) {  // a tensor the graph would not read may change the math
+            throw unsupported_error(f.where() + "tensor '" + t.name + "' is not part of the lucebox DFlash draft "
+                                    "schema (refusing to load a draft whose tensors would be ignored)");
+        }
+    }
+    return hp;
+}
+
 }  // namespace
+
+const char * dflash_schema_name(dflash_schema s) { return s == dflash_schema::lucebox ? "lucebox" : "upstream"; }
+
+const char * dflash_swa_kind_name(dflash_swa_kind k) {
+    return k == dflash_swa_kind::last_context ? "last_context" : "per_query";
+}
+
+void dflash_hparams::set_schema(dflash_schema s) {
+    schema = s;
+    names = dflash_tensor_names{};
+    swa_kind = dflash_swa_kind::per_query;
+    if (s == dflash_schema::lucebox) {
+        names.fc = "dflash.fc.weight";
+        names.enc_norm = "dflash.hidden_norm.weight";
+        swa_kind = dflash_swa_kind::last_context;
+    }
+}
+
+std::vector<int32_t> dflash_default_target_layers(uint32_t n, uint32_t n_layer_target) {
+    if (n == 0) {
+        throw config_error("dflash_default_target_layers: no layers asked for");
+    }
+    const std::string rule = "ids 1 + k * step with step = (n_layer - 2) / (" + std::to_string(n) + " - 1)";
+    if (n_layer_target < 2 || (n > 1 && (n_layer_target - 2) / (n - 1) == 0)) {
+        throw draft_mismatch_error("cannot derive " + std::to_string(n) + " distinct captured layers from a target with " +
+                                   std::to_string(n_layer_target) + " layers (the original lucebox " + rule + ")");
+    }
+    const uint32_t step = n > 1 ? (n_layer_target - 2) / (n - 1) : 0;
+    std::vector<int32_t> ids;
+    for (uint32_t i = 0; i < n; ++i) {
+        ids.push_back(static_cast<int32_t>(2 + i * step));  // output of layer 1 + i*step = input of the next
+    }
+    return ids;
+}
 
 void dflash_hparams::validate() const {
     require(n_embd > 0, "n_embd must be > 0");
@@ -44,17 +253,27 @@ void dflash_hparams::validate() const {
     require(rms_eps > 0.0f, "rms eps must be > 0");
     require(block_size >= 2 && block_size <= 64,
             "block_size " + std::to_string(block_size) + " must be in [2, 64]");
-    require(!target_layers.empty(), "target_layers must not be empty");
+    require(!target_layers.empty() || n_deferred_target_layers > 0, "target_layers must not be empty");
+    require(target_layers.empty() || n_deferred_target_layers == 0,
+            "target_layers and n_deferred_target_layers are exclusive");
     for (int32_t l : target_layers) {
         require(l >= 0, "target layer ids must be >= 0");
     }
     require(n_swa == 0 || is_swa.size() == n_layer, "the sliding-window pattern needs one entry per layer");
+    require(schema == dflash_schema::upstream || (!has_token_embd && !has_output && n_vocab == 0),
+            "a lucebox-schema draft has no embedding or LM head of its own");
 }
 
 dflash_hparams read_dflash(const gguf_file & f) {
     const std::string arch = f.get_string("general.architecture");
+    for (const char * a : LUCEBOX_ARCHS) {
+        if (arch == a) {
+            return read_lucebox_draft(f, arch);
+        }
+    }
     if (arch != ARCH) {
-        throw gguf_error(f.where() + "architecture is '" + arch + "', expected 'dflash' (a DFlash draft)");
+        throw gguf_error(f.where() + "architecture is '" + arch + "', expected 'dflash' (a DFlash draft; the "
+                         "original lucebox schema's 'qwen35-dflash-draft' and 'dflash-draft' are also read)");
     }
     if (f.find_tensor("selector_hidden.weight") != nullptr) {
         throw unsupported_error(f.where() + "DFlash2 drafts (selector_hidden.weight) are not supported yet");
@@ -131,8 +350,8 @@ std::vector<tensor_spec> dflash_tensor_specs(const dflash_hparams & hp) {
     using R = tensor_role;
     const int64_t E = hp.n_embd, hd = hp.head_dim;
     std::vector<tensor_spec> s;
-    s.push_back({"fc.weight", {static_cast<int64_t>(hp.target_layers.size()) * E, E}, R::matrix});
-    s.push_back({"enc.output_norm.weight", {E}, R::norm});
+    s.push_back({hp.names.fc, {static_cast<int64_t>(hp.n_target_layers()) * E, E}, R::matrix});
+    s.push_back({hp.names.enc_norm, {E}, R::norm});
     s.push_back({"output_norm.weight", {E}, R::norm});
     if (hp.n_vocab > 0) {
         s.push_back({"token_embd.weight", {E, hp.n_vocab}, R::embedding, /*required=*/false});
@@ -147,7 +366,7 @@ std::vector<tensor_spec> dflash_tensor_specs(const dflash_hparams & hp) {
         s.push_back({p + "attn_output.weight", {hp.n_head * hd, E}, R::matrix});
         s.push_back({p + "attn_q_norm.weight", {hd}, R::norm});
         s.push_back({p + "attn_k_norm.weight", {hd}, R::norm});
-        s.push_back({p + "ffn_norm.weight", {E}, R::norm});
+        s.push_back({p + hp.names.ffn_norm, {E}, R::norm});
         s.push_back({p + "ffn_gate.weight", {E, hp.n_ff}, R::matrix});
         s.push_back({p + "ffn_up.weight", {E, hp.n_ff}, R::matrix});
         s.push_back({p + "ffn_down.weight", {hp.n_ff, E}, R::matrix});
@@ -156,11 +375,26 @@ std::vector<tensor_spec> dflash_tensor_specs(const dflash_hparams & hp) {
 }
 
 void validate_draft_for_target(const gguf_file & tf, const qwen35_hparams & target, const gguf_file & df,
-                               const dflash_hparams & draft) {
+                               dflash_hparams & draft) {
     const std::string pair = "draft '" + df.path() + "' does not match target '" + tf.path() + "': ";
     if (draft.n_embd != target.n_embd) {
         throw draft_mismatch_error(pair + "draft hidden size " + std::to_string(draft.n_embd) +
                                    " != target hidden size " + std::to_string(target.n_embd));
+    }
+    if (draft.n_deferred_target_layers > 0) {
+        try {
+            draft.target_layers = dflash_default_target_layers(draft.n_deferred_target_layers, target.n_layer);
+        } catch (const draft_mismatch_error & e) {
+            throw draft_mismatch_error(pair + "the draft has no target_layer_ids and " + e.what());
+        }
+        draft.n_deferred_target_layers = 0;
+    }
+    if (draft.schema == dflash_schema::lucebox) {
+        const std::string vocab_key = df.get_string("general.architecture") + ".vocab_size";
+        if (const auto nv = df.find_u32(vocab_key); nv && *nv != target.n_vocab) {
+            throw draft_mismatch_error(pair + "draft '" + vocab_key + "' = " + std::to_string(*nv) + " but the target has " +
+                                       std::to_string(target.n_vocab) + " tokens");
+        }
     }
     std::unordered_set<int32_t> seen;
     for (int32_t l : draft.target_layers) {
@@ -211,8 +445,8 @@ void validate_draft_for_target(const gguf_file & tf, const qwen35_hparams & targ
 
 dflash_weights bind_dflash_weights(const dflash_hparams & hp, const tensor_store & st, const qwen35_weights & target) {
     dflash_weights w;
-    w.fc = st.get("fc.weight");
-    w.enc_norm = st.get("enc.output_norm.weight");
+    w.fc = st.get(hp.names.fc);
+    w.enc_norm = st.get(hp.names.enc_norm);
     w.output_norm = st.get("output_norm.weight");
     w.token_embd = hp.has_token_embd ? st.get("token_embd.weight") : target.token_embd;
     w.output = hp.has_output ? st.get("output.weight") : (hp.has_token_embd ? w.token_embd : target.output);
@@ -227,7 +461,7 @@ dflash_weights bind_dflash_weights(const dflash_hparams & hp, const tensor_store
         l.wo = st.get(p + "attn_output.weight");
         l.q_norm = st.get(p + "attn_q_norm.weight");
         l.k_norm = st.get(p + "attn_k_norm.weight");
-        l.ffn_norm = st.get(p + "ffn_norm.weight");
+        l.ffn_norm = st.get(p + hp.names.ffn_norm);
         l.ffn_gate = st.get(p + "ffn_gate.weight");
         l.ffn_up = st.get(p + "ffn_up.weight");
         l.ffn_down = st.get(p + "ffn_down.weight");
@@ -252,6 +486,31 @@ dflash_state dflash_state::allocate(const dflash_hparams & hp, uint32_t kv_size,
     }, "the draft KV cache");
     s.store.clear();
     return s;
+}
+
+std::vector<ggml_fp16_t> dflash_block_mask(const dflash_hparams & hp, bool swa, uint32_t n_past, uint32_t block,
+                                           uint32_t n_kv) {
+    const ggml_fp16_t zero = ggml_fp32_to_fp16(0.0f), ninf = ggml_fp32_to_fp16(-INFINITY);
+    std::vector<ggml_fp16_t> mask(size_t(n_kv) * block, ninf);
+    const uint32_t window = swa ? hp.n_swa : 0;
+    const bool last_context = window > 0 && hp.swa_kind == dflash_swa_kind::last_context;
+    const bool causal = hp.causal || last_context;
+    for (uint32_t i = 0; i < block; ++i) {
+        const uint32_t q_pos = n_past + i;
+        uint32_t ctx_from = 0;  // first visible context row
+        if (last_context) {
+            ctx_from = n_past > window ? n_past - window : 0;
+        } else if (window > 0) {
+            ctx_from = q_pos >= window ? q_pos - window + 1 : 0;
+        }
+        const uint32_t block_end = std::min(causal ? q_pos + 1 : n_past + block, n_kv);
+        ggml_fp16_t * row = mask.data() + size_t(i) * n_kv;
+        std::fill(row + std::min(ctx_from, n_past), row + std::min(n_past, n_kv), zero);
+        if (n_past < block_end) {
+            std::fill(row + n_past, row + block_end, zero);
+        }
+    }
+    return mask;
 }
 
 dflash_graph build_dflash_graph(ggml_context * ctx, const dflash_hparams & hp, const dflash_weights & w,

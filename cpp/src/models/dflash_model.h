@@ -59,9 +59,17 @@ struct dflash_inputs {
     ggml_tensor * block_tokens = nullptr;   // [B] I32: last token, then MASK x (B-1)
     ggml_tensor * block_pos = nullptr;      // [B] I32
     ggml_tensor * block_kv_rows = nullptr;  // [B] I64
-    ggml_tensor * kq_mask = nullptr;        // [n_kv, B] F16: context + block (causal in the block if hp.causal)
-    ggml_tensor * kq_mask_swa = nullptr;    // [n_kv, B] F16: the same, context limited to the window (SWA layers)
+    ggml_tensor * kq_mask = nullptr;        // [n_kv, B] F16: dflash_block_mask(hp, false, ...)
+    ggml_tensor * kq_mask_swa = nullptr;    // [n_kv, B] F16: dflash_block_mask(hp, true, ...) (SWA layers)
 };
+
+// The proposal block's attention mask for the full layers (swa = false) or the SWA layers
+// (swa = true; needs hp.n_swa > 0): [n_kv, block] F16, row i (block position n_past + i) 0 where the
+// key is visible and -inf elsewhere. Keys [0, n_past) are context, [n_past, n_past + block) the
+// block, the rest padding. Full layers see the whole context; SWA layers the window of hp.swa_kind.
+// The block is bidirectional unless hp.causal, or unless the layer is SWA of kind last_context.
+std::vector<ggml_fp16_t> dflash_block_mask(const dflash_hparams & hp, bool swa, uint32_t n_past, uint32_t block,
+                                           uint32_t n_kv);
 
 struct dflash_graph {
     ggml_cgraph * gf = nullptr;

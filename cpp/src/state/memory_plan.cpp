@@ -71,7 +71,7 @@ memory_plan plan_memory(const qwen35_hparams & t, const dflash_hparams * d, cons
             d->n_layer * (row_bytes(req.kv_type_k, dkv_row, "draft K cache") + row_bytes(req.kv_type_v, dkv_row, "draft V cache"));
         p.draft_kv_bytes = p.draft_kv_bytes_per_token * tokens;
         p.feature_ring_tokens = std::max(req.ubatch, req.verify_tokens);
-        p.feature_ring_bytes = uint64_t(d->target_layers.size()) * t.n_embd * sizeof(float) * p.feature_ring_tokens * req.n_seq;
+        p.feature_ring_bytes = uint64_t(d->n_target_layers()) * t.n_embd * sizeof(float) * p.feature_ring_tokens * req.n_seq;
     }
     return p;
 }

@@ -65,3 +65,19 @@ def test_forced_proposals_on_cuda(pair: tuple[str, str], corrupt_at: int | None)
 
         got = engine.session().generate(p, max_tokens=48, propose=propose)
         _check_same_or_tie(engine, p, ref, got.tokens)
+
+
+def test_demo_pair_on_cuda() -> None:
+    """The bundled trained pair: speculative output parts from plain decoding only at near ties."""
+    from lucebox import default_model
+
+    target, draft = (str(p) for p in default_model.default_model_paths())
+    plain = lucebox.Engine(target, ctx=1024, device="cuda", spec="off")
+    spec = lucebox.Engine(target, draft, ctx=1024, device="cuda")
+    for text in ["def fibonacci(n):\n", "class Stack:\n    def __init__(self):\n", "import os\nimport sys\n\n",
+                 "for i in range(10):\n", "def read_lines(path):\n    with open(path) as f:\n"]:
+        p = plain.encode_prompt(text)
+        ref = plain.generate(p, max_tokens=96).tokens
+        got = spec.generate(p, max_tokens=96)
+        assert got.stats.spec["accepted"] > 0
+        _check_same_or_tie(plain, p, ref, got.tokens)

@@ -98,13 +98,24 @@ def load_vocab(out: Path):
     return GGUFVocab(**json.loads((out / "vocab.json").read_text()))
 
 
-def fit_steps(step: int, elapsed: float, t_warm: float, budget: float) -> int:
-    """Total steps that fill `budget` seconds, from the time of steps 5..`step` (the first
-    five include CUDA warm-up and are not representative)."""
-    per_step = (elapsed - t_warm) / (step - 5)
-    total = step + int((budget - elapsed) / per_step)
-    print(f"{per_step * 1000:.0f} ms/step -> {total} steps", flush=True)
-    return max(40, total)
+def budgeted_steps(budget: float):
+    """Yields (step, total steps) until `budget` seconds are used: the total is fitted at step 40
+    from the time of steps 5..40 (the first five include CUDA warm-up), at least 40 steps."""
+    t_start = time.time()
+    t_warm = 0.0
+    step, total = 0, 10_000
+    while step < total:
+        elapsed = time.time() - t_start
+        if step == 5:
+            t_warm = elapsed
+        if step == 40:
+            per_step = (elapsed - t_warm) / 35
+            total = max(40, step + int((budget - elapsed) / per_step))
+            print(f"{per_step * 1000:.0f} ms/step -> {total} steps", flush=True)
+            if step >= total:
+                return
+        yield step, total
+        step += 1
 
 
 def cosine_lr(step: int, total: int, peak: float, warmup: int) -> float:
@@ -161,18 +172,9 @@ def stage_target(out: Path, minutes: float, device: str, seq: int = 1024, batch:
     # estimate steps from the first few, then fit the schedule into the time budget
     budget = minutes * 60
     log = []
-    step, total = 0, 10_000
     t_start = time.time()
     model.train()
-    t_warm = 0.0
-    while True:
-        elapsed = time.time() - t_start
-        if step == 5:
-            t_warm = elapsed
-        if step == 40:
-            total = fit_steps(step, elapsed, t_warm, budget)
-        if step >= total:
-            break
+    for step, total in budgeted_steps(budget):
         lr = cosine_lr(step, total, 1.5e-3, 100)
         for g in opt.param_groups:
             g["lr"] = lr
@@ -187,7 +189,6 @@ def stage_target(out: Path, minutes: float, device: str, seq: int = 1024, batch:
         if step % 100 == 0 or step == total - 1:
             log.append({"step": step, "loss": loss.item(), "lr": lr, "s": time.time() - t_start})
             print(f"step {step}/{total} loss {loss.item():.3f} lr {lr:.2e} {time.time() - t_start:.0f}s", flush=True)
-        step += 1
 
     model.eval()
     held = torch.from_numpy(held_ids.astype(np.int64))
@@ -254,7 +255,7 @@ def stage_draft(out: Path, minutes: float, device: str, n_seq: int = 8192, batch
     held_seqs = seqs_t[-n_held:]
     train_seqs = seqs_t[:-n_held]
     budget = minutes * 60 - (time.time() - t0)
-    step, total, log = 0, 10_000, []
+    log = []
     t_start = time.time()
 
     def draft_loss(xb: torch.Tensor, rng: np.random.Generator):
@@ -270,15 +271,7 @@ def stage_draft(out: Path, minutes: float, device: str, n_seq: int = 8192, batch
         return (ce * w_pos).sum(-1).mean() / w_pos.sum(), acc
 
     draft.train()
-    t_warm = 0.0
-    while True:
-        elapsed = time.time() - t_start
-        if step == 5:
-            t_warm = elapsed
-        if step == 40:
-            total = fit_steps(step, elapsed, t_warm, budget)
-        if step >= total:
-            break
+    for step, total in budgeted_steps(budget):
         lr = cosine_lr(step, total, 2e-3, 100)
         for g in opt.param_groups:
             g["lr"] = lr
@@ -295,7 +288,6 @@ def stage_draft(out: Path, minutes: float, device: str, n_seq: int = 8192, batch
             log.append({"step": step, "loss": loss.item(), "acc1": float(acc[..., 0].mean()), "al": al})
             print(f"step {step}/{total} loss {loss.item():.3f} acc1 {float(acc[..., 0].mean()):.3f} "
                   f"AL~{al:.2f} {time.time() - t_start:.0f}s", flush=True)
-        step += 1
 
     draft.eval()
     with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.startswith("cuda")):

@@ -755,6 +755,20 @@ def _summary(path: Path, arch: str, preset: str, type_: str, fill: str, seed: in
     }
 
 
+def _draft_shape_keys(w, a: str, shape: DraftShape, n_embd: int, n_ctx: int) -> None:
+    """The size, norm and rope-base keys both draft schemas write, under the key prefix `a`."""
+    w.add_uint32(a + "context_length", n_ctx)
+    w.add_uint32(a + "embedding_length", n_embd)
+    w.add_uint32(a + "block_count", shape.n_layer)
+    w.add_uint32(a + "feed_forward_length", shape.n_ff)
+    w.add_uint32(a + "attention.head_count", shape.n_head)
+    w.add_uint32(a + "attention.head_count_kv", shape.n_head_kv)
+    w.add_uint32(a + "attention.key_length", shape.head_dim)
+    w.add_uint32(a + "attention.value_length", shape.head_dim)
+    w.add_float32(a + "attention.layer_norm_rms_epsilon", shape.rms_eps)
+    w.add_float32(a + "rope.freq_base", shape.rope_freq_base)
+
+
 def _check_common(type_: str, fill: str, seed: int) -> tuple[str, str]:
     type_ = _check_choice(type_, TYPES, "type")
     fill = _check_choice(fill, FILLS, "fill")
@@ -887,17 +901,8 @@ def write_draft(path: str | os.PathLike[str], preset: str | Preset = "tiny", *, 
         _common_keys(w, name or f"lucebox-synth {p.name} dflash draft",
                      description or f"synthetic random weights: lucebox synth preset={p.name} "
                                     f"draft type={type_} seed={int(seed)} fill={fill}", type_)
-        w.add_uint32(a + "context_length", n_ctx)
-        w.add_uint32(a + "embedding_length", hp.n_embd)
-        w.add_uint32(a + "block_count", shape.n_layer)
-        w.add_uint32(a + "feed_forward_length", shape.n_ff)
-        w.add_uint32(a + "attention.head_count", shape.n_head)
-        w.add_uint32(a + "attention.head_count_kv", shape.n_head_kv)
-        w.add_uint32(a + "attention.key_length", shape.head_dim)
-        w.add_uint32(a + "attention.value_length", shape.head_dim)
-        w.add_float32(a + "attention.layer_norm_rms_epsilon", shape.rms_eps)
+        _draft_shape_keys(w, a, shape, hp.n_embd, n_ctx)
         w.add_uint32(a + "rope.dimension_count", shape.n_rot)
-        w.add_float32(a + "rope.freq_base", shape.rope_freq_base)
         # As the upstream converter writes for Qwen3.5 targets (M-RoPE): the temporal stream
         # only, which is numerically NeoX rope.
         _int32_array(w, a + "rope.dimension_sections", (shape.n_rot // 2, 0, 0, 0))
@@ -916,17 +921,8 @@ def write_draft(path: str | os.PathLike[str], preset: str | Preset = "tiny", *, 
         _common_keys(w, name or f"lucebox-synth {p.name} qwen35-dflash-draft",
                      description or f"synthetic random weights: lucebox synth preset={p.name} "
                                     f"draft schema=lucebox type={type_} seed={int(seed)} fill={fill}", type_)
-        w.add_uint32(a + "context_length", n_ctx)
-        w.add_uint32(a + "embedding_length", hp.n_embd)
-        w.add_uint32(a + "block_count", shape.n_layer)
-        w.add_uint32(a + "feed_forward_length", shape.n_ff)
-        w.add_uint32(a + "attention.head_count", shape.n_head)
-        w.add_uint32(a + "attention.head_count_kv", shape.n_head_kv)
-        w.add_uint32(a + "attention.key_length", shape.head_dim)
-        w.add_uint32(a + "attention.value_length", shape.head_dim)
+        _draft_shape_keys(w, a, shape, hp.n_embd, n_ctx)
         w.add_uint32(a + "vocab_size", tshape.n_vocab)
-        w.add_float32(a + "attention.layer_norm_rms_epsilon", shape.rms_eps)
-        w.add_float32(a + "rope.freq_base", shape.rope_freq_base)
         w.add_uint32(a + "dflash.n_target_layers", len(shape.target_layers))
         w.add_uint32(a + "dflash.block_size", shape.block_size)
         w.add_uint32(a + "dflash.mask_token_id", hp.mask_token_id)

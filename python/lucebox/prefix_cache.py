@@ -53,16 +53,22 @@ _DIGEST = 16
 _ROOT = b"\x00" * _DIGEST
 
 
-def _chain(prev: bytes, tokens: Sequence[int]) -> bytes:
+def _ids(tokens: Sequence[int]) -> np.ndarray:
+    """Token ids as a contiguous int32 array (one conversion per call; hashing and comparing
+    then work on its bytes)."""
+    return np.ascontiguousarray(np.asarray(tokens, dtype=np.int32).reshape(-1))
+
+
+def _chain(prev: bytes, tokens: np.ndarray) -> bytes:
     h = hashlib.blake2b(prev, digest_size=_DIGEST)
-    h.update(np.asarray(tokens, dtype=np.int32).tobytes())
+    h.update(tokens.tobytes())
     return h.digest()
 
 
-def _tail_key(block_hash: bytes, tail: Sequence[int]) -> bytes:
+def _tail_key(block_hash: bytes, tail: np.ndarray) -> bytes:
     """Key of an entry: the chain hash of its full blocks and its partial last block."""
     h = hashlib.blake2b(block_hash, digest_size=_DIGEST, person=b"lucebox-tail")
-    h.update(np.asarray(tail, dtype=np.int32).tobytes())
+    h.update(tail.tobytes())
     return h.digest()
 
 
@@ -81,6 +87,7 @@ class PrefixCacheStats:
 @dataclass
 class _Entry:
     snapshot: Any
+    tokens: np.ndarray  # int32 [n_tokens], kept to verify hits without asking the snapshot
     n_tokens: int
     nbytes: int
     block_hash: bytes
@@ -122,6 +129,7 @@ class PrefixCache:
     # -- keys -------------------------------------------------------------------------------
     def block_hashes(self, tokens: Sequence[int]) -> list[bytes]:
         """Chain hashes of the first 0, 1, ..., len(tokens) // block_tokens full blocks."""
+        tokens = _ids(tokens)
         b = self.block_tokens
         out = [_ROOT]
         for k in range(len(tokens) // b):
@@ -130,6 +138,7 @@ class PrefixCache:
 
     def key(self, tokens: Sequence[int]) -> bytes:
         """The key of an entry holding exactly `tokens`."""
+        tokens = _ids(tokens)
         hashes = self.block_hashes(tokens)
         k = len(hashes) - 1
         return _tail_key(hashes[-1], tokens[k * self.block_tokens:])
@@ -152,7 +161,7 @@ class PrefixCache:
     def lookup(self, tokens: Sequence[int]) -> tuple[Any, int] | None:
         """(snapshot, n_tokens) of the longest cached prefix of `tokens` (n_tokens <=
         len(tokens)), or None. Counts a hit or a miss."""
-        tokens = [int(t) for t in tokens]
+        tokens = _ids(tokens)
         hashes = self.block_hashes(tokens)
         b = self.block_tokens
         with self._lock:
@@ -165,7 +174,7 @@ class PrefixCache:
                         continue
                     key = _tail_key(hashes[k], tokens[k * b:n])
                     entry = self._entries.get(key)
-                    if entry is None or entry.n_tokens != n or list(entry.snapshot.tokens) != tokens[:n]:
+                    if entry is None or entry.n_tokens != n or not np.array_equal(entry.tokens, tokens[:n]):
                         continue
                     self._entries.move_to_end(key)
                     self.hits += 1
@@ -225,9 +234,9 @@ class PrefixCache:
         Evicts least recently used entries to stay within the budget."""
         if int(getattr(snapshot, "pending", -1)) >= 0:
             return False
-        tokens = [int(t) for t in snapshot.tokens]
+        tokens = _ids(snapshot.tokens)
         nbytes = int(snapshot.nbytes)
-        if not tokens:
+        if not len(tokens):
             return False
         if nbytes > self.budget_bytes:
             with self._lock:
@@ -246,7 +255,7 @@ class PrefixCache:
                 self._bytes -= victim.nbytes
                 self._forget_length(victim)
                 self.evictions += 1
-            entry = _Entry(snapshot, len(tokens), nbytes, block_hash)
+            entry = _Entry(snapshot, tokens, len(tokens), nbytes, block_hash)
             self._entries[key] = entry
             self._by_block.setdefault(block_hash, collections.Counter())[len(tokens)] += 1
             self._bytes += nbytes

@@ -54,6 +54,7 @@ void register_engine(py::module_ & m) {
             py::dict d;
             d["speculative"] = s.speculative;
             d["steps"] = s.steps;
+            d["plain_steps"] = s.plain_steps;
             d["drafted"] = s.drafted;
             d["accepted"] = s.accepted;
             d["accept_histogram"] = s.accept_histogram;

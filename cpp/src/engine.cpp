@@ -19,6 +19,7 @@
 #include "models/dflash_model.h"
 #include "models/qwen35_model.h"
 #include "spec/chain.h"
+#include "spec/policy.h"
 #include "state/snapshot.h"
 
 namespace lucebox {
@@ -105,11 +106,11 @@ void engine_config::validate() const {
     }
     parse_kv_type(kv_type_k);
     parse_kv_type(kv_type_v);
-    if (spec != "off" && spec != "chain") {
-        throw config_error("engine: spec '" + spec + "' must be off or chain");
+    if (spec != "off" && spec != "chain" && spec != "auto") {
+        throw config_error("engine: spec '" + spec + "' must be off, chain or auto");
     }
-    if (spec == "chain" && draft_path.empty()) {
-        throw config_error("engine: spec 'chain' needs a draft model");
+    if (spec != "off" && draft_path.empty()) {
+        throw config_error("engine: spec '" + spec + "' needs a draft model");
     }
     if (rollback != "fast" && rollback != "replay") {
         throw config_error("engine: rollback '" + rollback + "' must be fast or replay");
@@ -137,6 +138,7 @@ struct engine::impl {
     std::vector<size_t> draft_ring_index;  // per draft target layer: index into `capture`
     std::vector<uint8_t> graph_meta;
     std::mutex compute_mutex;
+    spec::step_costs step_costs;  // measured by spec "auto" generations (guarded by compute_mutex)
 
     uint32_t block_size() const { return draft ? draft->hparams.block_size : 0; }
 
@@ -800,7 +802,7 @@ generate_result session::generate(const std::vector<int32_t> & prompt, const gen
 
     const sampling_params & sp = params.sampling;
     const bool greedy = sp.is_greedy() && !sp.has_penalties();
-    const bool spec_available = (eng_->draft && eng_->cfg.spec == "chain") || params.propose;
+    const bool spec_available = (eng_->draft && eng_->cfg.spec != "off") || params.propose;
     if (spec_available) {
         return generate_speculative(pending, params, on_token);
     }
@@ -898,6 +900,10 @@ generate_result session::generate_speculative(const std::vector<int32_t> & pendi
         return res;
     }
 
+    // spec "auto": a step speculates only while that beats plain decoding (spec/policy.h); a plain
+    // step is a verify of the last token alone, so state, rollback and sampling stay one path.
+    const bool adaptive = e.cfg.spec == "auto" && e.draft && !params.propose;
+    spec::adaptive_policy policy(e.step_costs);
     while (res.tokens.size() < params.max_tokens) {
         // one step at a time holds the engine, so other sessions interleave between steps
         std::lock_guard<std::mutex> lock(e.compute_mutex);
@@ -906,10 +912,17 @@ generate_result session::generate_speculative(const std::vector<int32_t> & pendi
             res.finish_reason = "context";
             break;
         }
-        const uint32_t n = std::min(block, room);  // tokens verified this step: last + n-1 proposals
+        const auto t_step = clock::now();
+        const bool speculating = !adaptive || policy.speculate();
+        // tokens verified this step: last + n-1 proposals (n < block only at the end of the context)
+        const uint32_t n = speculating ? std::min(block, room) : 1;
         auto tp = clock::now();
         std::vector<int32_t> verified{last};
-        if (params.propose) {
+        if (!speculating) {
+            if (tokens_.size() - n_draft_ctx_ >= st_->model_state.ring_size / 2) {
+                run_draft(-1, 0);  // the draft's context keeps up while it is not asked to propose
+            }
+        } else if (params.propose) {
             if (e.draft) {
                 run_draft(-1, 0);  // keep the draft context in step
             }
@@ -920,7 +933,7 @@ generate_result session::generate_speculative(const std::vector<int32_t> & pendi
             }
             verified.insert(verified.end(), forced.begin(), forced.end());
         } else if (n > 1) {
-            std::vector<int32_t> proposals = run_draft(last, n);  // n < block only at the end of the context
+            std::vector<int32_t> proposals = run_draft(last, n);
             verified.insert(verified.end(), proposals.begin(), proposals.end());
         }
         for (int32_t t : verified) {
@@ -952,23 +965,32 @@ generate_result session::generate_speculative(const std::vector<int32_t> & pendi
 
         const uint32_t budget = params.max_tokens - static_cast<uint32_t>(res.tokens.size());
         const spec::commit_plan plan = spec::plan_commit(verified, target, a, budget, is_stop, on_token);
-        ++stats.steps;
-        stats.drafted += n - 1;
-        stats.accepted += a;
-        stats.accept_histogram[a] += 1;
+        if (speculating) {
+            ++stats.steps;
+            stats.drafted += n - 1;
+            stats.accepted += a;
+            stats.accept_histogram[a] += 1;
+        } else {
+            ++stats.plain_steps;
+        }
 
         tp = clock::now();
         if (!replay) {
             commit(n, plan.last_kept);
-            ++stats.fast_rollbacks;
+            stats.fast_rollbacks += speculating;
         } else if (plan.last_kept + 1 < n) {
             backup_state(false);  // the state before the verify, then re-run the kept tokens
             run_target(verified.data(), plan.last_kept + 1, false, nullptr, false, nullptr);
-            ++stats.replays;
+            stats.replays += speculating;
         }
         tokens_.insert(tokens_.end(), verified.begin(), verified.begin() + plan.last_kept + 1);
         if (params.phase_timings) {
             stats.commit_seconds += since(tp);
+        }
+        if (adaptive && speculating) {
+            policy.record_spec(static_cast<uint32_t>(plan.emitted.size()), since(t_step));
+        } else if (adaptive) {
+            policy.record_plain(since(t_step));
         }
         res.tokens.insert(res.tokens.end(), plan.emitted.begin(), plan.emitted.end());
         if (plan.stopped) {

@@ -222,7 +222,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         if sp.get("speculative"):
             hist = " ".join(f"{a}:{c}" for a, c in enumerate(sp["accept_histogram"]) if c)
             print(f"[spec] {sp['steps']} steps, {sp['accepted']}/{sp['drafted']} proposals accepted, acceptance "
-                  f"length {st.acceptance_length:.2f}, accept histogram {hist}; fast rollbacks "
+                  f"length {st.acceptance_length:.2f}, accept histogram {hist}; plain steps "
+                  f"{sp.get('plain_steps', 0)} (spec auto: where speculating did not pay); fast rollbacks "
                   f"{sp['fast_rollbacks']}, replays {sp['replays']}; draft {sp['draft_seconds']:.3f} s, verify "
                   f"{sp['verify_seconds']:.3f} s, commit {sp['commit_seconds']:.3f} s", file=sys.stderr)
     return 0
@@ -279,7 +280,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="qwen35 target GGUF (optional) and the prompt text ('-' reads stdin)")
     p.add_argument("--draft", help="DFlash draft GGUF: enables speculative decoding")
     p.add_argument("--spec", default="auto", choices=["auto", "off", "chain"],
-                   help="speculative decoding mode (auto: chain when a draft is given)")
+                   help="speculative decoding with the draft: auto (speculate while measured faster than "
+                        "plain decoding), chain (every step), off")
     p.add_argument("--chat", action="store_true", help="wrap the prompt as a user message in the chat template")
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.0)
@@ -314,7 +316,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="context tokens per slot (default: the model's training context, at most 32768)")
     p.add_argument("--kv-type", default="f16", help="KV cache type: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
-    p.add_argument("--spec", default="auto", choices=["auto", "off", "chain"], help="speculative decoding mode")
+    p.add_argument("--spec", default="auto", choices=["auto", "off", "chain"],
+                   help="speculative decoding with --draft: auto (while measured faster than plain decoding), "
+                        "chain (every step), off")
     p.add_argument("--threads", type=int, default=0, help="CPU threads (0: all)")
     p.add_argument("--ubatch", type=_positive_int, default=512, help="prefill micro-batch")
     p.add_argument("--slots", type=_positive_int, default=1, help="requests generating at once (default 1)")

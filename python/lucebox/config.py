@@ -34,8 +34,10 @@ class EngineConfig:
 
     ctx: tokens of context per session. kv_type_k / kv_type_v: KV cache types. device: "auto"
     (first GPU, else CPU), "cpu", "cuda", "cuda:N" or a ggml device name. ubatch: prefill
-    micro-batch. threads: CPU threads (0: all). spec: speculative decoding mode ("off" until a
-    draft is given; "chain" needs a DFlash draft). rollback: how a partly rejected verify restores
+    micro-batch. threads: CPU threads (0: all). spec: speculative decoding with a draft: "auto" (the
+    default) speculates while that is measured to be faster than plain decoding and decodes
+    plainly otherwise, "chain" speculates every step, "off" never; without a draft "auto" is off
+    and "chain" is an error. rollback: how a partly rejected verify restores
     the DeltaNet state: "fast" (per-token checkpoints, one copy) or "replay" (one backup, re-run
     the kept tokens; less memory, more compute).
     """

@@ -25,7 +25,8 @@ Prompt = Union[str, Sequence[int], Sequence[dict]]
 @dataclass
 class GenerationStats:
     """Counts and timings of one generation. `spec` holds the speculative-decoding counters
-    (steps, drafted, accepted, accept_histogram, fast_rollbacks, replays, and draft/verify/commit
+    (steps, drafted, accepted, accept_histogram, fast_rollbacks, replays, plain_steps: the
+    one-token steps spec="auto" took where speculating did not pay, and draft/verify/commit
     seconds when phase timings were requested)."""
 
     n_prompt: int
@@ -101,7 +102,7 @@ class Engine:
         core_cfg = self.config.to_core(self.model_path)
         if self.draft_path is not None and spec != "off":  # spec="off": validated above, not loaded
             core_cfg.draft_path = self.draft_path
-            core_cfg.spec = "chain"
+            core_cfg.spec = spec  # "chain": every step speculates; "auto": while that is faster
         self._core = _core.Engine(core_cfg, progress)
         self._default_session: Session | None = None
 

@@ -38,7 +38,7 @@ def draft(tmp_path: Path, tag: str, **kw: object) -> str:
 
 
 def proposals(target: str, draft_path: str, ps: list[list[int]]) -> list[list[int]]:
-    engine = lucebox.Engine(target, draft_path, ctx=256, device="cpu")
+    engine = lucebox.Engine(target, draft_path, ctx=256, device="cpu", spec="chain")
     out = []
     for p in ps:
         s = engine.session()
@@ -73,8 +73,8 @@ def test_lucebox_draft_is_lossless(target: str, tmp_path: Path) -> None:
     up = draft(tmp_path, "up")
     lb = draft(tmp_path, "lb", schema="lucebox")
     plain = lucebox.Engine(target, ctx=512, device="cpu")
-    spec_up = lucebox.Engine(target, up, ctx=512, device="cpu")
-    spec_lb = lucebox.Engine(target, lb, ctx=512, device="cpu")
+    spec_up = lucebox.Engine(target, up, ctx=512, device="cpu", spec="chain")
+    spec_lb = lucebox.Engine(target, lb, ctx=512, device="cpu", spec="chain")
     for p in prompts():
         ref = plain.generate(p, max_tokens=40).tokens
         a, b = spec_lb.generate(p, max_tokens=40), spec_up.generate(p, max_tokens=40)
@@ -99,7 +99,7 @@ def test_default_target_layers_from_the_target(target: str, tmp_path: Path) -> N
     assert base == proposals(target, explicit, ps)
     assert base != proposals(target, other, ps)
     plain = lucebox.Engine(target, ctx=256, device="cpu")
-    spec = lucebox.Engine(target, derived, ctx=256, device="cpu")
+    spec = lucebox.Engine(target, derived, ctx=256, device="cpu", spec="chain")
     for p in ps:
         assert spec.generate(p, max_tokens=24).tokens == plain.generate(p, max_tokens=24).tokens
 
@@ -122,7 +122,7 @@ def test_lucebox_sliding_window_semantics(target: str, tmp_path: Path) -> None:
     assert proposals(target, narrow, ps) != proposals(target, draft(tmp_path, "lb"), ps)
     plain = lucebox.Engine(target, ctx=256, device="cpu")
     for d in (wide, narrow):
-        spec = lucebox.Engine(target, d, ctx=256, device="cpu")
+        spec = lucebox.Engine(target, d, ctx=256, device="cpu", spec="chain")
         for p in ps:
             assert spec.generate(p, max_tokens=24).tokens == plain.generate(p, max_tokens=24).tokens
 

@@ -48,7 +48,7 @@ def forced(reference: list[int], prompt_len: int, corrupt_at: int | None) -> Cal
 def test_real_draft_is_lossless(pair: tuple[str, str], kv: str) -> None:
     target, draft = pair
     plain = lucebox.Engine(target, ctx=512, device="cpu", kv_type=kv, ubatch=32)
-    spec = lucebox.Engine(target, draft, ctx=512, device="cpu", kv_type=kv, ubatch=32)
+    spec = lucebox.Engine(target, draft, ctx=512, device="cpu", kv_type=kv, ubatch=32, spec="chain")
     for p in prompts():
         ref = plain.generate(p, max_tokens=48)
         got = spec.generate(p, max_tokens=48)
@@ -104,7 +104,7 @@ def test_stop_tokens_and_budget_inside_a_step(pair: tuple[str, str]) -> None:
 def test_session_continues_after_speculative_generation(pair: tuple[str, str]) -> None:
     target, draft = pair
     plain = lucebox.Engine(target, ctx=512, device="cpu")
-    spec = lucebox.Engine(target, draft, ctx=512, device="cpu")
+    spec = lucebox.Engine(target, draft, ctx=512, device="cpu", spec="chain")
     p = prompts(1)[0]
     s1, s2 = plain.session(), spec.session()
     a = s1.generate(p, max_tokens=10).tokens + s1.generate([7, 8, 9], max_tokens=20).tokens
@@ -118,7 +118,7 @@ def test_context_end_during_speculation(pair: tuple[str, str]) -> None:
     target, draft = pair
     p = prompts(1)[0][:40]
     plain = lucebox.Engine(target, ctx=64, device="cpu").generate(p, max_tokens=100)
-    spec = lucebox.Engine(target, draft, ctx=64, device="cpu").generate(p, max_tokens=100)
+    spec = lucebox.Engine(target, draft, ctx=64, device="cpu", spec="chain").generate(p, max_tokens=100)
     assert spec.tokens == plain.tokens
     assert spec.finish_reason == plain.finish_reason == "context"
 
@@ -188,7 +188,7 @@ def test_speculative_output_equals_upstream_greedy(tmp_path: "pytest.TempPathFac
     target, draft = str(tmp_path / "t.gguf"), str(tmp_path / "d.gguf")
     synth.write_target(target, "tiny", type="f32", seed=21)
     synth.write_draft(draft, "tiny", type="f32", seed=22)
-    spec = lucebox.Engine(target, draft, ctx=512, device="cpu")
+    spec = lucebox.Engine(target, draft, ctx=512, device="cpu", spec="chain")
     eos = spec.tokenizer.eos_ids
     for p in prompts(4):
         ref = oracle.reference_greedy(target, p, 32, n_ctx=512)
@@ -213,7 +213,7 @@ def test_draft_attention_masks(pair: tuple[str, str], tmp_path: Path) -> None:
     causal = _drafts_with(tmp_path, target, causal=True)
 
     def proposals(draft: str, prompt: list[int]) -> list[int]:
-        s = lucebox.Engine(target, draft, ctx=256, device="cpu").session()
+        s = lucebox.Engine(target, draft, ctx=256, device="cpu", spec="chain").session()
         s.append(prompt)
         return list(s._core.draft_proposals(prompt[-1]))
 
@@ -224,7 +224,7 @@ def test_draft_attention_masks(pair: tuple[str, str], tmp_path: Path) -> None:
     assert [proposals(causal, p) for p in ps] != base
     plain = lucebox.Engine(target, ctx=256, device="cpu")
     for draft in (narrow, causal):
-        spec = lucebox.Engine(target, draft, ctx=256, device="cpu")
+        spec = lucebox.Engine(target, draft, ctx=256, device="cpu", spec="chain")
         for p in ps:
             assert spec.generate(p, max_tokens=24).tokens == plain.generate(p, max_tokens=24).tokens
 
@@ -235,7 +235,7 @@ def test_concurrent_sessions_match_sequential(pair: tuple[str, str]) -> None:
     import threading
 
     target, draft = pair
-    engine = lucebox.Engine(target, draft, ctx=512, device="cpu")
+    engine = lucebox.Engine(target, draft, ctx=512, device="cpu", spec="chain")
     ps = prompts(6)
     expected = [engine.generate(p, max_tokens=40).tokens for p in ps]
     results: dict[int, list[int]] = {}
@@ -254,3 +254,24 @@ def test_concurrent_sessions_match_sequential(pair: tuple[str, str]) -> None:
         t.join()
     assert not errors
     assert [results[i] for i in range(len(ps))] == expected
+
+
+def test_auto_drops_to_plain_steps_when_speculation_does_not_pay(pair: tuple[str, str]) -> None:
+    """spec="auto": a random-weight draft is almost never accepted, so after a few measured steps
+    the engine decodes plainly (plain_steps), with the same greedy tokens as plain decoding; a
+    sampled generation runs through both kinds of step. spec="chain" never takes plain steps."""
+    target, draft = pair
+    plain = lucebox.Engine(target, ctx=512, device="cpu")
+    auto = lucebox.Engine(target, draft, ctx=512, device="cpu")  # the default: spec="auto"
+    chain = lucebox.Engine(target, draft, ctx=512, device="cpu", spec="chain")
+    for p in prompts(4):
+        ref = plain.generate(p, max_tokens=120).tokens
+        got = auto.generate(p, max_tokens=120)
+        assert got.tokens == ref
+        s = got.stats.spec
+        assert s["speculative"] and s["plain_steps"] > 0 and s["steps"] >= 1
+        assert sum(s["accept_histogram"]) == s["steps"]
+        c = chain.generate(p, max_tokens=120)
+        assert c.tokens == ref and c.stats.spec["plain_steps"] == 0
+    sampled = auto.generate(prompts(1)[0], max_tokens=60, temperature=0.8, top_k=20, seed=3)
+    assert len(sampled.tokens) > 0 and all(0 <= t < auto.hparams.n_vocab for t in sampled.tokens)

@@ -398,6 +398,19 @@ def _worker_check(core, kind: str, path: str, base_target, base_draft, step) -> 
         raise AssertionError(f"unknown case kind {kind!r}")
 
 
+def _peak_rss_kb() -> int:
+    """This process's own peak RSS. Linux carries ru_maxrss across fork + exec (a worker would
+    report its parent's RSS at fork time), so prefer VmHWM, which belongs to the current image."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
 def worker_main(argv: list[str]) -> int:
     """Run as ``python gguf_mutations.py BASE_TARGET BASE_DRAFT CASE_TIMEOUT_S AS_LIMIT_BYTES``.
 
@@ -441,7 +454,7 @@ def worker_main(argv: list[str]) -> int:
         out.write(json.dumps({"id": case_id, "result": result, "message": message[:400],
                               "names_file": names_file}) + "\n")
         out.flush()
-    out.write(f"DONE\t{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}\n")
+    out.write(f"DONE\t{_peak_rss_kb()}\n")
     out.flush()
     return 0
 

@@ -27,7 +27,9 @@ struct engine_config {
     int n_threads = 0;                // CPU threads (0: all hardware threads)
     std::vector<int32_t> capture_layers;  // layer inputs captured into the feature ring (n_layer: final hidden)
     std::string draft_path;           // DFlash draft GGUF (empty: none); validated against the target
-    std::string spec = "off";         // off | chain (needs a draft)
+    // off | chain: speculate every step | auto: speculate while it is faster than plain decoding
+    // (measured; see cpp/src/spec/policy.h). chain and auto need a draft.
+    std::string spec = "off";
     // How a verify that is not fully accepted rolls the DeltaNet state back:
     //   fast   - the verify keeps every token's state (B checkpoints per layer); commit copies one
     //   replay - back up the state (one slot), verify normally, restore and re-run the kept tokens
@@ -56,6 +58,7 @@ struct generate_stats {
     // speculative decoding (all zero when it did not run)
     bool speculative = false;
     uint32_t steps = 0;            // draft + verify rounds
+    uint32_t plain_steps = 0;      // one-token steps taken by spec "auto" when speculation did not pay
     uint32_t drafted = 0;          // proposals verified
     uint32_t accepted = 0;         // proposals accepted
     std::vector<uint32_t> accept_histogram;  // [a] = steps that accepted a proposals

@@ -408,6 +408,8 @@ def _peak_rss_kb() -> int:
                     return int(line.split()[1])
     except OSError:
         pass
+    import resource
+
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 

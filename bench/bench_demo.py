@@ -3,8 +3,9 @@
 20 held-out code prompts (train/corpus.py: files of this interpreter's standard library whose
 path hash puts them outside the training split), against plain decoding on the same engine.
 
-Prints, per prompt, the acceptance length (committed tokens per verify step) and checks that the
-speculative tokens equal plain decoding's; then mean / median acceptance length and tok/s of both.
+Prints, per prompt, the acceptance length of chain speculation (committed tokens per verify step)
+and checks that the speculative tokens equal plain decoding's; then mean / median acceptance
+length, and tok/s of chain, of spec "auto" (speculates only while measured faster) and of plain.
 Where the two part, it prints the plain path's top-2 logit margin at that token: a 16-token verify
 and a 1-token decode use different GPU kernels, whose rounding differs by about 1e-2, so a path may
 part at a near tie (margin < 0.1); a part at a clear margin would be a bug (exit status 1).
@@ -43,12 +44,15 @@ def main() -> int:
     prompts = code_prompts(args.prompts)
     if len(prompts) < args.prompts:
         print(f"only {len(prompts)} held-out prompts found in this interpreter's standard library", file=sys.stderr)
-    spec = lucebox.Engine(target, draft, ctx=args.ctx, device=args.device)
+    spec = lucebox.Engine(target, draft, ctx=args.ctx, device=args.device, spec="chain")
+    auto = lucebox.Engine(target, draft, ctx=args.ctx, device=args.device)  # spec="auto", the default
     plain = lucebox.Engine(target, ctx=args.ctx, device=args.device, spec="off")
     print(f"$ {' '.join(sys.argv)}")
     print(f"device {spec.device}; {len(prompts)} held-out prompts; max {args.max_tokens} tokens; temperature 0")
     als, spec_t, plain_t, n_spec, n_plain, ties, clear = [], 0.0, 0.0, 0, 0, 0, 0
+    auto_t, n_auto, auto_plain_steps, auto_steps = 0.0, 0, 0, 0
     spec.generate(prompts[0], max_tokens=8)  # warm-up
+    auto.generate(prompts[0], max_tokens=8)
     plain.generate(prompts[0], max_tokens=8)
     print(f"{'#':>3} {'prompt tok':>10} {'gen':>5} {'AL':>6} {'steps':>6}  same as plain")
     for i, p in enumerate(prompts):
@@ -59,6 +63,12 @@ def main() -> int:
         q = plain.generate(p, max_tokens=args.max_tokens)
         plain_t += time.perf_counter() - t0
         n_spec += r.stats.n_generated
+        t0 = time.perf_counter()
+        u = auto.generate(p, max_tokens=args.max_tokens)
+        auto_t += time.perf_counter() - t0
+        n_auto += u.stats.n_generated
+        auto_steps += u.stats.spec["steps"]
+        auto_plain_steps += u.stats.spec["plain_steps"]
         n_plain += q.stats.n_generated
         same = r.tokens == q.tokens
         note = "yes"
@@ -77,8 +87,10 @@ def main() -> int:
               f"{r.stats.spec['steps']:>6}  {note}")
     print(f"acceptance length: mean {statistics.mean(als):.2f}, median {statistics.median(als):.2f}, "
           f"min {min(als):.2f}, max {max(als):.2f} (bar: mean >= 3.0)")
-    print(f"speculative {n_spec / spec_t:.1f} tok/s vs plain {n_plain / plain_t:.1f} tok/s "
-          f"({n_spec / spec_t / (n_plain / plain_t):.2f}x), wall time incl. prefill")
+    plain_tps = n_plain / plain_t
+    print(f"chain {n_spec / spec_t:.1f} tok/s ({n_spec / spec_t / plain_tps:.2f}x), auto {n_auto / auto_t:.1f} tok/s "
+          f"({n_auto / auto_t / plain_tps:.2f}x; {auto_steps} speculative + {auto_plain_steps} plain steps), "
+          f"plain {plain_tps:.1f} tok/s; wall time incl. prefill")
     print(f"speculative == plain on {len(prompts) - ties - clear} / {len(prompts)} prompts; parted at a near "
           f"tie on {ties}, at a clear margin on {clear}")
     if clear:

@@ -37,7 +37,7 @@ def main() -> int:
     args = ap.parse_args()
 
     engine = lucebox.Engine(args.model, args.draft, ctx=args.ctx, device=args.device,
-                            spec="auto" if args.draft else "off")
+                            spec="chain" if args.draft else "off")
     rng = np.random.default_rng(0)
     prompt = [int(x) for x in rng.integers(10, engine.hparams.n_vocab, args.prompt)]
     plain = lucebox.Engine(args.model, ctx=args.ctx, device=args.device)

@@ -755,8 +755,9 @@ def _summary(path: Path, arch: str, preset: str, type_: str, fill: str, seed: in
     }
 
 
-def _draft_shape_keys(w, a: str, shape: DraftShape, n_embd: int, n_ctx: int) -> None:
-    """The size, norm and rope-base keys both draft schemas write, under the key prefix `a`."""
+def _size_keys(w, a: str, shape: TargetShape | DraftShape, n_embd: int, n_ctx: int) -> None:
+    """The size, norm and rope-base keys every schema writes (target and both draft schemas),
+    under the key prefix `a`."""
     w.add_uint32(a + "context_length", n_ctx)
     w.add_uint32(a + "embedding_length", n_embd)
     w.add_uint32(a + "block_count", shape.n_layer)
@@ -817,17 +818,8 @@ def write_target(path: str | os.PathLike[str], preset: str | Preset = "tiny", *,
         _common_keys(w, name or f"lucebox-synth {p.name}",
                      description or f"synthetic random weights: lucebox synth preset={p.name} "
                                     f"type={type_} seed={int(seed)} fill={fill}", type_)
-        w.add_uint32(a + "context_length", shape.n_ctx_train)
-        w.add_uint32(a + "embedding_length", shape.n_embd)
-        w.add_uint32(a + "block_count", shape.n_layer)
-        w.add_uint32(a + "feed_forward_length", shape.n_ff)
-        w.add_uint32(a + "attention.head_count", shape.n_head)
-        w.add_uint32(a + "attention.head_count_kv", shape.n_head_kv)
-        w.add_uint32(a + "attention.key_length", shape.head_dim)
-        w.add_uint32(a + "attention.value_length", shape.head_dim)
-        w.add_float32(a + "attention.layer_norm_rms_epsilon", shape.rms_eps)
+        _size_keys(w, a, shape, shape.n_embd, shape.n_ctx_train)
         w.add_uint32(a + "rope.dimension_count", shape.n_rot)
-        w.add_float32(a + "rope.freq_base", shape.rope_freq_base)
         _int32_array(w, a + "rope.dimension_sections", shape.rope_sections)
         w.add_uint32(a + "ssm.conv_kernel", shape.ssm_d_conv)
         w.add_uint32(a + "ssm.inner_size", shape.ssm_d_state * shape.ssm_n_v_heads)
@@ -901,7 +893,7 @@ def write_draft(path: str | os.PathLike[str], preset: str | Preset = "tiny", *, 
         _common_keys(w, name or f"lucebox-synth {p.name} dflash draft",
                      description or f"synthetic random weights: lucebox synth preset={p.name} "
                                     f"draft type={type_} seed={int(seed)} fill={fill}", type_)
-        _draft_shape_keys(w, a, shape, hp.n_embd, n_ctx)
+        _size_keys(w, a, shape, hp.n_embd, n_ctx)
         w.add_uint32(a + "rope.dimension_count", shape.n_rot)
         # As the upstream converter writes for Qwen3.5 targets (M-RoPE): the temporal stream
         # only, which is numerically NeoX rope.
@@ -921,7 +913,7 @@ def write_draft(path: str | os.PathLike[str], preset: str | Preset = "tiny", *, 
         _common_keys(w, name or f"lucebox-synth {p.name} qwen35-dflash-draft",
                      description or f"synthetic random weights: lucebox synth preset={p.name} "
                                     f"draft schema=lucebox type={type_} seed={int(seed)} fill={fill}", type_)
-        _draft_shape_keys(w, a, shape, hp.n_embd, n_ctx)
+        _size_keys(w, a, shape, hp.n_embd, n_ctx)
         w.add_uint32(a + "vocab_size", tshape.n_vocab)
         w.add_uint32(a + "dflash.n_target_layers", len(shape.target_layers))
         w.add_uint32(a + "dflash.block_size", shape.block_size)

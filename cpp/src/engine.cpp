@@ -947,16 +947,19 @@ generate_result session::generate_speculative(const std::vector<int32_t> & pendi
         tp = clock::now();
         std::vector<int32_t> target;
         uint32_t a = 0;
-        const bool replay = e.cfg.rollback == "replay";
+        // one token (a plain step) is always kept: no checkpoints, no rollback
+        const bool keep_all = n == 1;
+        const bool replay = e.cfg.rollback == "replay" && !keep_all;
+        const bool checkpoints = e.cfg.rollback != "replay" && !keep_all;
         if (replay) {
             backup_state(true);
         }
         if (greedy) {
-            run_target(verified.data(), n, false, nullptr, /*verify=*/!replay, &target);
+            run_target(verified.data(), n, false, nullptr, /*verify=*/checkpoints, &target);
             a = spec::accept_greedy(verified, target);
         } else {
             // all rows' logits to the host for the acceptance rule (not yet done on the device)
-            const std::vector<float> logits = run_target(verified.data(), n, true, nullptr, !replay, nullptr);
+            const std::vector<float> logits = run_target(verified.data(), n, true, nullptr, checkpoints, nullptr);
             a = spec::accept_sampled(verified, logits.data(), static_cast<int32_t>(n_vocab()), smp, tokens_, target);
         }
         if (params.phase_timings) {
@@ -975,10 +978,10 @@ generate_result session::generate_speculative(const std::vector<int32_t> & pendi
         }
 
         tp = clock::now();
-        if (!replay) {
+        if (checkpoints) {
             commit(n, plan.last_kept);
             stats.fast_rollbacks += speculating;
-        } else if (plan.last_kept + 1 < n) {
+        } else if (replay && plan.last_kept + 1 < n) {
             backup_state(false);  // the state before the verify, then re-run the kept tokens
             run_target(verified.data(), plan.last_kept + 1, false, nullptr, false, nullptr);
             stats.replays += speculating;

@@ -73,4 +73,43 @@ TEST_CASE(costs_are_moving_averages_shared_between_generations) {
     CHECK(costs.plain_step > plain);
 }
 
+TEST_CASE(losses_in_a_row_lengthen_the_plain_runs) {
+    step_costs costs{3.0, 1.0};
+    adaptive_policy p(costs);
+    uint32_t plain_runs[3] = {0, 0, 0};
+    for (int round = 0; round < 3; ++round) {
+        for (int i = 0; i < 4; ++i) {
+            CHECK(p.speculate());
+            p.record_spec(1, 3.0);
+        }
+        while (!p.speculate()) {
+            p.record_plain(1.0);
+            ++plain_runs[round];
+        }
+    }
+    CHECK(plain_runs[0] == 64 && plain_runs[1] == 128 && plain_runs[2] == 256);
+    CHECK(costs.losses == 3);
+    for (int i = 0; i < 4; ++i) p.record_spec(16, 3.0);  // a repetitive stretch: speculation wins
+    CHECK(p.speculate() && costs.losses == 0);
+}
+
+TEST_CASE(a_new_generation_after_a_loss_starts_plain) {
+    step_costs costs{3.0, 1.0};
+    {
+        adaptive_policy p(costs);
+        for (int i = 0; i < 4; ++i) p.record_spec(1, 3.0);
+        CHECK(!p.speculate() && costs.losses == 1);
+    }
+    adaptive_policy q(costs);
+    CHECK(!q.speculate());
+    uint32_t plain = 0;
+    while (!q.speculate()) {
+        q.record_plain(1.0);
+        ++plain;
+    }
+    CHECK(plain == 64);
+    step_costs fresh;
+    CHECK(adaptive_policy(fresh).speculate());  // nothing measured: speculate first
+}
+
 TEST_MAIN()

@@ -258,18 +258,21 @@ def test_concurrent_sessions_match_sequential(pair: tuple[str, str]) -> None:
 
 def test_auto_drops_to_plain_steps_when_speculation_does_not_pay(pair: tuple[str, str]) -> None:
     """spec="auto": a random-weight draft is almost never accepted, so after a few measured steps
-    the engine decodes plainly (plain_steps), with the same greedy tokens as plain decoding; a
-    sampled generation runs through both kinds of step. spec="chain" never takes plain steps."""
+    the engine decodes plainly (plain_steps), with the same greedy tokens as plain decoding; later
+    generations start with a plain run after such a loss; a sampled generation runs too.
+    spec="chain" never takes plain steps."""
     target, draft = pair
     plain = lucebox.Engine(target, ctx=512, device="cpu")
     auto = lucebox.Engine(target, draft, ctx=512, device="cpu")  # the default: spec="auto"
     chain = lucebox.Engine(target, draft, ctx=512, device="cpu", spec="chain")
-    for p in prompts(4):
+    for i, p in enumerate(prompts(4)):
         ref = plain.generate(p, max_tokens=120).tokens
         got = auto.generate(p, max_tokens=120)
         assert got.tokens == ref
         s = got.stats.spec
-        assert s["speculative"] and s["plain_steps"] > 0 and s["steps"] >= 1
+        assert s["speculative"] and s["plain_steps"] > 0
+        if i == 0:  # later generations may start with a plain run (speculation lost before)
+            assert s["steps"] >= 1
         assert sum(s["accept_histogram"]) == s["steps"]
         c = chain.generate(p, max_tokens=120)
         assert c.tokens == ref and c.stats.spec["plain_steps"] == 0

@@ -1,12 +1,24 @@
 #include "policy.h"
 
+#include <algorithm>
+
 namespace lucebox::spec {
 
 namespace {
 void update(double & avg, double x, double w) { avg = avg == 0.0 ? x : (1.0 - w) * avg + w * x; }
 }  // namespace
 
-adaptive_policy::adaptive_policy(step_costs & shared, const options & opt) : shared_(shared), opt_(opt) {}
+adaptive_policy::adaptive_policy(step_costs & shared, const options & opt) : shared_(shared), opt_(opt) {
+    if (shared_.losses > 0 && shared_.plain_step > 0.0) {
+        speculate_ = false;  // speculation lost last time: start with a plain run
+        plain_left_ = plain_run();
+    }
+}
+
+uint32_t adaptive_policy::plain_run() const {
+    const uint32_t doublings = shared_.losses > 0 ? std::min<uint32_t>(shared_.losses - 1, 4) : 0;
+    return opt_.plain_run << doublings;
+}
 
 void adaptive_policy::record_spec(uint32_t committed, double seconds) {
     if (seen_spec_) {
@@ -50,7 +62,8 @@ void adaptive_policy::decide() {
     const bool spec_wins = shared_.spec_step == 0.0 || per_step * shared_.plain_step >= shared_.spec_step;
     window_steps_ = window_committed_ = 0;
     speculate_ = spec_wins;
-    plain_left_ = spec_wins ? 0 : opt_.plain_run;
+    shared_.losses = spec_wins ? 0 : shared_.losses + 1;
+    plain_left_ = spec_wins ? 0 : plain_run();
 }
 
 }  // namespace lucebox::spec

@@ -6,7 +6,10 @@
 //     window's committed tokens per step against the cost ratio;
 //   - while the plain step cost is unknown it first decodes `probe` tokens plainly to measure it;
 //   - after losing, it decodes `plain_run` tokens plainly, then tries speculation again (acceptance
-//     changes along a text: a repetitive stretch accepts whole blocks).
+//     changes along a text: a repetitive stretch accepts whole blocks); each further loss in a row
+//     doubles the plain run (up to 16x), a win resets it;
+//   - the losses in a row are shared by the engine's generations, so after a loss a new generation
+//     starts with a plain run instead of paying for a speculative window first.
 // Costs are exponential moving averages shared by the engine's generations (`costs`); the first
 // step of each kind in a generation is not recorded (it may build and allocate its graph).
 // Pure C++ without tensors, unit-tested in tests/cpp/test_policy.cpp.
@@ -19,6 +22,7 @@ namespace lucebox::spec {
 struct step_costs {
     double spec_step = 0.0;   // seconds per speculative step (draft + verify + commit); 0: unknown
     double plain_step = 0.0;  // seconds per plain step (one token); 0: unknown
+    uint32_t losses = 0;      // decisions in a row where speculation lost
 };
 
 class adaptive_policy {
@@ -42,6 +46,7 @@ class adaptive_policy {
 
   private:
     void decide();
+    uint32_t plain_run() const;  // the plain run after `shared_.losses` losses in a row
     step_costs & shared_;
     options opt_;
     bool speculate_ = true;

@@ -86,7 +86,9 @@ class EngineConfig:
 @dataclass(frozen=True)
 class SamplingConfig:
     """Token sampling. temperature 0 is greedy; the filters apply in the order penalties,
-    top_k, temperature, top_p, min_p (as in llama.cpp's default chain)."""
+    top_k, temperature, top_p, min_p (temperature before top_p / min_p, as in HF transformers,
+    vLLM and SGLang; llama.cpp's default chain applies it after min_p). See
+    cpp/include/lucebox/sampling.h."""
 
     temperature: float = 0.0
     top_k: int = 0

@@ -31,13 +31,13 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Sequence, Union
 
-from lucebox.prefix_cache import start_session  # noqa: F401 - re-exported
+from lucebox.prefix_cache import start_session
 
 from .reasoning import THINK_CLOSE
 from .scheduler import Scheduler, Slot
 
 __all__ = ["GenerationPlan", "ChoiceResult", "TextEvent", "ChoiceDone", "ErrorEvent", "Event",
-           "GenerationJob", "run_plan", "start_session"]
+           "GenerationJob", "run_plan"]
 
 log = logging.getLogger("lucebox.server")
 

@@ -13,7 +13,7 @@ recurrence for decoding, and the two are checked against each other in the tests
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
@@ -76,12 +76,9 @@ class DraftConfig:
     rope_freq_base: float = 10_000.0
     rms_eps: float = 1e-6
     mask_token_id: int = 0
-    extra: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
-        d = asdict(self)
-        d.pop("extra")
-        return d
+        return asdict(self)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -40,8 +40,6 @@ void adaptive_policy::record_spec(uint32_t committed, double seconds) {
 void adaptive_policy::record_plain(double seconds) {
     if (seen_plain_) {
         update(shared_.plain_step, seconds, opt_.ema);
-    } else if (shared_.plain_step == 0.0 && opt_.probe <= 1) {
-        update(shared_.plain_step, seconds, opt_.ema);  // a one-step probe keeps what it has
     }
     seen_plain_ = true;
     if (plain_left_ > 0) {

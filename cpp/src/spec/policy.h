@@ -29,7 +29,7 @@ class adaptive_policy {
   public:
     struct options {
         uint32_t window = 4;      // speculative steps per decision
-        uint32_t probe = 2;       // plain steps measured when the plain cost is unknown
+        uint32_t probe = 2;       // plain steps when the plain cost is unknown (>= 2: the first is not recorded)
         uint32_t plain_run = 64;  // plain steps after speculation lost, before trying again
         double ema = 0.2;         // weight of a new measurement in the shared costs
     };

@@ -11,9 +11,10 @@ from lucebox import synth
 pytestmark = pytest.mark.gpu
 
 # Verify runs 16-token batches while plain decoding runs single tokens; on CUDA the two use
-# different matmul kernels (~1e-2 apart on these tiny random models), so a greedy path may part
-# only where the plain path's top-2 margin is within that noise.
-MAX_TIE_MARGIN = 0.1
+# different matmul kernels (activations quantized to q8_1, different accumulation orders), so the
+# logits of the two paths differ by rounding noise, which also accumulates in the recurrent state.
+# A greedy path may therefore part only where the two tokens' logits are closer than twice that
+# noise, measured at the parting row as the largest |CUDA - CPU| logit difference.
 
 
 @pytest.fixture(scope="module")
@@ -25,32 +26,40 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
     return t, dr
 
 
-def _check_same_or_tie(engine: lucebox.Engine, prompt: list[int], ref: list[int], got: list[int]) -> None:
+def _check_same_or_tie(engine: lucebox.Engine, cpu: lucebox.Engine, prompt: list[int], ref: list[int],
+                       got: list[int]) -> None:
     common = next((i for i, (a, b) in enumerate(zip(ref, got)) if a != b), min(len(ref), len(got)))
     if common == len(ref) == len(got):
         return
     row = engine.session().eval(prompt + ref[:common])[-1]
-    a, b = np.sort(row)[-2:]
-    assert b - a < MAX_TIE_MARGIN, f"diverged at {common} with a clear margin {b - a}"
+    noise = float(np.abs(row - cpu.session().eval(prompt + ref[:common])[-1]).max())
+    if common < min(len(ref), len(got)):
+        margin = float(row[ref[common]] - row[got[common]])
+    else:  # one stopped early: the top-2 margin
+        a, b = np.sort(row)[-2:]
+        margin = float(b - a)
+    assert margin < 2 * noise, f"parted at token {common} with margin {margin:.4f} >= 2 x noise {noise:.4f}"
 
 
 def test_real_draft_on_cuda(pair: tuple[str, str]) -> None:
     target, draft = pair
     plain = lucebox.Engine(target, ctx=512, device="cuda")
-    spec = lucebox.Engine(target, draft, ctx=512, device="cuda")
+    cpu = lucebox.Engine(target, ctx=512, device="cpu")
+    spec = lucebox.Engine(target, draft, ctx=512, device="cuda", spec="chain")
     rng = np.random.default_rng(7)
     for _ in range(20):
         p = [int(x) for x in rng.integers(0, 1000, int(rng.integers(5, 80)))]
         ref = plain.generate(p, max_tokens=40).tokens
         got = spec.generate(p, max_tokens=40)
         assert got.stats.spec["speculative"]
-        _check_same_or_tie(plain, p, ref, got.tokens)
+        _check_same_or_tie(plain, cpu, p, ref, got.tokens)
 
 
 @pytest.mark.parametrize("corrupt_at", [0, 5, None])
 def test_forced_proposals_on_cuda(pair: tuple[str, str], corrupt_at: int | None) -> None:
     target, _ = pair
     engine = lucebox.Engine(target, ctx=512, device="cuda")
+    cpu = lucebox.Engine(target, ctx=512, device="cpu")
     rng = np.random.default_rng(8)
     for _ in range(5):
         p = [int(x) for x in rng.integers(0, 1000, 40)]
@@ -64,7 +73,7 @@ def test_forced_proposals_on_cuda(pair: tuple[str, str], corrupt_at: int | None)
             return out
 
         got = engine.session().generate(p, max_tokens=48, propose=propose)
-        _check_same_or_tie(engine, p, ref, got.tokens)
+        _check_same_or_tie(engine, cpu, p, ref, got.tokens)
 
 
 def test_demo_pair_on_cuda() -> None:
@@ -73,11 +82,12 @@ def test_demo_pair_on_cuda() -> None:
 
     target, draft = (str(p) for p in default_model.default_model_paths())
     plain = lucebox.Engine(target, ctx=1024, device="cuda", spec="off")
-    spec = lucebox.Engine(target, draft, ctx=1024, device="cuda")
+    cpu = lucebox.Engine(target, ctx=1024, device="cpu", spec="off")
+    spec = lucebox.Engine(target, draft, ctx=1024, device="cuda", spec="chain")
     for text in ["def fibonacci(n):\n", "class Stack:\n    def __init__(self):\n", "import os\nimport sys\n\n",
                  "for i in range(10):\n", "def read_lines(path):\n    with open(path) as f:\n"]:
         p = plain.encode_prompt(text)
         ref = plain.generate(p, max_tokens=96).tokens
         got = spec.generate(p, max_tokens=96)
         assert got.stats.spec["accepted"] > 0
-        _check_same_or_tie(plain, p, ref, got.tokens)
+        _check_same_or_tie(plain, cpu, p, ref, got.tokens)

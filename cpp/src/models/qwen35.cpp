@@ -417,14 +417,16 @@ ggml_tensor * build_delta_net(ggml_context * ctx, ggml_cgraph * gf, const qwen35
     ggml_tensor * res = named(ggml_gated_delta_net(ctx, q, k, v, g, beta, s0, n_snap), "gdn_result", il);
     ggml_tensor * out = ggml_view_4d(ctx, res, dk, Hv, T, 1, ggml_row_size(res->type, dk),
                                      ggml_row_size(res->type, dk * Hv), ggml_row_size(res->type, dk * Hv * T), 0);
+    // The snapshots [D, 1 seq, n_snap] go to the checkpoint columns (verify) or back into the state.
+    // Both views have the shape the CUDA backend fuses into the kernel (gated_delta_net followed by a
+    // cpy of its snapshot tail into a [D, n_seqs, n_snap] view with a D-float seq stride): the kernel
+    // then writes the states straight into the cache, and neither the tail nor the copy is touched.
     const int64_t D = dk * dk * Hv;
-    ggml_tensor * snaps = ggml_view_2d(ctx, res, D, n_snap, ggml_row_size(res->type, D),
-                                       ggml_row_size(res->type, dk * Hv * T));
-    if (ssm_ckpt != nullptr) {
-        ggml_build_forward_expand(gf, ggml_cpy(ctx, snaps, ggml_view_2d(ctx, ssm_ckpt, D, T, ssm_ckpt->nb[1], 0)));
-    } else {
-        ggml_build_forward_expand(gf, ggml_cpy(ctx, snaps, ggml_reshape_2d(ctx, ssm_state, D, 1)));
-    }
+    const size_t row = ggml_row_size(res->type, D);
+    ggml_tensor * snaps = ggml_view_3d(ctx, res, D, 1, n_snap, row, row, ggml_row_size(res->type, dk * Hv * T));
+    ggml_tensor * dst = ssm_ckpt != nullptr ? ggml_view_3d(ctx, ssm_ckpt, D, 1, T, row, ssm_ckpt->nb[1], 0)
+                                            : ggml_view_3d(ctx, ssm_state, D, 1, 1, row, row, 0);
+    ggml_build_forward_expand(gf, ggml_cpy(ctx, snaps, dst));
 
     // gated norm: RMSNorm per head * ssm_norm * silu(z)
     ggml_tensor * zr = ggml_reshape_4d(ctx, z, dk, Hv, T, 1);

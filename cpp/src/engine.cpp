@@ -18,6 +18,7 @@
 #include "lucebox/model_files.h"
 #include "models/dflash_model.h"
 #include "models/qwen35_model.h"
+#include "graph/candidates.h"
 #include "spec/chain.h"
 #include "spec/policy.h"
 #include "state/snapshot.h"
@@ -282,9 +283,10 @@ namespace {
 struct graph_cache {
     std::vector<uint8_t> meta;
     ggml_context * ctx = nullptr;
-    std::array<uint32_t, 5> key{};
+    std::array<uint32_t, 7> key{};
     uint64_t id = 0;  // unique per build, 0 = empty
     qwen35_graph graph;
+    graph::candidate_outputs cand;  // sampling candidates of the output rows (when requested)
 
     ~graph_cache() {
         if (ctx) {
@@ -376,22 +378,34 @@ std::vector<ggml_fp16_t> visible_prefix_mask(uint32_t n_kv, uint32_t rows, const
 }  // namespace
 
 std::vector<float> session::run_target(const int32_t * tokens, uint32_t T, bool all_logits, int32_t * argmax_last,
-                                       bool verify, std::vector<int32_t> * argmax_rows) {
+                                       bool verify, std::vector<int32_t> * argmax_rows, row_candidates * cands) {
     engine::impl & e = *eng_;
     const qwen35_hparams & hp = e.target.hparams;
     const qwen35_state & st = st_->model_state;
     const uint32_t V = hp.n_vocab;
     const uint32_t n_past = static_cast<uint32_t>(tokens_.size());
     const uint32_t n_kv = std::min(e.kv_size, pad_to(n_past + T, KV_PAD));
-    const bool rows_out = all_logits || argmax_rows != nullptr;
+    const bool rows_out = all_logits || argmax_rows != nullptr || (cands != nullptr && cands->all_rows);
     const uint32_t n_out = rows_out ? T : 1;
+    // candidates: top-C (at most the vocabulary) and the extra ids padded to a power of two >= 16,
+    // so that a growing penalty window rebuilds the graph only a few times
+    const uint32_t n_cand = cands != nullptr ? std::min(cands->n_cand, V) : 0;
+    uint32_t n_extra = 0;
+    if (cands != nullptr && !cands->extra_ids.empty()) {
+        n_extra = 16;
+        while (n_extra < cands->extra_ids.size()) {
+            n_extra *= 2;
+        }
+    }
 
     const bool want_argmax = argmax_last != nullptr || argmax_rows != nullptr;
     graph_cache & cache = st_->target_graph;
-    const std::array<uint32_t, 5> key{T, n_kv, n_out, uint32_t(want_argmax), uint32_t(verify)};
+    const std::array<uint32_t, 7> key{T, n_kv, n_out, uint32_t(want_argmax), uint32_t(verify), n_cand, n_extra};
     if (cache.id == 0 || cache.key != key) {
         ggml_context * ctx = cache.rebuild();
         cache.graph = build_qwen35_graph(ctx, hp, e.w, st, T, n_kv, n_out, want_argmax, verify);
+        cache.cand = n_cand > 0 ? graph::build_candidates(ctx, cache.graph.gf, cache.graph.logits, n_cand, n_extra)
+                                : graph::candidate_outputs{};
         cache.key = key;
     }
     const qwen35_graph & g = cache.graph;
@@ -424,13 +438,44 @@ std::vector<float> session::run_target(const int32_t * tokens, uint32_t T, bool 
         const int32_t last = static_cast<int32_t>(T - 1);
         ggml_backend_tensor_set(g.in.out_rows, &last, 0, sizeof(int32_t));
     }
+    if (cache.cand.extra_ids != nullptr) {  // the same ids for every row, padded with the first
+        std::vector<int32_t> ids(size_t(n_extra) * n_out, cands->extra_ids[0]);
+        for (uint32_t r = 0; r < n_out; ++r) {
+            std::copy(cands->extra_ids.begin(), cands->extra_ids.end(), ids.begin() + size_t(r) * n_extra);
+        }
+        ggml_backend_tensor_set(cache.cand.extra_ids, ids.data(), 0, sizeof(int32_t) * ids.size());
+    }
     e.compute(e.sched, g.gf, "the target forward pass");
+
+    if (n_cand > 0) {
+        std::vector<int32_t> top_ids(size_t(n_cand) * n_out);
+        std::vector<float> top_logits(top_ids.size()), extra_logits(size_t(n_extra) * n_out);
+        ggml_backend_tensor_get(cache.cand.top_ids, top_ids.data(), 0, sizeof(int32_t) * top_ids.size());
+        ggml_backend_tensor_get(cache.cand.top_logits, top_logits.data(), 0, sizeof(float) * top_logits.size());
+        if (n_extra > 0) {
+            ggml_backend_tensor_get(cache.cand.extra_logits, extra_logits.data(), 0,
+                                    sizeof(float) * extra_logits.size());
+        }
+        const size_t n_ext = cands->extra_ids.size();
+        cands->rows.assign(n_out, {});
+        for (uint32_t r = 0; r < n_out; ++r) {
+            candidate_row & row = cands->rows[r];
+            const auto top = top_ids.begin() + size_t(r) * n_cand;
+            const auto top_l = top_logits.begin() + size_t(r) * n_cand;
+            row.ids.assign(top, top + n_cand);
+            row.logits.assign(top_l, top_l + n_cand);
+            row.floor = *std::min_element(top_l, top_l + n_cand);
+            row.ids.insert(row.ids.end(), cands->extra_ids.begin(), cands->extra_ids.end());
+            const auto ext_l = extra_logits.begin() + size_t(r) * n_extra;
+            row.logits.insert(row.logits.end(), ext_l, ext_l + n_ext);
+        }
+    }
 
     std::vector<float> logits;
     if (all_logits) {
         logits.resize(size_t(T) * V);
         ggml_backend_tensor_get(g.logits, logits.data(), 0, sizeof(float) * logits.size());
-    } else if (argmax_last == nullptr && argmax_rows == nullptr) {
+    } else if (argmax_last == nullptr && argmax_rows == nullptr && n_cand == 0) {
         logits.resize(V);
         ggml_backend_tensor_get(g.logits, logits.data(), 0, sizeof(float) * V);
     }
@@ -442,6 +487,26 @@ std::vector<float> session::run_target(const int32_t * tokens, uint32_t T, bool 
         ggml_backend_tensor_get(g.argmax, argmax_last, (n_out - 1) * sizeof(int32_t), sizeof(int32_t));
     }
     return logits;
+}
+
+const float * session::logits_row(uint32_t r, std::vector<float> & buf) {
+    const qwen35_graph & g = st_->target_graph.graph;
+    const uint32_t V = n_vocab();
+    if (g.logits == nullptr || r >= g.logits->ne[1]) {
+        throw error("internal: logits row " + std::to_string(r) + " of the last target batch is not available");
+    }
+    buf.resize(V);
+    ggml_backend_tensor_get(g.logits, buf.data(), size_t(r) * V * sizeof(float), V * sizeof(float));
+    return buf.data();
+}
+
+logit_row session::sampling_row(row_candidates & cands, uint32_t r, std::vector<float> & buf) {
+    logit_row row;
+    if (r < cands.rows.size()) {
+        row.candidates = &cands.rows[r];
+    }
+    row.full = [this, r, &buf] { return logits_row(r, buf); };
+    return row;
 }
 
 std::vector<int32_t> session::run_draft(int32_t last, uint32_t block) {
@@ -725,25 +790,25 @@ void session::backup_state(bool backup) {
 }
 
 std::vector<float> session::forward(const int32_t * tokens, uint32_t n, bool all_logits, int32_t * argmax,
-                                    const progress_callback & progress) {
+                                    const progress_callback & progress, row_candidates * cands) {
     engine::impl & e = *eng_;
     const uint32_t V = e.target.hparams.n_vocab;
     std::vector<float> logits;
     if (all_logits) {
         logits.reserve(size_t(n) * V);
     }
-    std::lock_guard<std::mutex> lock(e.compute_mutex);
     for (uint32_t done = 0; done < n;) {
         const uint32_t T = std::min(e.cfg.n_ubatch, n - done);
         const bool last_chunk = done + T == n;
-        std::vector<float> part = run_target(tokens + done, T, all_logits, last_chunk ? argmax : nullptr, false, nullptr);
+        std::vector<float> part = run_target(tokens + done, T, all_logits, last_chunk ? argmax : nullptr, false, nullptr,
+                                             last_chunk ? cands : nullptr);
         tokens_.insert(tokens_.end(), tokens + done, tokens + done + T);
         if (e.draft) {
             run_draft(-1, 0);  // keep the draft's context in step (the feature ring holds one micro-batch)
         }
         if (all_logits) {
             logits.insert(logits.end(), part.begin(), part.end());
-        } else if (last_chunk && argmax == nullptr) {
+        } else if (last_chunk && argmax == nullptr && cands == nullptr) {
             logits = std::move(part);
         }
         done += T;
@@ -769,6 +834,7 @@ std::vector<float> session::eval(const std::vector<int32_t> & tokens, bool all_l
                                " is outside the vocabulary [0, " + std::to_string(V) + ")");
         }
     }
+    std::lock_guard<std::mutex> lock(eng_->compute_mutex);
     return forward(tokens.data(), static_cast<uint32_t>(tokens.size()), all_logits, nullptr);
 }
 
@@ -812,20 +878,37 @@ generate_result session::generate(const std::vector<int32_t> & prompt, const gen
     auto is_stop = [&](int32_t t) {
         return std::find(params.stop_tokens.begin(), params.stop_tokens.end(), t) != params.stop_tokens.end();
     };
-    const auto t0 = clock::now();
+    std::vector<int32_t> history(tokens_);
+    history.insert(history.end(), pending.begin(), pending.end());
+    // Sampling reads the device's candidates of the new row (the full row only when they cannot
+    // decide), so each forward and its pick run under the engine lock; emission runs outside it.
+    row_candidates cands;
+    cands.n_cand = static_cast<uint32_t>(smp.wanted_candidates());
+    std::vector<float> row_buf;
     int32_t next = -1;
-    std::vector<float> logits = forward(pending.data(), static_cast<uint32_t>(pending.size()), false,
-                                        greedy ? &next : nullptr, params.on_prefill);
+    auto forward_and_pick = [&](const int32_t * toks, uint32_t n, const progress_callback & progress) {
+        std::lock_guard<std::mutex> lock(eng_->compute_mutex);
+        if (greedy) {
+            forward(toks, n, false, &next, progress);
+            return;
+        }
+        if (cands.n_cand == 0) {
+            const std::vector<float> logits = forward(toks, n, false, nullptr, progress);
+            next = smp.sample(logits.data(), static_cast<int32_t>(V), history);
+            return;
+        }
+        cands.extra_ids = smp.penalty_ids(history, 0);
+        forward(toks, n, false, nullptr, progress, &cands);
+        next = smp.sample(sampling_row(cands, 0, row_buf), static_cast<int32_t>(V), history);
+    };
+    const auto t0 = clock::now();
+    forward_and_pick(pending.data(), static_cast<uint32_t>(pending.size()), params.on_prefill);
     res.stats.n_prompt = static_cast<uint32_t>(pending.size());
     const auto t1 = clock::now();
     res.stats.prefill_seconds = std::chrono::duration<double>(t1 - t0).count();
 
-    std::vector<int32_t> history(tokens_);
     res.finish_reason = "length";
     while (res.tokens.size() < params.max_tokens) {
-        if (!greedy) {
-            next = smp.sample(logits.data(), static_cast<int32_t>(V), history);
-        }
         if (is_stop(next)) {
             res.finish_reason = "stop";
             break;
@@ -843,8 +926,8 @@ generate_result session::generate(const std::vector<int32_t> & prompt, const gen
             res.finish_reason = "context";
             break;
         }
-        const int32_t fed = next;  // `next` receives the new argmax; forward records `fed`
-        logits = forward(&fed, 1, false, greedy ? &next : nullptr);
+        const int32_t fed = next;  // `next` receives the new token; forward records `fed`
+        forward_and_pick(&fed, 1, {});
     }
     if (res.finish_reason != "stop" && !res.tokens.empty()) {
         pending_ = res.tokens.back();  // emitted, evaluated by the next call
@@ -871,12 +954,25 @@ generate_result session::generate_speculative(const std::vector<int32_t> & pendi
     const sampling_params & sp = params.sampling;
     const bool greedy = sp.is_greedy() && !sp.has_penalties();
     sampler smp(sp);
+    // sampled steps read the device's candidates of each row (the full row only when they cannot decide)
+    row_candidates cands;
+    cands.n_cand = static_cast<uint32_t>(smp.wanted_candidates());
+    std::vector<float> row_buf;
     const auto t0 = clock::now();
     int32_t last = -1;  // emitted, not yet evaluated
     {
-        std::vector<float> logits = forward(pending.data(), static_cast<uint32_t>(pending.size()), false,
-                                            greedy ? &last : nullptr, params.on_prefill);
-        if (!greedy) {
+        std::lock_guard<std::mutex> lock(e.compute_mutex);
+        if (greedy) {
+            forward(pending.data(), static_cast<uint32_t>(pending.size()), false, &last, params.on_prefill);
+        } else if (cands.n_cand > 0) {
+            std::vector<int32_t> history(tokens_);
+            history.insert(history.end(), pending.begin(), pending.end());
+            cands.extra_ids = smp.penalty_ids(history, 0);
+            forward(pending.data(), static_cast<uint32_t>(pending.size()), false, nullptr, params.on_prefill, &cands);
+            last = smp.sample(sampling_row(cands, 0, row_buf), static_cast<int32_t>(n_vocab()), tokens_);
+        } else {
+            const std::vector<float> logits = forward(pending.data(), static_cast<uint32_t>(pending.size()), false,
+                                                      nullptr, params.on_prefill);
             last = smp.sample(logits.data(), static_cast<int32_t>(n_vocab()), tokens_);
         }
     }
@@ -957,10 +1053,26 @@ generate_result session::generate_speculative(const std::vector<int32_t> & pendi
         if (greedy) {
             run_target(verified.data(), n, false, nullptr, /*verify=*/checkpoints, &target);
             a = spec::accept_greedy(verified, target);
+        } else if (cands.n_cand > 0) {
+            // every row's candidates; a row's full logits cross only if its candidates cannot decide
+            std::vector<int32_t> history(tokens_);
+            history.insert(history.end(), verified.begin(), verified.end());
+            cands.extra_ids = smp.penalty_ids(history, n);
+            cands.all_rows = true;
+            run_target(verified.data(), n, false, nullptr, checkpoints, nullptr, &cands);
+            a = spec::accept_sampled(verified, [&](size_t r) { return sampling_row(cands, uint32_t(r), row_buf); },
+                                     static_cast<int32_t>(n_vocab()), smp, tokens_, target);
         } else {
-            // all rows' logits to the host for the acceptance rule (not yet done on the device)
             const std::vector<float> logits = run_target(verified.data(), n, true, nullptr, checkpoints, nullptr);
-            a = spec::accept_sampled(verified, logits.data(), static_cast<int32_t>(n_vocab()), smp, tokens_, target);
+            const int32_t V = static_cast<int32_t>(n_vocab());
+            a = spec::accept_sampled(
+                verified,
+                [&](size_t r) {
+                    logit_row row;
+                    row.full = [&logits, r, V] { return logits.data() + r * size_t(V); };
+                    return row;
+                },
+                V, smp, tokens_, target);
         }
         if (params.phase_timings) {
             stats.verify_seconds += since(tp);

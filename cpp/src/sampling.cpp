@@ -226,6 +226,150 @@ void sampler::gather(const float * logits, int32_t n_vocab, int b, std::vector<c
     std::sort(out.begin(), out.end(), better{});
 }
 
+template <typename ForEach>
+bool sampler::select_top_k(ForEach for_each, int32_t k) const {
+    // A heap of the k best so far, worst on top. Ids come in ascending order, so a token whose
+    // logit equals the worst kept one loses the tie: `v <= thr` skips it.
+    const better bt;
+    cands_.clear();
+    cands_.reserve(k);
+    const int32_t * cnt = touched_.empty() ? nullptr : counts_.data();
+    float thr = -std::numeric_limits<float>::infinity();
+    bool bad = false;
+    for_each([&](int32_t i, float v) {
+        bad |= !(v < std::numeric_limits<float>::infinity());  // NaN or +inf
+        if (cnt != nullptr && cnt[i] != 0) {
+            v = penalized(v, cnt[i]);
+            bad |= !(v < std::numeric_limits<float>::infinity());
+        }
+        if (!(v > thr)) return;  // also skips NaN and -inf
+        if (cands_.size() < static_cast<size_t>(k)) {
+            cands_.push_back({v, i, 0.0});
+            std::push_heap(cands_.begin(), cands_.end(), bt);
+            if (cands_.size() == static_cast<size_t>(k)) thr = cands_.front().logit;
+        } else {
+            std::pop_heap(cands_.begin(), cands_.end(), bt);
+            cands_.back() = {v, i, 0.0};
+            std::push_heap(cands_.begin(), cands_.end(), bt);
+            thr = cands_.front().logit;
+        }
+    });
+    return bad;
+}
+
+double sampler::finish_sorted() const {
+    std::sort(cands_.begin(), cands_.end(), better{});
+    max_logit_ = cands_[0].logit;
+    double z = 0.0;
+    for (cand & c : cands_) {
+        c.w = weight_of(c.logit);
+        z += c.w;
+    }
+    const double min_p = params_.min_p;
+    const size_t k = cands_.size();
+    size_t n = k;
+    if (params_.top_p < 1.0f) {  // shortest prefix with mass >= top_p
+        const double target = static_cast<double>(params_.top_p) * z;
+        double cum = 0.0;
+        for (size_t i = 0; i < k; ++i) {
+            cum += cands_[i].w;
+            if (cum >= target) {
+                n = i + 1;
+                break;
+            }
+        }
+    }
+    size_t n_min_p = 1;  // w >= min_p (w_max = 1), and w > 0
+    while (n_min_p < n && cands_[n_min_p].w >= min_p && cands_[n_min_p].w > 0.0) ++n_min_p;
+    n_kept_ = std::min(n, n_min_p);
+    if (n_kept_ == k) return z;
+    double zk = 0.0;
+    for (size_t i = 0; i < n_kept_; ++i) zk += cands_[i].w;
+    return zk;
+}
+
+bool sampler::prepare_candidates(const candidate_row & row, int32_t n_vocab, double & z, int32_t & best) const {
+    if (row.ids.size() != row.logits.size()) throw error("internal: candidate ids and logits differ in length");
+    subset_.clear();
+    for (size_t j = 0; j < row.ids.size(); ++j) {
+        const int32_t id = row.ids[j];
+        if (id < 0 || id >= n_vocab) throw error("internal: candidate id " + std::to_string(id) + " out of range");
+        subset_.emplace_back(id, row.logits[j]);
+    }
+    std::sort(subset_.begin(), subset_.end(), [](const auto & a, const auto & b) { return a.first < b.first; });
+    subset_.erase(std::unique(subset_.begin(), subset_.end(),
+                              [](const auto & a, const auto & b) { return a.first == b.first; }),
+                  subset_.end());
+    auto in_subset = [&](int32_t id) {
+        auto it = std::lower_bound(subset_.begin(), subset_.end(), id,
+                                   [](const auto & a, int32_t v) { return a.first < v; });
+        return it != subset_.end() && it->first == id;
+    };
+    for (int32_t id : touched_) {
+        if (!in_subset(id)) return false;  // a penalized id the device did not return
+    }
+    auto throw_if_bad = [&] {  // the same errors as value_at() on the full row
+        for (const auto & [id, v] : subset_) {
+            if (std::isnan(v) || v == std::numeric_limits<float>::infinity()) bad_logit(v, id);
+            if (touched_.empty() || counts_[id] == 0) continue;
+            const float p = penalized(v, counts_[id]);
+            if (std::isnan(p) || p == std::numeric_limits<float>::infinity()) {
+                throw error("penalties made the logit of id " + std::to_string(id) + " non-finite");
+            }
+        }
+    };
+    if (params_.is_greedy()) {
+        best = -1;
+        float best_v = -std::numeric_limits<float>::infinity();
+        bool bad = false;
+        for (const auto & [id, raw] : subset_) {
+            float v = raw;
+            bad |= !(v < std::numeric_limits<float>::infinity());
+            if (!touched_.empty() && counts_[id] != 0) v = penalized(v, counts_[id]);
+            bad |= !(v < std::numeric_limits<float>::infinity());
+            if (v > best_v) {  // ascending ids: the lowest id wins ties, as argmax()
+                best_v = v;
+                best = id;
+            }
+        }
+        if (bad) throw_if_bad();
+        return best >= 0 && best_v > row.floor;
+    }
+    const int32_t k = params_.top_k;
+    if (k <= 0 || k >= n_vocab) return false;
+    inv_t_ = 1.0 / static_cast<double>(params_.temperature);
+    const bool bad = select_top_k(
+        [&](auto && visit) {
+            for (const auto & [id, v] : subset_) visit(id, v);
+        },
+        k);
+    if (bad) throw_if_bad();
+    // the worst kept candidate must beat every id outside the subset (raw <= floor, no penalty)
+    if (cands_.size() < static_cast<size_t>(k) || !(cands_.front().logit > row.floor)) return false;
+    sorted_path_ = true;
+    z = finish_sorted();
+    return true;
+}
+
+int32_t sampler::wanted_candidates() const {
+    if (params_.is_greedy()) return params_.has_penalties() ? 64 : 0;  // plain greedy: argmax on the device
+    if (params_.top_k <= 0 || params_.top_k > 992) return 0;
+    int32_t c = 64;  // room for penalties to push some of the top ids below the k-th
+    while (c < params_.top_k + 32) c *= 2;
+    return c;
+}
+
+std::vector<int32_t> sampler::penalty_ids(const std::vector<int32_t> & tokens, size_t widen) const {
+    std::vector<int32_t> ids;
+    if (!params_.has_penalties()) return ids;
+    const size_t n = tokens.size();
+    const size_t w = params_.penalty_last_n < 0 ? n : static_cast<size_t>(params_.penalty_last_n) + widen;
+    ids.assign(tokens.begin() + (n > w ? n - w : 0), tokens.end());
+    std::sort(ids.begin(), ids.end());
+    ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+    return ids;
+}
+
 double sampler::prepare(const float * logits, int32_t n_vocab) const {
     const better bt;
     const float neg_inf = -std::numeric_limits<float>::infinity();
@@ -236,37 +380,17 @@ double sampler::prepare(const float * logits, int32_t n_vocab) const {
     if (top_k > 0 && top_k < n_vocab) {
         // ---- top_k path: the k best, sorted, then prefix walks. ----
         sorted_path_ = true;
-        cands_.clear();
         if (top_k <= 4096) {
-            // A heap of the k best so far, worst on top. Ids come in ascending order, so a token
-            // whose logit equals the worst kept one loses the tie: `v <= thr` skips it.
-            cands_.reserve(top_k);
-            const int32_t * cnt = touched_.empty() ? nullptr : counts_.data();
-            float thr = neg_inf;
-            bool bad = false;
-            for (int32_t i = 0; i < n_vocab; ++i) {
-                float v = logits[i];
-                bad |= !(v < std::numeric_limits<float>::infinity());  // NaN or +inf
-                if (cnt != nullptr && cnt[i] != 0) {
-                    v = penalized(v, cnt[i]);
-                    bad |= !(v < std::numeric_limits<float>::infinity());
-                }
-                if (!(v > thr)) continue;  // also skips NaN and -inf
-                if (cands_.size() < static_cast<size_t>(top_k)) {
-                    cands_.push_back({v, i, 0.0});
-                    std::push_heap(cands_.begin(), cands_.end(), bt);
-                    if (cands_.size() == static_cast<size_t>(top_k)) thr = cands_.front().logit;
-                } else {
-                    std::pop_heap(cands_.begin(), cands_.end(), bt);
-                    cands_.back() = {v, i, 0.0};
-                    std::push_heap(cands_.begin(), cands_.end(), bt);
-                    thr = cands_.front().logit;
-                }
-            }
+            const bool bad = select_top_k(
+                [&](auto && visit) {
+                    for (int32_t i = 0; i < n_vocab; ++i) visit(i, logits[i]);
+                },
+                top_k);
             if (bad) {
                 for (int32_t i = 0; i < n_vocab; ++i) value_at(logits, i);  // throws naming the first bad id
             }
         } else {
+            cands_.clear();
             argmax(logits, n_vocab);  // validates
             cands_.reserve(n_vocab);
             for (int32_t i = 0; i < n_vocab; ++i) {
@@ -279,33 +403,7 @@ double sampler::prepare(const float * logits, int32_t n_vocab) const {
             }
         }
         if (cands_.empty()) throw error("all " + std::to_string(n_vocab) + " logits are -inf (every token masked)");
-        std::sort(cands_.begin(), cands_.end(), bt);
-        max_logit_ = cands_[0].logit;
-        double z = 0.0;
-        for (cand & c : cands_) {
-            c.w = weight_of(c.logit);
-            z += c.w;
-        }
-        const size_t k = cands_.size();
-        size_t n = k;
-        if (params_.top_p < 1.0f) {  // shortest prefix with mass >= top_p
-            const double target = static_cast<double>(params_.top_p) * z;
-            double cum = 0.0;
-            for (size_t i = 0; i < k; ++i) {
-                cum += cands_[i].w;
-                if (cum >= target) {
-                    n = i + 1;
-                    break;
-                }
-            }
-        }
-        size_t n_min_p = 1;  // w >= min_p (w_max = 1), and w > 0
-        while (n_min_p < n && cands_[n_min_p].w >= min_p && cands_[n_min_p].w > 0.0) ++n_min_p;
-        n_kept_ = std::min(n, n_min_p);
-        if (n_kept_ == k) return z;
-        double zk = 0.0;
-        for (size_t i = 0; i < n_kept_; ++i) zk += cands_[i].w;
-        return zk;
+        return finish_sorted();
     }
 
     // ---- full-vocabulary path: mass histogram over logit buckets. ----
@@ -379,11 +477,27 @@ double sampler::prepare(const float * logits, int32_t n_vocab) const {
 
 int32_t sampler::sample(const float * logits, int32_t n_vocab, const std::vector<int32_t> & history) {
     if (logits == nullptr || n_vocab <= 0) throw error("sample: no logits (n_vocab = " + std::to_string(n_vocab) + ")");
+    logit_row row;
+    row.full = [logits] { return logits; };
+    return sample(row, n_vocab, history);
+}
+
+int32_t sampler::sample(const logit_row & row, int32_t n_vocab, const std::vector<int32_t> & history) {
+    if (n_vocab <= 0) throw error("sample: empty vocabulary");
     auto guard = make_scope_exit([this] { clear_counts(); });
     count_history(n_vocab, history);
+    double z = 0.0;
+    int32_t best = -1;
+    if (row.candidates != nullptr && prepare_candidates(*row.candidates, n_vocab, z, best)) {
+        return params_.is_greedy() ? best : draw(nullptr, n_vocab, z);
+    }
+    const float * logits = row.full();
     if (params_.is_greedy()) return argmax(logits, n_vocab);
+    z = prepare(logits, n_vocab);
+    return draw(logits, n_vocab, z);
+}
 
-    const double z = prepare(logits, n_vocab);
+int32_t sampler::draw(const float * logits, int32_t n_vocab, double z) {
     const double target = uniform() * z;
     double cum = 0.0;
     if (sorted_path_) {
@@ -419,18 +533,39 @@ int32_t sampler::accept_or_resample(const float * logits, int32_t n_vocab, const
     if (logits == nullptr || n_vocab <= 0) {
         throw error("accept_or_resample: no logits (n_vocab = " + std::to_string(n_vocab) + ")");
     }
+    logit_row row;
+    row.full = [logits] { return logits; };
+    return accept_or_resample(row, n_vocab, history, proposed, accepted);
+}
+
+int32_t sampler::accept_or_resample(const logit_row & row, int32_t n_vocab, const std::vector<int32_t> & history,
+                                    int32_t proposed, bool & accepted) {
+    if (n_vocab <= 0) throw error("accept_or_resample: empty vocabulary");
     if (proposed < 0 || proposed >= n_vocab) {
         throw error("accept_or_resample: proposed id " + std::to_string(proposed) + " is outside the vocabulary");
     }
     auto guard = make_scope_exit([this] { clear_counts(); });
     count_history(n_vocab, history);
+    double z = 0.0;
+    int32_t best = -1;
+    const float * logits = nullptr;
+    if (row.candidates == nullptr || !prepare_candidates(*row.candidates, n_vocab, z, best)) {
+        logits = row.full();
+        if (params_.is_greedy()) {
+            best = argmax(logits, n_vocab);
+        } else {
+            z = prepare(logits, n_vocab);
+        }
+    }
     if (params_.is_greedy()) {
-        const int32_t best = argmax(logits, n_vocab);
         accepted = best == proposed;
         return best;
     }
+    return accept_prepared(logits, n_vocab, z, proposed, accepted);
+}
+
+int32_t sampler::accept_prepared(const float * logits, int32_t n_vocab, double z, int32_t proposed, bool & accepted) {
     const better bt;
-    const double z = prepare(logits, n_vocab);
     // the proposal's weight inside the kept set (0 if filtered out)
     double w_d = 0.0;
     if (sorted_path_) {

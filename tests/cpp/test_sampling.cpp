@@ -620,6 +620,101 @@ TEST_CASE(full_vocab_timing) {
 
 // accept_or_resample keeps the distribution: P(token) equals distribution() whether the proposal
 // is accepted or resampled, on the full-vocabulary path (histogram buckets) and the top_k path.
+// The device-candidate path (logit_row with candidates) must draw exactly what the full row draws
+// for the same seed whenever it decides, and fall back to the full row otherwise.
+candidate_row device_candidates(const std::vector<float> & logits, int32_t c, const std::vector<int32_t> & extra) {
+    std::vector<int32_t> order(logits.size());
+    std::iota(order.begin(), order.end(), 0);
+    // the device's top-C in no particular order (ties broken arbitrarily: here by higher id)
+    std::partial_sort(order.begin(), order.begin() + c, order.end(),
+                      [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a > b); });
+    candidate_row row;
+    row.floor = std::numeric_limits<float>::infinity();
+    for (int32_t i = c; i-- > 0;) {
+        row.ids.push_back(order[i]);
+        row.logits.push_back(logits[order[i]]);
+        row.floor = std::min(row.floor, logits[order[i]]);
+    }
+    for (int32_t id : extra) {
+        row.ids.push_back(id);
+        row.logits.push_back(logits[id]);
+    }
+    return row;
+}
+
+TEST_CASE(candidates_draw_what_the_full_row_draws) {
+    const int32_t V = 6000;
+    int decided = 0, fell_back = 0, cases = 0;
+    for (uint64_t trial = 0; trial < 400; ++trial) {
+        std::vector<float> logits = random_logits(V, 1000 + trial, trial % 3 == 0 ? 2.0f : 6.0f);
+        if (trial % 7 == 0) {  // ties around the cut
+            for (int32_t i = 0; i < 40; ++i) logits[i * 13] = 9.0f;
+        }
+        sampling_params p;
+        p.temperature = trial % 11 == 0 ? 0.0f : 0.3f + 0.1f * static_cast<float>(trial % 9);
+        p.top_k = std::vector<int32_t>{1, 5, 20, 40, 0, 64}[trial % 6];
+        p.top_p = trial % 4 == 0 ? 1.0f : 0.8f;
+        p.min_p = trial % 5 == 0 ? 0.05f : 0.0f;
+        if (trial % 3 != 0) {
+            p.repetition_penalty = trial % 2 ? 1.3f : 0.8f;  // < 1 raises penalized logits
+            p.presence_penalty = trial % 4 == 1 ? -1.5f : 0.7f;
+            p.frequency_penalty = 0.2f;
+            p.penalty_last_n = trial % 5 == 0 ? -1 : 32;
+        }
+        p.seed = trial;
+        std::vector<int32_t> history;
+        for (int32_t i = 0; i < 80; ++i) history.push_back(static_cast<int32_t>((trial * 7919 + i * 104729) % V));
+        for (int32_t i = 0; i < 6; ++i) history.push_back(i * 13);  // some top ids in the window
+        sampler full(p), dev(p);
+        const int32_t c = std::max(dev.wanted_candidates(), 64);
+        const candidate_row cand = device_candidates(logits, c, dev.penalty_ids(history, 0));
+        for (int draw = 0; draw < 4; ++draw) {
+            ++cases;
+            bool used_full = false;
+            logit_row row{&cand, [&] {
+                              used_full = true;
+                              return logits.data();
+                          }};
+            const int32_t want = full.sample(logits.data(), V, history);
+            const int32_t got = dev.sample(row, V, history);
+            CHECK(got == want);
+            (used_full ? fell_back : decided) += 1;
+            // acceptance of a proposal: the top candidate and a random id
+            const int32_t proposed = draw % 2 ? cand.ids.back() : static_cast<int32_t>((trial * 31 + draw) % V);
+            bool acc_full = false, acc_dev = false;
+            used_full = false;
+            const int32_t t_full = full.accept_or_resample(logits.data(), V, history, proposed, acc_full);
+            const int32_t t_dev = dev.accept_or_resample(row, V, history, proposed, acc_dev);
+            CHECK(t_full == t_dev && acc_full == acc_dev);
+            // top_k off (and not greedy): the subset can never decide
+            if (p.top_k == 0 && !p.is_greedy()) CHECK(used_full);
+        }
+    }
+    std::printf("  candidates decided %d of %d draws, full row %d\n", decided, cases, fell_back);
+    CHECK(decided > cases / 2);
+    CHECK(fell_back > 0);
+}
+
+TEST_CASE(candidates_missing_a_penalized_id_fall_back) {
+    const int32_t V = 500;
+    std::vector<float> logits = random_logits(V, 5, 3.0f);
+    sampling_params p;
+    p.temperature = 0.8f;
+    p.top_k = 10;
+    p.presence_penalty = -50.0f;  // lifts the penalized id above everything
+    const std::vector<int32_t> history{7};
+    sampler s(p);
+    candidate_row cand = device_candidates(logits, 64, {});  // the window's id not gathered
+    if (std::find(cand.ids.begin(), cand.ids.end(), 7) != cand.ids.end()) return;  // (not the case for this seed)
+    bool used_full = false;
+    logit_row row{&cand, [&] {
+                      used_full = true;
+                      return logits.data();
+                  }};
+    s.sample(row, V, history);
+    CHECK(used_full);
+}
+
 TEST_CASE(accept_or_resample_is_distribution_exact) {
     const int32_t V = 3000;
     std::vector<float> logits(V);

@@ -183,14 +183,30 @@ class session {
     friend class engine;
     struct state;
     session(engine::impl * eng, std::unique_ptr<state> st);
-    // Runs `n` tokens (already validated) through the model in micro-batches. Returns logits of the
-    // requested rows; when `argmax` is set and only the last row is wanted, returns its argmax instead.
+    // What a target batch returns for sampling instead of whole logits rows: per output row (the
+    // last row, or every row with all_rows) the device's top-n_cand candidates plus the logits of
+    // extra_ids (graph/candidates.h). The full row stays readable with logits_row() until the
+    // engine runs another target batch, so callers keep the engine lock until they have sampled.
+    struct row_candidates {
+        uint32_t n_cand = 0;
+        bool all_rows = false;
+        std::vector<int32_t> extra_ids;
+        std::vector<candidate_row> rows;  // filled by run_target
+    };
+    // Runs `n` tokens (already validated) through the model in micro-batches; the caller holds the
+    // engine's compute lock. Returns logits of the requested rows; when `argmax` is set and only
+    // the last row is wanted, returns its argmax instead; with `cands`, the last batch fills them
+    // (and no logits are returned).
     std::vector<float> forward(const int32_t * tokens, uint32_t n, bool all_logits, int32_t * argmax,
-                               const progress_callback & progress = {});
+                               const progress_callback & progress = {}, row_candidates * cands = nullptr);
     // One target batch at the current end of the context. verify: keep per-token checkpoints and
     // return every row's argmax in `argmax_rows` (the state is not advanced; commit() does that).
     std::vector<float> run_target(const int32_t * tokens, uint32_t n, bool all_logits, int32_t * argmax_last,
-                                  bool verify, std::vector<int32_t> * argmax_rows);
+                                  bool verify, std::vector<int32_t> * argmax_rows, row_candidates * cands = nullptr);
+    // Output row r of the last target batch's logits, copied into `buf` (see row_candidates).
+    const float * logits_row(uint32_t r, std::vector<float> & buf);
+    // A sampler's view of output row r: the candidates when there are any, the full row on demand.
+    logit_row sampling_row(row_candidates & cands, uint32_t r, std::vector<float> & buf);
     // Draft: inject features of positions [n_draft_ctx, n_past) and, if block > 0, propose block-1 tokens.
     std::vector<int32_t> run_draft(int32_t last, uint32_t block);
     void commit(uint32_t n_verified, uint32_t last_kept);

@@ -34,6 +34,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <utility>
 #include <vector>
 
@@ -58,6 +59,28 @@ struct sampling_params {
     bool has_penalties() const;
 };
 
+// A subset of one row's logits, selected on the device so that only a few numbers cross to the
+// host: the row's top-C raw logits and the raw logits of `extra` ids (the penalty window), in any
+// order, duplicates allowed. `floor` bounds the rest: every id outside the subset has a raw logit
+// <= floor. The sampler decides from the subset alone when that is exact (see logit_row).
+struct candidate_row {
+    std::vector<int32_t> ids;
+    std::vector<float> logits;
+    float floor = 0.0f;
+};
+
+// One row as the sampler takes it: optional device candidates, and the full row on demand.
+// With candidates, greedy-with-penalties and top_k (0 < top_k) sampling are decided from the subset
+// when every penalized id is in it (the caller puts the whole window in `extra`) and the k-th best
+// penalized candidate is strictly above `floor`: then no outside id can enter the kept set, and
+// the kept set, its order and every weight are those of the full row, so the same seed draws the
+// same token. Otherwise (top_k off, or the subset cannot decide) `full` is called and the full
+// path runs; nothing is drawn before that choice.
+struct logit_row {
+    const candidate_row * candidates = nullptr;
+    std::function<const float *()> full;
+};
+
 class sampler {
   public:
     explicit sampler(const sampling_params & p);  // validates
@@ -67,6 +90,7 @@ class sampler {
     // Applies penalties from `history`, then greedy or top_k -> temperature -> top_p -> min_p, and
     // draws one token. History ids must lie in [0, n_vocab).
     int32_t sample(const float * logits, int32_t n_vocab, const std::vector<int32_t> & history);
+    int32_t sample(const logit_row & row, int32_t n_vocab, const std::vector<int32_t> & history);
 
     // The final distribution sample() draws from, as (id, prob) pairs sorted by descending prob
     // (ascending id on ties), probs > 0 and summing to 1. Greedy: {(argmax, 1)}.
@@ -80,6 +104,17 @@ class sampler {
     // (no sort), unlike distribution(). Greedy: accepted iff proposed is the argmax.
     int32_t accept_or_resample(const float * logits, int32_t n_vocab, const std::vector<int32_t> & history,
                                int32_t proposed, bool & accepted);
+    int32_t accept_or_resample(const logit_row & row, int32_t n_vocab, const std::vector<int32_t> & history,
+                               int32_t proposed, bool & accepted);
+
+    // Candidates (top-C) the device should return for these parameters so that rows are usually
+    // decided from the subset: 0 when the subset can never decide (top_k off and not greedy, or
+    // top_k too large to be worth it).
+    int32_t wanted_candidates() const;
+    // The distinct ids whose logits the penalties may change, for rows whose histories are
+    // `tokens` less up to `widen` trailing tokens: the last penalty_last_n + widen ids (all of them
+    // for penalty_last_n = -1). Empty without penalties.
+    std::vector<int32_t> penalty_ids(const std::vector<int32_t> & tokens, size_t widen) const;
 
     // A uniform in [0, 1) from this sampler's RNG (53 random bits).
     double uniform();
@@ -118,6 +153,18 @@ class sampler {
     //    buckets before cut_'s, and cut_bucket_items_ the sorted tokens of cut_'s bucket. Nothing
     //    is sorted but single buckets, so the cost is a few passes over the logits.
     double prepare(const float * logits, int32_t n_vocab) const;
+    // The top_k path of prepare() over the ids for_each visits in ascending order.
+    // Returns true if a logit was NaN or +inf (before or after penalties).
+    template <typename ForEach>
+    bool select_top_k(ForEach for_each, int32_t k) const;
+    // Sorts the selected candidates, weighs them, applies top_p / min_p; returns the normalizer.
+    double finish_sorted() const;
+    // The candidate path: false (nothing changed that matters) when the subset cannot decide.
+    // Greedy: fills `argmax`; otherwise prepares the sorted path and fills `z`.
+    bool prepare_candidates(const candidate_row & row, int32_t n_vocab, double & z, int32_t & argmax) const;
+    // Draws from the prepared kept set.
+    int32_t draw(const float * logits, int32_t n_vocab, double z);
+    int32_t accept_prepared(const float * logits, int32_t n_vocab, double z, int32_t proposed, bool & accepted);
 
     uint64_t next_u64();
 
@@ -138,6 +185,7 @@ class sampler {
     mutable double prefix_mass_ = 0.0;
     mutable std::vector<cand> cut_bucket_items_;
     mutable std::vector<cand> scratch_;
+    mutable std::vector<std::pair<int32_t, float>> subset_;  // candidate path: (id, raw logit), by id
 };
 
 }  // namespace lucebox

@@ -15,19 +15,19 @@ uint32_t accept_greedy(const std::vector<int32_t> & verified, const std::vector<
     return a;
 }
 
-uint32_t accept_sampled(const std::vector<int32_t> & verified, const float * logits, int32_t n_vocab, sampler & smp,
-                        std::vector<int32_t> history, std::vector<int32_t> & target) {
+uint32_t accept_sampled(const std::vector<int32_t> & verified, const std::function<logit_row(size_t)> & row,
+                        int32_t n_vocab, sampler & smp, std::vector<int32_t> history, std::vector<int32_t> & target) {
     const size_t n = verified.size();
     target.assign(n, -1);
     history.push_back(verified[0]);
     for (size_t i = 0; i < n; ++i) {
-        const float * row = logits + i * size_t(n_vocab);
+        const logit_row r = row(i);
         if (i + 1 == n) {
-            target[i] = smp.sample(row, n_vocab, history);  // bonus after full acceptance
+            target[i] = smp.sample(r, n_vocab, history);  // bonus after full acceptance
             return static_cast<uint32_t>(i);
         }
         bool accepted = false;
-        target[i] = smp.accept_or_resample(row, n_vocab, history, verified[i + 1], accepted);
+        target[i] = smp.accept_or_resample(r, n_vocab, history, verified[i + 1], accepted);
         if (!accepted) {
             return static_cast<uint32_t>(i);
         }

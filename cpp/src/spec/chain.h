@@ -21,10 +21,11 @@ uint32_t accept_greedy(const std::vector<int32_t> & verified, const std::vector<
 // drawn from p_i with d(i+1) removed (renormalized): the residual max(0, p - q) for a point-mass q.
 // If every proposal is accepted, the bonus token is drawn from the last row. The emitted tokens
 // are therefore distributed exactly as plain sampling from the target.
-// logits: n rows of n_vocab floats (the verify batch). Returns a and fills target[0..a] (target[j]
-// = verified[j+1] for j < a; target[a] = the drawn bonus token).
-uint32_t accept_sampled(const std::vector<int32_t> & verified, const float * logits, int32_t n_vocab, sampler & smp,
-                        std::vector<int32_t> history, std::vector<int32_t> & target);
+// row(i): the verify batch's row i as the sampler takes it (device candidates and/or the full
+// logits; called once per row the rule reaches). Returns a and fills target[0..a] (target[j] =
+// verified[j+1] for j < a; target[a] = the drawn bonus token).
+uint32_t accept_sampled(const std::vector<int32_t> & verified, const std::function<logit_row(size_t)> & row,
+                        int32_t n_vocab, sampler & smp, std::vector<int32_t> history, std::vector<int32_t> & target);
 
 struct commit_plan {
     uint32_t last_kept = 0;         // verified rows 0..last_kept are committed (always >= row 0)

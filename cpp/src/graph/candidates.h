@@ -1,0 +1,23 @@
+// Sampling candidates computed on the device: per logits row, the top-C ids and their logits, and
+// the logits of a given id list (the penalty window), so that only these numbers, not the whole
+// vocabulary row, cross to the host for sampling (sampler::sample with a candidate_row).
+#pragma once
+
+#include <cstdint>
+
+#include "ggml.h"
+
+namespace lucebox::graph {
+
+struct candidate_outputs {
+    ggml_tensor * extra_ids = nullptr;     // input [n_extra, n_rows] I32 (null when n_extra == 0)
+    ggml_tensor * top_ids = nullptr;       // [n_cand, n_rows] I32, in no particular order
+    ggml_tensor * top_logits = nullptr;    // [1, n_cand, n_rows] F32: logits at top_ids
+    ggml_tensor * extra_logits = nullptr;  // [1, n_extra, n_rows] F32: logits at extra_ids
+};
+
+// logits: [V, n_rows] F32 (already in gf). Adds the selection to gf and marks its results as outputs.
+candidate_outputs build_candidates(ggml_context * ctx, ggml_cgraph * gf, ggml_tensor * logits, uint32_t n_cand,
+                                   uint32_t n_extra);
+
+}  // namespace lucebox::graph

@@ -1125,7 +1125,7 @@ spec::commit_plan session::tree_step(int32_t last, uint32_t room, const generate
     engine::impl & e = *eng_;
     const qwen35_state & st = st_->model_state;
     // nodes of one verify: checkpoint slots and feature-ring rows per node, and context room
-    const uint32_t cap = std::min({st.n_checkpoints, st.ring_size, room});
+    const uint32_t cap = std::min({st.n_checkpoints, st.ring.empty() ? st.n_checkpoints : st.ring_size, room});
     const int32_t V = static_cast<int32_t>(n_vocab());
 
     auto tp = clock::now();

@@ -149,3 +149,20 @@ def test_tree_refusals(pair: tuple[str, str]) -> None:
     for toks, parents in bad_trees:
         with pytest.raises(ValueError):
             engine.session().generate([1, 2, 3], max_tokens=4, propose_tree=lambda c, last, n, t=toks, q=parents: (t, q))
+
+
+def test_cli_generate_spec_tree(pair: tuple[str, str]) -> None:
+    import os
+    import subprocess
+    import sys
+
+    target, draft = pair
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    base = [sys.executable, "-m", "lucebox", "generate", target, "hello world", "--draft", draft, "--device", "cpu",
+            "--ctx", "256", "--max-tokens", "8", "--spec", "tree"]
+    ok = subprocess.run([*base, "--tree-budget", "5", "--tree-top-k", "3", "--stats"], capture_output=True,
+                        text=True, env=env, timeout=300)
+    assert ok.returncode == 0, ok.stderr
+    assert "[spec]" in ok.stderr and "proposals accepted" in ok.stderr
+    bad = subprocess.run([*base, "--tree-budget", "0"], capture_output=True, text=True, env=env, timeout=300)
+    assert bad.returncode != 0 and "tree_budget" in bad.stderr

@@ -622,7 +622,10 @@ ggml_cgraph * build_qwen35_tree_commit_graph(ggml_context * ctx, const qwen35_hp
         }
     }
     const size_t L = path.size();
-    ggml_cgraph * gf = ggml_new_graph_custom(ctx, (hp.ssm_d_conv + 2 * L) * size_t(hp.n_layer) + 4 * L + 16, false);
+    // nodes: a row copy is 3 (two views + cpy): 2 per path node per attention layer and ring, plus the
+    // ssm copy and the d_conv-1 conv column copies per DeltaNet layer
+    const size_t n_nodes = (size_t(hp.n_layer) + st.ring.size()) * (6 * L + 3 * hp.ssm_d_conv + 8) + 16;
+    ggml_cgraph * gf = ggml_new_graph_custom(ctx, n_nodes, false);
     const int64_t D = int64_t(hp.ssm_d_state) * hp.ssm_d_state * hp.ssm_n_v_heads;
     auto copy_row = [&](ggml_tensor * t, int64_t from, int64_t to) {  // one row of a 2-D tensor, raw bytes
         ggml_tensor * src = ggml_view_1d(ctx, t, t->ne[0], from * t->nb[1]);

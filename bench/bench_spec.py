@@ -10,8 +10,11 @@ model the last-bit differences flip near-tied argmaxes, after which a plain-deco
 no longer be the target's choice. Whether the two references agree is printed as information.
 Prints tok/s per AL, the ratio to plain decoding measured in the same run, and one step's phase
 costs (draft, verify, commit) relative to one plain decode step. With --draft, also the real
-draft's full step (draft forward + verify + commit) at its natural acceptance.
-    python bench/bench_spec.py --model t27-q8_0.gguf --draft d27-q8_0.gguf --tokens 96
+draft's full step (draft forward + verify + commit) at its natural acceptance. --tree-budgets:
+the cost of one DDTree verify (spec "tree") of a forced tree of that many nodes (a balanced tree,
+8 children per node; its tokens are never accepted, so each step verifies a whole tree), relative
+to one plain decode step.
+    python bench/bench_spec.py --model t27-q8_0.gguf --draft d27-q8_0.gguf --tokens 96 --tree-budgets 22,64
 """
 from __future__ import annotations
 
@@ -34,6 +37,7 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=96, help="tokens generated per run")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--accept", default="1,4,6,8,16", help="acceptance lengths to force")
+    ap.add_argument("--tree-budgets", default="", help="tree sizes whose verify cost to measure (e.g. 22,64)")
     args = ap.parse_args()
 
     engine = lucebox.Engine(args.model, args.draft, ctx=args.ctx, device=args.device,
@@ -102,6 +106,22 @@ def main() -> int:
         tps = [x[0] for x in times]
         print(f"real draft: {med(tps)} tok/s, {statistics.median(x[1] for x in times):.2f} ms per full step "
               f"({statistics.median(x[1] for x in times) / step_ms:.2f}x a decode step), AL {times[0][2]:.2f}")
+    for budget in [int(x) for x in args.tree_budgets.split(",") if x]:
+        def propose_tree(context: list[int], last: int, max_nodes: int, budget: int = budget) -> tuple[list[int], list[int]]:
+            n = min(budget, max_nodes)
+            # node i+1's parent: breadth-first, 8 children per node (0 = the root)
+            return [1] * n, [i // 8 for i in range(n)]
+
+        verify, commit = [], []
+        for i in range(args.reps + 1):
+            r = plain.session().generate(prompt, max_tokens=args.tokens // 4, propose_tree=propose_tree,
+                                         phase_timings=True)
+            s = r.stats.spec
+            if i:
+                verify.append(1e3 * s["verify_seconds"] / s["steps"])
+                commit.append(1e3 * s["commit_seconds"] / s["steps"])
+        print(f"tree verify, {budget} nodes + root: {statistics.median(verify):.2f} ms "
+              f"({statistics.median(verify) / step_ms:.2f}x a decode step), commit {statistics.median(commit):.2f} ms")
     return 1 if mismatches else 0
 
 

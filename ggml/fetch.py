@@ -5,16 +5,20 @@ The pin (ggml/pin.json) names one PyPI source distribution, `llama-cpp-python==0
 `vendor/llama.cpp` subtree is the llama.cpp commit and ggml version lucebox builds on. This script
 
 1. takes the source from `LUCEBOX_GGML_SOURCE` (or `--source`) when set: a path to the downloaded
-   archive (verified against the pinned sha256), or to an already extracted tree (the sdist root,
-   its `vendor/llama.cpp`, or any directory containing `ggml/CMakeLists.txt`), for offline builds;
+   archive (verified against the pinned sha256), or to an already extracted, unpatched tree (the
+   sdist root, its `vendor/llama.cpp`, or any directory containing `ggml/CMakeLists.txt`), for
+   offline builds;
 2. otherwise downloads the archive from PyPI into the cache and verifies its sha256;
-3. extracts the llama.cpp subtree (without its models, docs and media) into
-   `$LUCEBOX_CACHE_DIR/llama.cpp-<version>-<sha8>/` (default cache: ~/.cache/lucebox),
-4. applies ggml/patches/*.patch in name order (none yet), and
+3. extracts the llama.cpp subtree (without its models, docs and media), or copies the given tree,
+   into `$LUCEBOX_CACHE_DIR/llama.cpp-<version>-<sha8>-p<patch8>/` (default cache:
+   ~/.cache/lucebox; `<patch8>` hashes ggml/patches/*.patch, so adding or changing a patch
+   re-extracts into a new directory and a given source tree is never patched in place),
+4. applies ggml/patches/*.patch in name order, and
 5. prints the absolute path of the llama.cpp root (the directory holding `ggml/`).
 
-The extraction is atomic (temp dir + rename) and marked complete with a stamp file, so an
-interrupted run never leaves a half tree behind. Nothing from upstream is written into the repo.
+The extraction is atomic (temp dir + rename) and marked complete with a stamp file naming the pin
+sha and the patch hash, so an interrupted run never leaves a half tree behind. Nothing from
+upstream is written into the repo.
 """
 from __future__ import annotations
 
@@ -89,26 +93,64 @@ def download(dest: Path) -> None:
             os.unlink(tmp)
 
 
-def extract(archive: Path, dest: Path) -> None:
+def patch_files() -> list[Path]:
+    return sorted((HERE / "patches").glob("*.patch"))
+
+
+def patch_hash() -> str:
+    """sha256 over the patch files' names and contents, in application order."""
+    h = hashlib.sha256()
+    for patch in patch_files():
+        h.update(patch.name.encode() + b"\0")
+        h.update(patch.read_bytes())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def stamp_text() -> str:
+    return f"{PIN['sha256']} patches {patch_hash()}\n"
+
+
+def dest_dir() -> Path:
+    return cache_dir() / f"llama.cpp-{PIN['version']}-{PIN['sha256'][:8]}-p{patch_hash()[:8]}"
+
+
+def is_complete(dest: Path) -> bool:
+    stamp = dest / STAMP
+    return stamp.is_file() and stamp.read_text() == stamp_text()
+
+
+def extract(archive: Path | None, dest: Path, tree: Path | None = None) -> None:
+    """Fill `dest` from the archive's llama.cpp subtree, or from a copy of an extracted `tree`."""
     prefix = f"{PIN['archive'].removesuffix('.tar.gz')}/{PIN['subtree']}/"
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=".extract-"))
     try:
-        with tarfile.open(archive, "r:gz") as tar:
-            members = []
-            for m in tar.getmembers():
-                if not m.name.startswith(prefix):
+        if tree is not None:
+            for entry in tree.iterdir():
+                if entry.name in SKIP_TOP or entry.name == STAMP:
                     continue
-                rel = m.name[len(prefix):]
-                if not rel or rel.split("/", 1)[0] in SKIP_TOP:
-                    continue
-                if not (m.isfile() or m.isdir()):
-                    continue  # no links or devices from an archive
-                m.name = rel
-                members.append(m)
-            tar.extractall(tmp, members=members, filter="data")
+                if entry.is_dir():
+                    shutil.copytree(entry, tmp / entry.name, symlinks=True)
+                else:
+                    shutil.copy2(entry, tmp / entry.name)
+        else:
+            assert archive is not None
+            with tarfile.open(archive, "r:gz") as tar:
+                members = []
+                for m in tar.getmembers():
+                    if not m.name.startswith(prefix):
+                        continue
+                    rel = m.name[len(prefix):]
+                    if not rel or rel.split("/", 1)[0] in SKIP_TOP:
+                        continue
+                    if not (m.isfile() or m.isdir()):
+                        continue  # no links or devices from an archive
+                    m.name = rel
+                    members.append(m)
+                tar.extractall(tmp, members=members, filter="data")
         apply_patches(tmp)
-        (tmp / STAMP).write_text(PIN["sha256"] + "\n")
+        (tmp / STAMP).write_text(stamp_text())
         if dest.exists():
             shutil.rmtree(dest)
         os.replace(tmp, dest)
@@ -118,9 +160,10 @@ def extract(archive: Path, dest: Path) -> None:
 
 
 def apply_patches(tree: Path) -> None:
-    for patch in sorted((HERE / "patches").glob("*.patch")):
+    for patch in patch_files():
         log(f"applying {patch.name}")
-        subprocess.run(["patch", "-p1", "--forward", "--batch", "-i", str(patch)], cwd=tree, check=True)
+        subprocess.run(["patch", "-p1", "--forward", "--batch", "-i", str(patch)], cwd=tree, check=True,
+                       stdout=sys.stderr)  # stdout carries only the resulting path
 
 
 def find_root(path: Path) -> Path | None:
@@ -131,21 +174,26 @@ def find_root(path: Path) -> Path | None:
 
 
 def resolve(source: str | None) -> Path:
+    dest = dest_dir()
     if source:
         src = Path(source).expanduser().resolve()
         if src.is_dir():
             root = find_root(src)
             if root is None:
                 raise SystemExit(f"LUCEBOX_GGML_SOURCE={src}: no ggml/CMakeLists.txt found in it")
-            return root
+            if root == dest and is_complete(dest):
+                return dest  # already our patched copy
+            if not is_complete(dest):
+                log(f"copying {root} into {dest} and patching it")
+                extract(None, dest, tree=root)
+            return dest
         if not src.is_file():
             raise SystemExit(f"LUCEBOX_GGML_SOURCE={src}: no such file or directory")
         verify_archive(src)
         archive = src
     else:
         archive = cache_dir() / PIN["archive"]
-    dest = cache_dir() / f"llama.cpp-{PIN['version']}-{PIN['sha256'][:8]}"
-    if (dest / STAMP).is_file():
+    if is_complete(dest):
         return dest
     if not archive.is_file():
         download(archive)

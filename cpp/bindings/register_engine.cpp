@@ -40,6 +40,8 @@ void register_engine(py::module_ & m) {
         .def_readwrite("draft_path", &engine_config::draft_path)
         .def_readwrite("spec", &engine_config::spec)
         .def_readwrite("rollback", &engine_config::rollback)
+        .def_readwrite("tree_budget", &engine_config::tree_budget)
+        .def_readwrite("tree_top_k", &engine_config::tree_top_k)
         .def("validate", &engine_config::validate);
 
     py::class_<generate_result>(m, "GenerateResult")
@@ -95,7 +97,7 @@ void register_engine(py::module_ & m) {
         .def("generate", [](session & s, const std::vector<int32_t> & prompt, uint32_t max_tokens,
                             const sampling_params & sampling, const std::vector<int32_t> & stop_tokens,
                             py::object on_token, py::object on_prefill, py::object propose, uint32_t block_size,
-                            bool phase_timings) {
+                            bool phase_timings, py::object propose_tree) {
             generate_params p;
             p.max_tokens = max_tokens;
             p.sampling = sampling;
@@ -114,6 +116,12 @@ void register_engine(py::module_ & m) {
                     return propose(ctx, last, n).cast<std::vector<int32_t>>();
                 };
             }
+            if (!propose_tree.is_none()) {
+                p.propose_tree = [propose_tree](const std::vector<int32_t> & ctx, int32_t last, uint32_t n) {
+                    py::gil_scoped_acquire gil;
+                    return propose_tree(ctx, last, n).cast<std::pair<std::vector<int32_t>, std::vector<int32_t>>>();
+                };
+            }
             token_callback cb;
             if (!on_token.is_none()) {
                 cb = [on_token](int32_t t) {
@@ -126,7 +134,7 @@ void register_engine(py::module_ & m) {
             return s.generate(prompt, p, cb);
         }, py::arg("prompt"), py::arg("max_tokens"), py::arg("sampling"), py::arg("stop_tokens"),
            py::arg("on_token") = py::none(), py::arg("on_prefill") = py::none(), py::arg("propose") = py::none(),
-           py::arg("block_size") = 0, py::arg("phase_timings") = false)
+           py::arg("block_size") = 0, py::arg("phase_timings") = false, py::arg("propose_tree") = py::none())
         .def("reset", &session::reset, py::call_guard<py::gil_scoped_release>())
         .def("snapshot", [](session & s, const std::string & location) {
             const snapshot_location where = parse_snapshot_location(location);

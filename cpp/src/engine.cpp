@@ -21,6 +21,7 @@
 #include "graph/candidates.h"
 #include "spec/chain.h"
 #include "spec/policy.h"
+#include "spec/tree.h"
 #include "state/snapshot.h"
 
 namespace lucebox {
@@ -107,8 +108,17 @@ void engine_config::validate() const {
     }
     parse_kv_type(kv_type_k);
     parse_kv_type(kv_type_v);
-    if (spec != "off" && spec != "chain" && spec != "auto") {
-        throw config_error("engine: spec '" + spec + "' must be off, chain or auto");
+    if (spec != "off" && spec != "chain" && spec != "auto" && spec != "tree") {
+        throw config_error("engine: spec '" + spec + "' must be off, chain, auto or tree");
+    }
+    if (tree_budget < 1 || tree_budget > 256) {
+        throw config_error("engine: tree_budget " + std::to_string(tree_budget) + " must be in [1, 256]");
+    }
+    if (tree_top_k < 1 || tree_top_k > 64) {
+        throw config_error("engine: tree_top_k " + std::to_string(tree_top_k) + " must be in [1, 64]");
+    }
+    if (spec == "tree" && rollback != "fast") {
+        throw config_error("engine: spec 'tree' needs rollback 'fast' (a tree commits from its verify checkpoints)");
     }
     if (spec != "off" && draft_path.empty()) {
         throw config_error("engine: spec '" + spec + "' needs a draft model");
@@ -142,6 +152,10 @@ struct engine::impl {
     spec::step_costs step_costs;  // measured by spec "auto" generations (guarded by compute_mutex)
 
     uint32_t block_size() const { return draft ? draft->hparams.block_size : 0; }
+    // tokens one verify forward may hold: the draft block, forced proposals, or a tree with its root
+    uint32_t verify_width() const {
+        return std::max({block_size(), MAX_FORCED_BLOCK, cfg.spec == "tree" ? cfg.tree_budget + 1 : 0u});
+    }
 
     // Allocates the graph's tensors; the caller then sets inputs and calls compute().
     void alloc(ggml_backend_sched_t s, ggml_cgraph * gf, const std::string & what) {
@@ -251,8 +265,10 @@ struct engine::impl {
         req.kv_type_k = type_k;
         req.kv_type_v = type_v;
         req.ubatch = cfg.n_ubatch;
-        if (draft) {
-            req.verify_tokens = cfg.rollback == "replay" ? 1 : draft->hparams.block_size;  // checkpoint slots
+        if (draft) {  // checkpoint slots; spec tree: one per tree node (checkpoint_bytes_per_token each)
+            req.verify_tokens = cfg.rollback == "replay" ? 1
+                                : cfg.spec == "tree"   ? std::max(draft->hparams.block_size, cfg.tree_budget + 1)
+                                                       : draft->hparams.block_size;
         }
         memory_plan p = plan_memory(target.hparams, draft ? &draft->hparams : nullptr, req);
         p.target_weight_bytes = target.weight_bytes;
@@ -283,7 +299,7 @@ namespace {
 struct graph_cache {
     std::vector<uint8_t> meta;
     ggml_context * ctx = nullptr;
-    std::array<uint32_t, 7> key{};
+    std::array<uint32_t, 8> key{};
     uint64_t id = 0;  // unique per build, 0 = empty
     qwen35_graph graph;
     graph::candidate_outputs cand;  // sampling candidates of the output rows (when requested)
@@ -319,8 +335,8 @@ struct session::state {
 std::unique_ptr<session> engine::new_session() {
     impl & e = *impl_;
     auto st = std::make_unique<session::state>();
-    const uint32_t ring = std::max({e.cfg.n_ubatch, 64u, e.block_size(), MAX_FORCED_BLOCK});
-    const uint32_t checkpoints = e.cfg.rollback == "replay" ? 1 : std::max(e.block_size(), MAX_FORCED_BLOCK);
+    const uint32_t ring = std::max({e.cfg.n_ubatch, 64u, e.verify_width()});
+    const uint32_t checkpoints = e.cfg.rollback == "replay" ? 1 : e.verify_width();
     st->model_state = qwen35_state::allocate(e.target.hparams, e.kv_size, e.type_k, e.type_v, e.capture, ring,
                                              checkpoints, ggml_backend_dev_buffer_type(e.dev), e.dev);
     if (e.draft) {
@@ -378,7 +394,8 @@ std::vector<ggml_fp16_t> visible_prefix_mask(uint32_t n_kv, uint32_t rows, const
 }  // namespace
 
 std::vector<float> session::run_target(const int32_t * tokens, uint32_t T, bool all_logits, int32_t * argmax_last,
-                                       bool verify, std::vector<int32_t> * argmax_rows, row_candidates * cands) {
+                                       bool verify, std::vector<int32_t> * argmax_rows, const spec::draft_tree * tree,
+                                       row_candidates * cands) {
     engine::impl & e = *eng_;
     const qwen35_hparams & hp = e.target.hparams;
     const qwen35_state & st = st_->model_state;
@@ -400,10 +417,11 @@ std::vector<float> session::run_target(const int32_t * tokens, uint32_t T, bool 
 
     const bool want_argmax = argmax_last != nullptr || argmax_rows != nullptr;
     graph_cache & cache = st_->target_graph;
-    const std::array<uint32_t, 7> key{T, n_kv, n_out, uint32_t(want_argmax), uint32_t(verify), n_cand, n_extra};
+    const std::array<uint32_t, 8> key{T,      n_kv,   n_out,  uint32_t(want_argmax), uint32_t(verify),
+                                      uint32_t(tree != nullptr), n_cand, n_extra};
     if (cache.id == 0 || cache.key != key) {
         ggml_context * ctx = cache.rebuild();
-        cache.graph = build_qwen35_graph(ctx, hp, e.w, st, T, n_kv, n_out, want_argmax, verify);
+        cache.graph = build_qwen35_graph(ctx, hp, e.w, st, T, n_kv, n_out, want_argmax, verify, tree != nullptr);
         cache.cand = n_cand > 0 ? graph::build_candidates(ctx, cache.graph.gf, cache.graph.logits, n_cand, n_extra)
                                 : graph::candidate_outputs{};
         cache.key = key;
@@ -418,14 +436,30 @@ std::vector<float> session::run_target(const int32_t * tokens, uint32_t T, bool 
     if (g.in.pos != nullptr) {
         std::vector<int32_t> pos(4 * size_t(T), 0);
         std::vector<int64_t> rows(T);
-        for (uint32_t i = 0; i < T; ++i) {
-            pos[i] = pos[T + i] = pos[2 * T + i] = static_cast<int32_t>(n_past + i);
-            rows[i] = n_past + i;
+        for (uint32_t i = 0; i < T; ++i) {  // a tree node sits at n_past + depth (all M-RoPE sections)
+            const uint32_t p = n_past + (tree ? uint32_t(tree->depths[i]) : i);
+            pos[i] = pos[T + i] = pos[2 * T + i] = static_cast<int32_t>(p);
+            rows[i] = n_past + i;  // K/V rows: node order (a tree commit compacts the kept path)
         }
         ggml_backend_tensor_set(g.in.pos, pos.data(), 0, sizeof(int32_t) * pos.size());
         ggml_backend_tensor_set(g.in.kv_rows, rows.data(), 0, sizeof(int64_t) * T);
-        const auto mask = visible_prefix_mask(n_kv, T, [&](uint32_t i) { return n_past + i + 1; });  // causal
+        auto mask = visible_prefix_mask(n_kv, T, [&](uint32_t i) { return tree ? n_past : n_past + i + 1; });  // causal
+        if (tree) {  // the committed context plus the node's ancestors and itself
+            const std::vector<uint8_t> anc = tree->ancestor_mask();
+            for (uint32_t i = 0; i < T; ++i) {
+                for (uint32_t j = 0; j <= i; ++j) {
+                    if (anc[size_t(i) * T + j]) {
+                        mask[size_t(i) * n_kv + n_past + j] = ggml_fp32_to_fp16(0.0f);
+                    }
+                }
+            }
+        }
         ggml_backend_tensor_set(g.in.kq_mask, mask.data(), 0, sizeof(ggml_fp16_t) * mask.size());
+    }
+    if (g.in.parents != nullptr) {
+        ggml_backend_tensor_set(g.in.parents, tree->parents.data(), 0, sizeof(int32_t) * T);
+        const std::vector<int32_t> conv_rows = qwen35_tree_conv_rows(tree->parents, hp.ssm_d_conv);
+        ggml_backend_tensor_set(g.in.conv_rows, conv_rows.data(), 0, sizeof(int32_t) * conv_rows.size());
     }
     if (g.in.ring_rows != nullptr) {
         std::vector<int64_t> ring_rows(T);
@@ -509,7 +543,7 @@ logit_row session::sampling_row(row_candidates & cands, uint32_t r, std::vector<
     return row;
 }
 
-std::vector<int32_t> session::run_draft(int32_t last, uint32_t block) {
+std::vector<int32_t> session::run_draft(int32_t last, uint32_t block, spec::draft_topk * topk) {
     engine::impl & e = *eng_;
     const dflash_hparams & dh = e.draft->hparams;
     const uint32_t n_past = static_cast<uint32_t>(tokens_.size());
@@ -522,8 +556,9 @@ std::vector<int32_t> session::run_draft(int32_t last, uint32_t block) {
     }
     const uint32_t n_kv = std::min(e.kv_size, pad_to(n_past + block, KV_PAD));
     ctx_guard g_ctx(e.graph_meta);
+    const uint32_t top_k = topk != nullptr && block > 1 ? std::min(topk->k, e.target.hparams.n_vocab) : 0;
     dflash_graph g = build_dflash_graph(g_ctx.ctx, dh, e.dw, st_->draft_state, st_->draft_rings, n_inject, block,
-                                        n_kv, e.target.hparams.n_ctx_train);
+                                        n_kv, e.target.hparams.n_ctx_train, top_k);
     e.alloc(e.sched_aux, g.gf, "the draft");
     if (n_inject > 0) {
         std::vector<int64_t> kv_rows(n_inject);
@@ -565,6 +600,31 @@ std::vector<int32_t> session::run_draft(int32_t last, uint32_t block) {
     if (block > 0) {
         proposals.resize(block - 1);
         ggml_backend_tensor_get(g.argmax, proposals.data(), 0, sizeof(int32_t) * (block - 1));
+    }
+    if (top_k > 0) {  // per position: the top_k candidates sorted best first (ties: lower id), log-probs
+        const size_t n = size_t(top_k) * (block - 1);
+        std::vector<int32_t> ids(n);
+        std::vector<float> probs(n);
+        ggml_backend_tensor_get(g.topk_ids, ids.data(), 0, sizeof(int32_t) * n);
+        ggml_backend_tensor_get(g.topk_probs, probs.data(), 0, sizeof(float) * n);
+        topk->depth = block - 1;
+        topk->k = top_k;
+        topk->tokens.resize(n);
+        topk->logp.resize(n);
+        std::vector<uint32_t> order(top_k);
+        for (uint32_t d = 0; d + 1 < block; ++d) {
+            const size_t base = size_t(d) * top_k;
+            for (uint32_t r = 0; r < top_k; ++r) order[r] = r;
+            std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
+                const float pa = probs[base + a], pb = probs[base + b];
+                return pa != pb ? pa > pb : ids[base + a] < ids[base + b];
+            });
+            for (uint32_t r = 0; r < top_k; ++r) {
+                topk->tokens[base + r] = ids[base + order[r]];
+                // an underflowed probability still ranks last with a finite score
+                topk->logp[base + r] = std::max(std::log(probs[base + order[r]]), -1e30f);
+            }
+        }
     }
     return proposals;
 }
@@ -778,6 +838,18 @@ void session::commit(uint32_t n_verified, uint32_t last_kept) {
     e.compute(e.sched_aux, gf, "the commit");
 }
 
+void session::commit_tree(uint32_t n_verified, const std::vector<int32_t> & path) {
+    engine::impl & e = *eng_;
+    ctx_guard g_ctx(e.graph_meta);
+    ggml_cgraph * gf = build_qwen35_tree_commit_graph(g_ctx.ctx, e.target.hparams, st_->model_state, n_verified,
+                                                      n_past(), path);
+    if (ggml_graph_n_nodes(gf) == 0) {
+        return;  // nothing moves (the path is the spine and there are no DeltaNet layers)
+    }
+    e.alloc(e.sched_aux, gf, "the tree commit");
+    e.compute(e.sched_aux, gf, "the tree commit");
+}
+
 void session::backup_state(bool backup) {
     engine::impl & e = *eng_;
     ctx_guard g_ctx(e.graph_meta);
@@ -801,7 +873,7 @@ std::vector<float> session::forward(const int32_t * tokens, uint32_t n, bool all
         const uint32_t T = std::min(e.cfg.n_ubatch, n - done);
         const bool last_chunk = done + T == n;
         std::vector<float> part = run_target(tokens + done, T, all_logits, last_chunk ? argmax : nullptr, false, nullptr,
-                                             last_chunk ? cands : nullptr);
+                                             nullptr, last_chunk ? cands : nullptr);
         tokens_.insert(tokens_.end(), tokens + done, tokens + done + T);
         if (e.draft) {
             run_draft(-1, 0);  // keep the draft's context in step (the feature ring holds one micro-batch)
@@ -858,6 +930,18 @@ generate_result session::generate(const std::vector<int32_t> & prompt, const gen
                            std::to_string(MAX_FORCED_BLOCK));
     }
 
+    if (params.propose && params.propose_tree) {
+        throw config_error("generate: pass propose or propose_tree, not both");
+    }
+    const bool tree = params.propose_tree || (eng_->cfg.spec == "tree" && eng_->draft && !params.propose);
+    if (tree && !(params.sampling.is_greedy() && !params.sampling.has_penalties())) {
+        throw config_error("generate: spec 'tree' verifies greedily only; use temperature 0 without penalties "
+                           "(or spec 'chain' for sampling)");
+    }
+    if (tree && eng_->cfg.rollback != "fast") {
+        throw config_error("generate: tree verification needs rollback 'fast'");
+    }
+
     // Feed the previous call's last token (emitted but not yet evaluated), then the prompt.
     std::vector<int32_t> pending;
     if (pending_ >= 0) {
@@ -868,7 +952,8 @@ generate_result session::generate(const std::vector<int32_t> & prompt, const gen
 
     const sampling_params & sp = params.sampling;
     const bool greedy = sp.is_greedy() && !sp.has_penalties();
-    const bool spec_available = (eng_->draft && eng_->cfg.spec != "off") || params.propose;
+    const bool spec_available = (eng_->draft && eng_->cfg.spec != "off") || params.propose || params.propose_tree;
+
     if (spec_available) {
         return generate_speculative(pending, params, on_token);
     }
@@ -999,6 +1084,7 @@ generate_result session::generate_speculative(const std::vector<int32_t> & pendi
     // spec "auto": a step speculates only while that beats plain decoding (spec/policy.h); a plain
     // step is a verify of the last token alone, so state, rollback and sampling stay one path.
     const bool adaptive = e.cfg.spec == "auto" && e.draft && !params.propose;
+    const bool tree = params.propose_tree || (e.cfg.spec == "tree" && e.draft && !params.propose);
     spec::adaptive_policy policy(e.step_costs);
     while (res.tokens.size() < params.max_tokens) {
         // one step at a time holds the engine, so other sessions interleave between steps
@@ -1007,6 +1093,20 @@ generate_result session::generate_speculative(const std::vector<int32_t> & pendi
         if (room == 0) {
             res.finish_reason = "context";
             break;
+        }
+        if (tree) {
+            const spec::commit_plan plan = tree_step(last, room, params, stats, res, is_stop, on_token);
+            if (plan.stopped) {
+                res.finish_reason = "stop";
+                last = -1;
+                break;
+            }
+            last = plan.pending;
+            if (plan.cancelled) {
+                res.finish_reason = "cancelled";
+                break;
+            }
+            continue;
         }
         const auto t_step = clock::now();
         const bool speculating = !adaptive || policy.speculate();
@@ -1059,7 +1159,7 @@ generate_result session::generate_speculative(const std::vector<int32_t> & pendi
             history.insert(history.end(), verified.begin(), verified.end());
             cands.extra_ids = smp.penalty_ids(history, n);
             cands.all_rows = true;
-            run_target(verified.data(), n, false, nullptr, checkpoints, nullptr, &cands);
+            run_target(verified.data(), n, false, nullptr, checkpoints, nullptr, nullptr, &cands);
             a = spec::accept_sampled(verified, [&](size_t r) { return sampling_row(cands, uint32_t(r), row_buf); },
                                      static_cast<int32_t>(n_vocab()), smp, tokens_, target);
         } else {
@@ -1123,6 +1223,105 @@ generate_result session::generate_speculative(const std::vector<int32_t> & pendi
     stats.n_generated = static_cast<uint32_t>(res.tokens.size());
     stats.decode_seconds = since(t1);
     return res;
+}
+
+}  // namespace lucebox
+
+namespace lucebox {
+
+// One DDTree step: draft a tree (or take the forced one), verify it in one target forward, accept
+// the longest root path the target agrees with, commit it and emit its tokens plus the bonus token.
+spec::commit_plan session::tree_step(int32_t last, uint32_t room, const generate_params & params,
+                                     generate_stats & stats, generate_result & res,
+                                     const std::function<bool(int32_t)> & is_stop, const token_callback & on_token) {
+    using clock = std::chrono::steady_clock;
+    auto since = [](clock::time_point t) { return std::chrono::duration<double>(clock::now() - t).count(); };
+    engine::impl & e = *eng_;
+    const qwen35_state & st = st_->model_state;
+    // nodes of one verify: checkpoint slots and feature-ring rows per node, and context room
+    const uint32_t cap = std::min({st.n_checkpoints, st.ring.empty() ? st.n_checkpoints : st.ring_size, room});
+    const int32_t V = static_cast<int32_t>(n_vocab());
+
+    auto tp = clock::now();
+    spec::draft_tree t;
+    uint32_t max_depth = 0;
+    if (params.propose_tree) {
+        if (e.draft) {
+            run_draft(-1, 0);  // keep the draft context in step
+        }
+        auto [toks, parents] = params.propose_tree(tokens_, last, cap - 1);
+        if (toks.size() != parents.size()) {
+            throw config_error("propose_tree returned " + std::to_string(toks.size()) + " tokens but " +
+                               std::to_string(parents.size()) + " parents");
+        }
+        t.tokens = {last};
+        t.parents = {-1};
+        t.depths = {0};
+        for (size_t i = 0; i < toks.size(); ++i) {
+            const int32_t p = parents[i];
+            t.tokens.push_back(toks[i]);
+            t.parents.push_back(p);
+            t.depths.push_back(p >= 0 && size_t(p) < t.depths.size() ? t.depths[size_t(p)] + 1 : 0);  // else rejected below
+        }
+        t.scores.assign(t.tokens.size(), 0.0f);
+        max_depth = cap - 1;
+    } else {
+        const uint32_t block = std::min(e.block_size(), room);
+        if (block >= 2 && cap >= 2) {
+            spec::draft_topk topk;
+            topk.k = e.cfg.tree_top_k;
+            run_draft(last, block, &topk);
+            spec::tree_options opt;
+            opt.budget = std::min(e.cfg.tree_budget, cap - 1);
+            t = spec::build_tree(last, topk, opt);
+            max_depth = block - 1;
+        } else {
+            t.tokens = {last};
+            t.parents = {-1};
+            t.depths = {0};
+            t.scores = {0.0f};
+        }
+    }
+    spec::validate_tree(t, cap, max_depth, V);
+    if (params.phase_timings) {
+        stats.draft_seconds += since(tp);
+    }
+
+    tp = clock::now();
+    const uint32_t n = t.size();
+    std::vector<int32_t> target;
+    run_target(t.tokens.data(), n, false, nullptr, /*verify=*/true, &target, &t);
+    const std::vector<int32_t> path = spec::accept_tree_greedy(t, target);
+    if (params.phase_timings) {
+        stats.verify_seconds += since(tp);
+    }
+    // the accepted path as a chain: verified = its tokens, target = the target's choices along it
+    std::vector<int32_t> verified, chosen;
+    for (int32_t node : path) {
+        verified.push_back(t.tokens[size_t(node)]);
+        chosen.push_back(target[size_t(node)]);
+    }
+    const uint32_t a = static_cast<uint32_t>(path.size() - 1);
+    const uint32_t budget = params.max_tokens - static_cast<uint32_t>(res.tokens.size());
+    const spec::commit_plan plan = spec::plan_commit(verified, chosen, a, budget, is_stop, on_token);
+    ++stats.steps;
+    stats.drafted += n - 1;
+    stats.accepted += a;
+    if (stats.accept_histogram.size() <= a) {
+        stats.accept_histogram.resize(a + 1, 0);
+    }
+    stats.accept_histogram[a] += 1;
+
+    tp = clock::now();
+    const std::vector<int32_t> kept(path.begin(), path.begin() + plan.last_kept + 1);
+    commit_tree(n, kept);
+    stats.fast_rollbacks += 1;
+    tokens_.insert(tokens_.end(), verified.begin(), verified.begin() + plan.last_kept + 1);
+    if (params.phase_timings) {
+        stats.commit_seconds += since(tp);
+    }
+    res.tokens.insert(res.tokens.end(), plan.emitted.begin(), plan.emitted.end());
+    return plan;
 }
 
 }  // namespace lucebox

@@ -194,7 +194,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     show = sys.stderr.isatty() or args.progress
     engine = lucebox.Engine(args.model, args.draft, ctx=args.ctx, kv_type_k=args.kv_type_k,
                             kv_type_v=args.kv_type_v, device=args.device, ubatch=args.ubatch, threads=args.threads,
-                            spec=args.spec, progress=_Progress("loading", "bytes", show))
+                            spec=args.spec, tree_budget=args.tree_budget, tree_top_k=args.tree_top_k,
+                            progress=_Progress("loading", "bytes", show))
     prompt: Any = args.prompt
     if args.prompt == "-":
         prompt = sys.stdin.read()
@@ -279,9 +280,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("args", nargs="+", metavar="[MODEL] PROMPT",
                    help="qwen35 target GGUF (optional) and the prompt text ('-' reads stdin)")
     p.add_argument("--draft", help="DFlash draft GGUF: enables speculative decoding")
-    p.add_argument("--spec", default="auto", choices=["auto", "off", "chain"],
+    p.add_argument("--spec", default="auto", choices=["auto", "off", "chain", "tree"],
                    help="speculative decoding with the draft: auto (speculate while measured faster than "
-                        "plain decoding), chain (every step), off")
+                        "plain decoding), chain (every step), tree (DDTree: verify a best-first tree of the "
+                        "draft's top-k continuations every step; greedy only), off")
+    p.add_argument("--tree-budget", type=int, default=22, help="--spec tree: nodes per tree besides the root (1..256)")
+    p.add_argument("--tree-top-k", type=int, default=8, help="--spec tree: draft candidates per position (1..64)")
     p.add_argument("--chat", action="store_true", help="wrap the prompt as a user message in the chat template")
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.0)

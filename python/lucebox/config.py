@@ -15,7 +15,7 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
     from lucebox import _core
 
 KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
-SPEC_MODES = ("auto", "off", "chain")
+SPEC_MODES = ("auto", "off", "chain", "tree")
 ROLLBACK_MODES = ("fast", "replay")
 # Where a session snapshot keeps its tensor data (see `Session.snapshot`).
 SNAPSHOT_LOCATIONS = ("host", "device")
@@ -36,10 +36,13 @@ class EngineConfig:
     (first GPU, else CPU), "cpu", "cuda", "cuda:N" or a ggml device name. ubatch: prefill
     micro-batch. threads: CPU threads (0: all). spec: speculative decoding with a draft: "auto" (the
     default) speculates while that is measured to be faster than plain decoding and decodes
-    plainly otherwise, "chain" speculates every step, "off" never; without a draft "auto" is off
-    and "chain" is an error. rollback: how a partly rejected verify restores
-    the DeltaNet state: "fast" (per-token checkpoints, one copy) or "replay" (one backup, re-run
-    the kept tokens; less memory, more compute).
+    plainly otherwise, "chain" speculates every step, "tree" verifies a best-first tree of the
+    draft's top-k continuations every step (DDTree; greedy decoding only, rollback "fast"), "off"
+    never; without a draft "auto" is off and "chain" / "tree" are errors. rollback: how a partly
+    rejected verify restores the DeltaNet state: "fast" (per-token checkpoints, one copy) or
+    "replay" (one backup, re-run the kept tokens; less memory, more compute). tree_budget: tree
+    nodes besides the root (1..256; each costs one recurrent checkpoint, see the memory plan);
+    tree_top_k: draft candidates per position (1..64).
     """
 
     ctx: int = 4096
@@ -50,6 +53,8 @@ class EngineConfig:
     threads: int = 0
     spec: str = "auto"
     rollback: str = "fast"
+    tree_budget: int = 22
+    tree_top_k: int = 8
     capture_layers: tuple[int, ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
@@ -66,6 +71,10 @@ class EngineConfig:
             raise ConfigError(f"spec={self.spec!r} must be one of {', '.join(SPEC_MODES)}")
         if self.rollback not in ROLLBACK_MODES:
             raise ConfigError(f"rollback={self.rollback!r} must be one of {', '.join(ROLLBACK_MODES)}")
+        _check_int("tree_budget", self.tree_budget, 1, 256)
+        _check_int("tree_top_k", self.tree_top_k, 1, 64)
+        if self.spec == "tree" and self.rollback != "fast":
+            raise ConfigError("spec='tree' needs rollback='fast' (a tree commits from its verify checkpoints)")
 
     def to_core(self, model_path: str) -> "_core.EngineConfig":
         from lucebox import _core
@@ -80,6 +89,8 @@ class EngineConfig:
         c.n_threads = self.threads
         c.capture_layers = list(self.capture_layers)
         c.rollback = self.rollback
+        c.tree_budget = self.tree_budget
+        c.tree_top_k = self.tree_top_k
         return c
 
 

@@ -20,6 +20,8 @@ from lucebox.errors import ConfigError
 from lucebox.tokenizer import Tokenizer
 
 Prompt = Union[str, Sequence[int], Sequence[dict]]
+# Forced-tree test hook: (context, last token, max nodes) -> (tokens, parents) of the non-root nodes.
+ProposeTree = Callable[[list[int], int, int], tuple[list[int], list[int]]]
 
 
 @dataclass
@@ -83,11 +85,13 @@ class Engine:
     def __init__(self, model: str | os.PathLike[str], draft: str | os.PathLike[str] | None = None, *,
                  ctx: int = 4096, kv_type: str | None = None, kv_type_k: str = "f16", kv_type_v: str = "f16",
                  device: str = "auto", spec: str = "auto", rollback: str = "fast", ubatch: int = 512, threads: int = 0,
-                 capture_layers: Sequence[int] = (), progress: Callable[[int, int], None] | None = None) -> None:
+                 capture_layers: Sequence[int] = (), progress: Callable[[int, int], None] | None = None,
+                 tree_budget: int = 22, tree_top_k: int = 8) -> None:
         if kv_type is not None:
             kv_type_k = kv_type_v = kv_type
         self.config = EngineConfig(ctx=ctx, kv_type_k=kv_type_k, kv_type_v=kv_type_v, device=device,
                                    ubatch=ubatch, threads=threads, spec=spec, rollback=rollback,
+                                   tree_budget=tree_budget, tree_top_k=tree_top_k,
                                    capture_layers=tuple(capture_layers))
         self.model_path = os.fspath(model)
         target = _core.TargetFile.open(self.model_path)
@@ -95,14 +99,14 @@ class Engine:
         if self.draft_path is not None:
             draft_file = _core.DraftFile.open(self.draft_path)
             _core.validate_draft(target, draft_file)
-        elif spec == "chain":
-            raise ConfigError("spec='chain' needs a DFlash draft")
+        elif spec in ("chain", "tree"):
+            raise ConfigError(f"spec={spec!r} needs a DFlash draft")
         self.tokenizer = Tokenizer.from_gguf(self.model_path)
         self.chat_template = ChatTemplate.from_gguf(self.model_path)
         core_cfg = self.config.to_core(self.model_path)
         if self.draft_path is not None and spec != "off":  # spec="off": validated above, not loaded
             core_cfg.draft_path = self.draft_path
-            core_cfg.spec = spec  # "chain": every step speculates; "auto": while that is faster
+            core_cfg.spec = spec  # "chain"/"tree": every step speculates; "auto": while that is faster
         self._core = _core.Engine(core_cfg, progress)
         self._default_session: Session | None = None
 
@@ -142,8 +146,8 @@ class Engine:
 
     def generate(self, prompt: Prompt, *, max_tokens: int = 256, temperature: float = 0.0, top_k: int = 0,
                  top_p: float = 1.0, min_p: float = 0.0, presence_penalty: float = 0.0,
-                 frequency_penalty: float = 0.0, repetition_penalty: float = 1.0, seed: int = 0,
-                 stop: str | Sequence[str] | None = None, stream: bool = False, tools: list[dict[str, Any]] | None = None,
+                 frequency_penalty: float = 0.0, repetition_penalty: float = 1.0, penalty_last_n: int = 64,
+                 seed: int = 0, stop: str | Sequence[str] | None = None, stream: bool = False, tools: list[dict[str, Any]] | None = None,
                  enable_thinking: bool | None = None,
                  prefill_progress: Callable[[int, int], None] | None = None,
                  phase_timings: bool = False) -> GenerationResult | Iterator[GenerationChunk]:
@@ -154,7 +158,8 @@ class Engine:
         session = self.session()
         kwargs = dict(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                       presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
-                      repetition_penalty=repetition_penalty, seed=seed, stop=stop, prefill_progress=prefill_progress,
+                      repetition_penalty=repetition_penalty, penalty_last_n=penalty_last_n, seed=seed, stop=stop,
+                      prefill_progress=prefill_progress,
                       phase_timings=phase_timings)
         if stream:
             return session.stream(ids, **kwargs)
@@ -233,7 +238,7 @@ class Session:
              cancelled: Callable[[], bool] = lambda: False,
              prefill_progress: Callable[[int, int], None] | None = None,
              propose: Callable[[list[int], int, int], list[int]] | None = None, block_size: int = 0,
-             phase_timings: bool = False) -> tuple[Any, str, list[int]]:
+             phase_timings: bool = False, propose_tree: ProposeTree | None = None) -> tuple[Any, str, list[int]]:
         """Runs the C++ generation; `emit(text, ids)` receives decoded pieces. Returns the core
         result, the full text (cut at a stop string) and the kept token ids."""
         tok = self.engine.tokenizer
@@ -275,7 +280,7 @@ class Session:
 
         stop_ids = sorted(tok.eos_ids)
         res = self._core.generate(ids, max_tokens, sampling.to_core(), stop_ids, on_token, prefill_progress,
-                                  propose, block_size, phase_timings)
+                                  propose, block_size, phase_timings, propose_tree)
         if not state["stopped"]:
             tail = state["held"] + decoder.flush()
             if tail:
@@ -291,15 +296,19 @@ class Session:
     def generate(self, prompt: Prompt = (), *, max_tokens: int = 256, stop: str | Sequence[str] | None = None,
                  prefill_progress: Callable[[int, int], None] | None = None,
                  propose: Callable[[list[int], int, int], list[int]] | None = None, block_size: int = 0,
-                 phase_timings: bool = False, **sampling: Any) -> GenerationResult:
+                 phase_timings: bool = False, propose_tree: ProposeTree | None = None,
+                 **sampling: Any) -> GenerationResult:
         """Append `prompt` (text, messages or ids) and generate up to max_tokens tokens.
         prefill_progress(done, total) is called after each prefill micro-batch. `propose(context,
         last, n)` (tests) replaces the draft's proposals with n forced token ids, verify width
-        `block_size` (default 16); phase_timings measures draft/verify/commit time."""
+        `block_size` (default 16); `propose_tree(context, last, max_nodes)` (tests) replaces the
+        draft's tree: it returns (tokens, parents) of at most max_nodes non-root nodes, node i+1
+        with parent parents[i] in [0, i] (0 = the root), verified greedily as with spec="tree";
+        phase_timings measures draft/verify/commit time."""
         ids, cfg, stops = self._prepare(prompt, max_tokens, stop, **sampling)
         res, text, kept = self._run(ids, max_tokens, cfg, stops, lambda _t, _i: None,
                                     prefill_progress=prefill_progress, propose=propose, block_size=block_size,
-                                    phase_timings=phase_timings)
+                                    phase_timings=phase_timings, propose_tree=propose_tree)
         finish = "stop" if res.finish_reason == "cancelled" and stops else res.finish_reason
         return GenerationResult(text=text, tokens=kept if stops else list(res.tokens), finish_reason=finish,
                                 stats=self._stats(res))

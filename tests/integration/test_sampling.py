@@ -17,7 +17,7 @@ def _dist(row: np.ndarray, history: list[int], penalties: dict[str, float], top_
     """The sampling distribution of one row (lucebox's order: penalties, top_k, temperature)."""
     row = row.astype(np.float32).copy()
     if penalties:
-        ids, counts = np.unique(np.array(history[-64:]), return_counts=True)
+        ids, counts = np.unique(np.array(history), return_counts=True)  # penalty_last_n = -1
         for i, c in zip(ids, counts):
             v = row[i] / penalties["repetition_penalty"] if row[i] > 0 else row[i] * penalties["repetition_penalty"]
             row[i] = v - c * penalties["frequency_penalty"] - penalties["presence_penalty"]
@@ -27,25 +27,41 @@ def _dist(row: np.ndarray, history: list[int], penalties: dict[str, float], top_
     return {int(i): float(p) for i, p in zip(keep, w / w.sum())}
 
 
+def _decode_row(engine: lucebox.Engine, prompt: list[int], token: int) -> np.ndarray:
+    """The row after prompt + [token] computed as decoding computes it (a one-token forward after
+    the prompt): a batch of different size may round differently and flip near ties."""
+    s = engine.session()
+    s.append(prompt)
+    return s.eval([token])[-1]
+
+
 @pytest.mark.parametrize("penalized", [False, True])
 def test_two_sampled_tokens_match_the_exact_distribution(tiny_q8_0, penalized: bool) -> None:
-    engine = lucebox.Engine(str(tiny_q8_0), ctx=256, device="cpu")
-    base = [int(x) for x in np.random.default_rng(3).integers(0, 1000, 12)]
-    first = engine.session().eval(base)[-1]
-    # penalized: the prompt repeats its row's two best tokens, so the penalties reorder the top
-    prompt = base + ([int(i) for i in np.argsort(-first)[:2]] * 2 if penalized else [])
-    pen = dict(presence_penalty=0.5, frequency_penalty=0.3, repetition_penalty=1.3) if penalized else {}
-    row1 = engine.session().eval(prompt)[-1]
-    p1 = _dist(row1, prompt, pen, TOP_K)
-    p2 = {a: _dist(engine.session().eval(prompt + [a])[-1], prompt + [a], pen, TOP_K) for a in p1}
+    engine = lucebox.Engine(str(tiny_q8_0), ctx=512, device="cpu")
+    # penalized: a long prompt over the whole window (penalty_last_n = -1: ~330 distinct ids, a third
+    # of the vocabulary), so the penalties hit the row's top tokens and the device gathers many ids
+    pen = dict(presence_penalty=0.5, frequency_penalty=0.3, repetition_penalty=1.3,
+               penalty_last_n=-1) if penalized else {}
+    for seed in range(3, 40):  # a prompt whose penalties do change the first distribution
+        prompt = [int(x) for x in np.random.default_rng(seed).integers(0, 1000, 400 if penalized else 12)]
+        row1 = _decode_row(engine, prompt[:-1], prompt[-1])
+        p1 = _dist(row1, prompt, pen, TOP_K)
+        if not penalized or p1 != _dist(row1, prompt, {}, TOP_K):
+            break
+    else:
+        pytest.fail("no prompt found whose penalties change the top tokens")
+    p2 = {a: _dist(_decode_row(engine, prompt, a), prompt + [a], pen, TOP_K) for a in p1}
     exact = {(a, b): p1[a] * p2[a][b] for a in p1 for b in p2[a]}
-    if penalized:  # the penalties do change the first distribution
-        assert p1 != _dist(row1, prompt, {}, TOP_K)
 
+    # every run restores the prompt less its last token and generates from there (no prefill)
+    s = engine.session()
+    s.append(prompt[:-1])
+    snap = s.snapshot()
     runs = 3000
     counts: dict[tuple[int, int], int] = {}
     for seed in range(runs):
-        r = engine.generate(prompt, max_tokens=2, temperature=TEMPERATURE, top_k=TOP_K, seed=seed, **pen)
+        s.restore(snap)
+        r = s.generate([prompt[-1]], max_tokens=2, temperature=TEMPERATURE, top_k=TOP_K, seed=seed, **pen)
         key = (r.tokens[0], r.tokens[1])
         counts[key] = counts.get(key, 0) + 1
     assert set(counts) <= set(exact)

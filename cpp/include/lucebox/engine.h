@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "lucebox/backend_buffers.h"
@@ -16,6 +17,12 @@
 #include "lucebox/sampling.h"
 
 namespace lucebox {
+
+namespace spec {
+struct draft_tree;  // cpp/src/spec/tree.h
+struct draft_topk;
+struct commit_plan;  // cpp/src/spec/chain.h
+}  // namespace spec
 
 struct engine_config {
     std::string model_path;
@@ -28,8 +35,11 @@ struct engine_config {
     std::vector<int32_t> capture_layers;  // layer inputs captured into the feature ring (n_layer: final hidden)
     std::string draft_path;           // DFlash draft GGUF (empty: none); validated against the target
     // off | chain: speculate every step | auto: speculate while it is faster than plain decoding
-    // (measured; see cpp/src/spec/policy.h). chain and auto need a draft.
+    // (measured; see cpp/src/spec/policy.h) | tree: DDTree, verify a best-first tree of the draft's
+    // top-k continuations every step (greedy decoding only, fast rollback). chain, auto, tree need a draft.
     std::string spec = "off";
+    uint32_t tree_budget = 22;  // spec tree: nodes per tree besides the root, in [1, 256]
+    uint32_t tree_top_k = 8;    // spec tree: draft candidates per position, in [1, 64]
     // How a verify that is not fully accepted rolls the DeltaNet state back:
     //   fast   - the verify keeps every token's state (B checkpoints per layer); commit copies one
     //   replay - back up the state (one slot), verify normally, restore and re-run the kept tokens
@@ -47,6 +57,12 @@ struct generate_params {
     // must return n token ids; enables speculative decoding even without a draft model.
     std::function<std::vector<int32_t>(const std::vector<int32_t> &, int32_t, uint32_t)> propose;
     uint32_t block_size = 0;           // verify width with `propose` and no draft (0: 16)
+    // Test hook for tree verification: replaces the draft's tree. Called with (context tokens, last
+    // token, max nodes) and returns the non-root nodes as (tokens, parents): node i+1 has token
+    // tokens[i] and parent parents[i] in [0, i] (0 = the root, the last token). Validated like a
+    // drafted tree; greedy decoding only. Works without a draft model.
+    std::function<std::pair<std::vector<int32_t>, std::vector<int32_t>>(const std::vector<int32_t> &, int32_t, uint32_t)>
+        propose_tree;
     bool phase_timings = false;        // measure draft / verify / commit time (adds device syncs)
 };
 
@@ -59,7 +75,7 @@ struct generate_stats {
     bool speculative = false;
     uint32_t steps = 0;            // draft + verify rounds
     uint32_t plain_steps = 0;      // one-token steps taken by spec "auto" when speculation did not pay
-    uint32_t drafted = 0;          // proposals verified
+    uint32_t drafted = 0;          // proposals verified (tree: nodes besides the root)
     uint32_t accepted = 0;         // proposals accepted
     std::vector<uint32_t> accept_histogram;  // [a] = steps that accepted a proposals
     uint32_t fast_rollbacks = 0;   // steps whose state was set from a verify checkpoint
@@ -201,18 +217,29 @@ class session {
                                const progress_callback & progress = {}, row_candidates * cands = nullptr);
     // One target batch at the current end of the context. verify: keep per-token checkpoints and
     // return every row's argmax in `argmax_rows` (the state is not advanced; commit() does that).
+    // tree (n = its size, tokens = its tokens): a tree verify (positions n_past + depth, ancestor-only
+    // attention, DeltaNet/conv state from the parent); argmax_rows gets every node's choice.
     std::vector<float> run_target(const int32_t * tokens, uint32_t n, bool all_logits, int32_t * argmax_last,
-                                  bool verify, std::vector<int32_t> * argmax_rows, row_candidates * cands = nullptr);
+                                  bool verify, std::vector<int32_t> * argmax_rows,
+                                  const spec::draft_tree * tree = nullptr, row_candidates * cands = nullptr);
     // Output row r of the last target batch's logits, copied into `buf` (see row_candidates).
     const float * logits_row(uint32_t r, std::vector<float> & buf);
     // A sampler's view of output row r: the candidates when there are any, the full row on demand.
     logit_row sampling_row(row_candidates & cands, uint32_t r, std::vector<float> & buf);
-    // Draft: inject features of positions [n_draft_ctx, n_past) and, if block > 0, propose block-1 tokens.
-    std::vector<int32_t> run_draft(int32_t last, uint32_t block);
+    // Draft: inject features of positions [n_draft_ctx, n_past) and, if block > 0, propose block-1
+    // tokens; with topk, also fill it with the top topk->k candidates per position (topk->k set).
+    std::vector<int32_t> run_draft(int32_t last, uint32_t block, spec::draft_topk * topk = nullptr);
     void commit(uint32_t n_verified, uint32_t last_kept);
+    // After a tree verify of n_verified nodes: commits the root path `path` (spec/tree.h path_to).
+    void commit_tree(uint32_t n_verified, const std::vector<int32_t> & path);
     void backup_state(bool backup);  // replay rollback: state -> slot 0 (true) or back (false)
     generate_result generate_speculative(const std::vector<int32_t> & pending, const generate_params & params,
                                          const token_callback & on_token);
+    // One tree-verification step of generate_speculative (spec tree or propose_tree); appends the
+    // emitted tokens to res.tokens and returns the step's commit plan (spec/chain.h).
+    spec::commit_plan tree_step(int32_t last, uint32_t room, const generate_params & params, generate_stats & stats,
+                                generate_result & res, const std::function<bool(int32_t)> & is_stop,
+                                const token_callback & on_token);
     void check_fits(size_t n_new) const;
 
     engine::impl * eng_;

@@ -515,7 +515,8 @@ std::vector<ggml_fp16_t> dflash_block_mask(const dflash_hparams & hp, bool swa, 
 
 dflash_graph build_dflash_graph(ggml_context * ctx, const dflash_hparams & hp, const dflash_weights & w,
                                 const dflash_state & st, const std::vector<ggml_tensor *> & feature_rings,
-                                uint32_t n_inject, uint32_t block_size, uint32_t n_kv, uint32_t n_ctx_orig) {
+                                uint32_t n_inject, uint32_t block_size, uint32_t n_kv, uint32_t n_ctx_orig,
+                                uint32_t top_k) {
     using graph::named;
     dflash_graph g;
     g.gf = ggml_new_graph_custom(ctx, 8192, false);
@@ -608,6 +609,16 @@ dflash_graph build_dflash_graph(ggml_context * ctx, const dflash_hparams & hp, c
     g.argmax = named(ggml_argmax(ctx, g.logits), "draft_proposals");
     ggml_set_output(g.argmax);
     ggml_build_forward_expand(g.gf, g.argmax);
+    if (top_k > 0) {
+        const int64_t V = g.logits->ne[0];
+        g.topk_ids = named(ggml_top_k(ctx, g.logits, int(top_k)), "draft_topk_ids");     // [K, B-1]
+        ggml_tensor * probs = ggml_reshape_3d(ctx, ggml_soft_max(ctx, g.logits), 1, V, B - 1);
+        g.topk_probs = named(ggml_get_rows(ctx, probs, g.topk_ids), "draft_topk_probs");  // [1, K, B-1]
+        for (ggml_tensor * t : {g.topk_ids, g.topk_probs}) {
+            ggml_set_output(t);
+            ggml_build_forward_expand(g.gf, t);
+        }
+    }
     return g;
 }
 

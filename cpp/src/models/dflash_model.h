@@ -76,6 +76,10 @@ struct dflash_graph {
     dflash_inputs in;
     ggml_tensor * argmax = nullptr;  // [B-1] I32: proposals for block positions 1..B-1
     ggml_tensor * logits = nullptr;  // [V, B-1] F32
+    // with top_k > 0 (tree speculation): per proposal position the top_k token ids (in no particular
+    // order) and their softmax probabilities; only these 2 * top_k * (B-1) numbers reach the host
+    ggml_tensor * topk_ids = nullptr;    // [top_k, B-1] I32
+    ggml_tensor * topk_probs = nullptr;  // [1, top_k, B-1] F32
 };
 
 // Injects K/V for `n_inject` newly committed positions (features gathered from the target's
@@ -83,6 +87,7 @@ struct dflash_graph {
 // runs the proposal block attending to cache rows [0, n_kv). Either part may be empty.
 dflash_graph build_dflash_graph(ggml_context * ctx, const dflash_hparams & hp, const dflash_weights & w,
                                 const dflash_state & st, const std::vector<ggml_tensor *> & feature_rings,
-                                uint32_t n_inject, uint32_t block_size, uint32_t n_kv, uint32_t n_ctx_orig);
+                                uint32_t n_inject, uint32_t block_size, uint32_t n_kv, uint32_t n_ctx_orig,
+                                uint32_t top_k = 0);
 
 }  // namespace lucebox

@@ -373,8 +373,10 @@ using graph::named;
 // Gated DeltaNet mixer. x: [E, T] (normed) -> [E, T]. Updates conv and ssm state in place.
 ggml_tensor * build_delta_net(ggml_context * ctx, ggml_cgraph * gf, const qwen35_hparams & hp,
                               const qwen35_layer_weights & l, ggml_tensor * conv_state, ggml_tensor * ssm_state,
-                              ggml_tensor * conv_ckpt, ggml_tensor * ssm_ckpt, ggml_tensor * x, int il) {
-    // conv_ckpt / ssm_ckpt non-null: verify mode (keep every token's state, leave the state alone)
+                              ggml_tensor * conv_ckpt, ggml_tensor * ssm_ckpt, const qwen35_inputs & in,
+                              ggml_tensor * x, int il) {
+    // conv_ckpt / ssm_ckpt non-null: verify mode (keep every token's state, leave the state alone);
+    // in.parents non-null: tree verify (each node continues its parent's conv window and state)
     const int64_t T = x->ne[1];
     const int64_t dk = hp.ssm_d_state, Hk = hp.ssm_n_k_heads, Hv = hp.ssm_n_v_heads;
     const int64_t key_dim = hp.key_dim(), conv_dim = hp.conv_dim(), d_conv = hp.ssm_d_conv;
@@ -398,8 +400,19 @@ ggml_tensor * build_delta_net(ggml_context * ctx, ggml_cgraph * gf, const qwen35
                                               T * ggml_element_size(conv_in));
         ggml_build_forward_expand(gf, ggml_cpy(ctx, new_conv, conv_state));
     }
-    ggml_tensor * conv_out = ggml_ssm_conv(ctx, ggml_reshape_3d(ctx, conv_in, d_conv - 1 + T, conv_dim, 1),
-                                           l.ssm_conv1d);                           // [conv_dim, T, 1]
+    ggml_tensor * conv_out = nullptr;
+    if (in.parents != nullptr) {
+        // tree: gather each node's window [conv_dim, d_conv] from [carried state | batch] (channels
+        // fastest), then one conv "sequence" of a single output per node
+        ggml_tensor * seq = ggml_concat(ctx, ggml_cont(ctx, ggml_transpose(ctx, conv_state)), qkv, 1);  // [conv_dim, d_conv-1+T]
+        ggml_tensor * win = ggml_get_rows(ctx, seq, in.conv_rows);                                     // [conv_dim, d_conv*T]
+        win = ggml_cont(ctx, ggml_permute(ctx, ggml_reshape_3d(ctx, win, conv_dim, d_conv, T), 1, 0, 2, 3));  // [d_conv, conv_dim, T]
+        named(win, "gdn_tree_conv_win", il);
+        conv_out = ggml_reshape_3d(ctx, ggml_ssm_conv(ctx, win, l.ssm_conv1d), conv_dim, T, 1);  // [conv_dim, T, 1]
+    } else {
+        conv_out = ggml_ssm_conv(ctx, ggml_reshape_3d(ctx, conv_in, d_conv - 1 + T, conv_dim, 1),
+                                 l.ssm_conv1d);  // [conv_dim, T, 1]
+    }
     conv_out = named(ggml_silu(ctx, conv_out), "gdn_conv_out", il);
 
     const size_t es = ggml_element_size(conv_out);
@@ -414,7 +427,10 @@ ggml_tensor * build_delta_net(ggml_context * ctx, ggml_cgraph * gf, const qwen35
 
     ggml_tensor * s0 = ggml_reshape_4d(ctx, ssm_state, dk, dk, Hv, 1);
     const int64_t n_snap = ssm_ckpt != nullptr ? T : 1;  // snapshots: slot s = state after token T-1-s
-    ggml_tensor * res = named(ggml_gated_delta_net(ctx, q, k, v, g, beta, s0, n_snap), "gdn_result", il);
+    ggml_tensor * res = in.parents != nullptr  // tree: n_snap = T, state of node i from its parent's
+                            ? ggml_gated_delta_net_tree(ctx, q, k, v, g, beta, s0, in.parents)
+                            : ggml_gated_delta_net(ctx, q, k, v, g, beta, s0, n_snap);
+    named(res, "gdn_result", il);
     ggml_tensor * out = ggml_view_4d(ctx, res, dk, Hv, T, 1, ggml_row_size(res->type, dk),
                                      ggml_row_size(res->type, dk * Hv), ggml_row_size(res->type, dk * Hv * T), 0);
     // The snapshots [D, 1 seq, n_snap] go to the checkpoint columns (verify) or back into the state.
@@ -482,7 +498,8 @@ ggml_tensor * build_gated_attention(ggml_context * ctx, ggml_cgraph * gf, const 
 
 qwen35_graph build_qwen35_graph(ggml_context * ctx, const qwen35_hparams & hp, const qwen35_weights & w,
                                 const qwen35_state & st, uint32_t n_tokens, uint32_t n_kv, uint32_t n_out,
-                                bool want_argmax, bool verify) {
+                                bool want_argmax, bool verify, bool tree) {
+    verify = verify || tree;
     if (verify && n_tokens > st.n_checkpoints) {
         throw error("internal: verify of " + std::to_string(n_tokens) + " tokens exceeds the " +
                     std::to_string(st.n_checkpoints) + " checkpoint slots");
@@ -504,7 +521,12 @@ qwen35_graph build_qwen35_graph(ggml_context * ctx, const qwen35_hparams & hp, c
     if (!st.capture_layers.empty()) {
         in.ring_rows = named(ggml_new_tensor_1d(ctx, GGML_TYPE_I64, T), "inp_ring_rows");
     }
-    for (ggml_tensor * t : {in.tokens, in.pos, in.kv_rows, in.out_rows, in.kq_mask, in.ring_rows}) {
+    if (tree && hp.n_recurrent_layers() > 0) {
+        in.parents = named(ggml_new_tensor_1d(ctx, GGML_TYPE_I32, T), "inp_tree_parents");
+        in.conv_rows = named(ggml_new_tensor_1d(ctx, GGML_TYPE_I32, int64_t(hp.ssm_d_conv) * T), "inp_tree_conv_rows");
+    }
+    for (ggml_tensor * t : {in.tokens, in.pos, in.kv_rows, in.out_rows, in.kq_mask, in.ring_rows, in.parents,
+                            in.conv_rows}) {
         if (t != nullptr) {
             ggml_set_input(t);
         }
@@ -526,7 +548,7 @@ qwen35_graph build_qwen35_graph(ggml_context * ctx, const qwen35_hparams & hp, c
         ggml_tensor * mix = hp.is_recurrent[il]
                                 ? build_delta_net(ctx, g.gf, hp, l, st.conv[il], st.ssm[il],
                                                   verify ? st.conv_ckpt[il] : nullptr,
-                                                  verify ? st.ssm_ckpt[il] : nullptr, x, il)
+                                                  verify ? st.ssm_ckpt[il] : nullptr, in, x, il)
                                 : build_gated_attention(ctx, g.gf, hp, l, st.k[il], st.v[il], in, n_kv, x, il);
         cur = named(ggml_add(ctx, mix, cur), "attn_residual", il);
         ggml_tensor * h = named(graph::rms_norm(ctx, cur, l.post_attention_norm, hp.rms_eps), "ffn_norm", il);
@@ -568,6 +590,83 @@ ggml_cgraph * build_qwen35_commit_graph(ggml_context * ctx, const qwen35_hparams
         ggml_tensor * win = ggml_view_2d(ctx, cc, hp.ssm_d_conv - 1, hp.conv_dim(), cc->nb[1],
                                          (last_kept + 1) * ggml_element_size(cc));
         ggml_build_forward_expand(gf, ggml_cpy(ctx, win, st.conv[il]));
+    }
+    return gf;
+}
+
+std::vector<int32_t> qwen35_tree_conv_rows(const std::vector<int32_t> & parents, uint32_t d_conv) {
+    const size_t T = parents.size();
+    std::vector<int32_t> rows(T * d_conv);
+    for (size_t i = 0; i < T; ++i) {
+        // walk up from node i; past the root continue into the carried state, newest (d_conv-2) first
+        int32_t node = int32_t(i), carried = int32_t(d_conv) - 2;
+        for (int32_t w = int32_t(d_conv) - 1; w >= 0; --w) {
+            if (node >= 0) {
+                rows[i * d_conv + size_t(w)] = int32_t(d_conv) - 1 + node;
+                node = parents[size_t(node)];
+            } else {
+                rows[i * d_conv + size_t(w)] = carried--;
+            }
+        }
+    }
+    return rows;
+}
+
+ggml_cgraph * build_qwen35_tree_commit_graph(ggml_context * ctx, const qwen35_hparams & hp, const qwen35_state & st,
+                                             uint32_t n_verified, uint32_t n_past, const std::vector<int32_t> & path) {
+    if (path.empty() || path[0] != 0 || n_verified > st.n_checkpoints) {
+        throw error("internal: tree commit of a path that does not start at the root");
+    }
+    for (size_t i = 1; i < path.size(); ++i) {
+        if (path[i] <= path[i - 1] || uint32_t(path[i]) >= n_verified) {
+            throw error("internal: tree commit path is not increasing within the " + std::to_string(n_verified) +
+                        " verified nodes");
+        }
+    }
+    const size_t L = path.size();
+    // nodes: a row copy is 3 (two views + cpy): 2 per path node per attention layer and ring, plus the
+    // ssm copy and the d_conv-1 conv column copies per DeltaNet layer
+    const size_t n_nodes = (size_t(hp.n_layer) + st.ring.size()) * (6 * L + 3 * hp.ssm_d_conv + 8) + 16;
+    ggml_cgraph * gf = ggml_new_graph_custom(ctx, n_nodes, false);
+    const int64_t D = int64_t(hp.ssm_d_state) * hp.ssm_d_state * hp.ssm_n_v_heads;
+    auto copy_row = [&](ggml_tensor * t, int64_t from, int64_t to) {  // one row of a 2-D tensor, raw bytes
+        ggml_tensor * src = ggml_view_1d(ctx, t, t->ne[0], from * t->nb[1]);
+        ggml_tensor * dst = ggml_view_1d(ctx, t, t->ne[0], to * t->nb[1]);
+        ggml_build_forward_expand(gf, ggml_cpy(ctx, src, dst));
+    };
+    for (uint32_t il = 0; il < hp.n_layer; ++il) {
+        if (!hp.is_recurrent[il]) {
+            for (size_t i = 1; i < L; ++i) {
+                if (path[i] != int32_t(i)) {
+                    copy_row(st.k[il], n_past + path[i], n_past + i);
+                    copy_row(st.v[il], n_past + path[i], n_past + i);
+                }
+            }
+            continue;
+        }
+        ggml_tensor * ck = st.ssm_ckpt[il];
+        const size_t slot = n_verified - 1 - uint32_t(path.back());
+        ggml_build_forward_expand(gf, ggml_cpy(ctx, ggml_view_1d(ctx, ck, D, slot * ck->nb[1]),
+                                               ggml_reshape_1d(ctx, st.ssm[il], D)));
+        // conv_ckpt columns: [carried state 0..d_conv-2 | node j at d_conv-1+j]; the new state is the
+        // last d_conv-1 entries of [carried state | path nodes] (time is the fastest dimension)
+        ggml_tensor * cc = st.conv_ckpt[il];
+        const int64_t n_keep = hp.ssm_d_conv - 1;
+        for (int64_t w = 0; w < n_keep; ++w) {
+            const int64_t src_pos = int64_t(L) + w;  // position in [carried (n_keep) | path (L)]; window = last n_keep
+            const int64_t col = src_pos < n_keep ? src_pos : n_keep + path[size_t(src_pos - n_keep)];
+            ggml_tensor * src = ggml_view_2d(ctx, cc, 1, hp.conv_dim(), cc->nb[1], col * ggml_element_size(cc));
+            ggml_tensor * dst = ggml_view_2d(ctx, st.conv[il], 1, hp.conv_dim(), st.conv[il]->nb[1],
+                                             w * ggml_element_size(st.conv[il]));
+            ggml_build_forward_expand(gf, ggml_cpy(ctx, src, dst));
+        }
+    }
+    for (ggml_tensor * ring : st.ring) {
+        for (size_t i = 1; i < L; ++i) {
+            if (path[i] != int32_t(i)) {
+                copy_row(ring, (n_past + path[i]) % st.ring_size, (n_past + i) % st.ring_size);
+            }
+        }
     }
     return gf;
 }

@@ -77,7 +77,17 @@ struct qwen35_inputs {
     ggml_tensor * kv_rows = nullptr;   // [T] I64: cache rows written by this batch (= positions)
     ggml_tensor * ring_rows = nullptr; // [T] I64: feature ring rows (positions mod ring size), if capturing
     ggml_tensor * out_rows = nullptr;  // [n_out] I32: batch rows whose logits are produced (null: all rows)
+    // tree verify only (null otherwise; conv_rows/parents only with DeltaNet layers):
+    ggml_tensor * parents = nullptr;   // [T] I32: parent node of each batch row, -1 for the root (row 0)
+    ggml_tensor * conv_rows = nullptr; // [d_conv*T] I32: per node, its conv window (oldest first) as rows of
+                                       // [carried conv state (d_conv-1 rows) | batch rows]; see qwen35_tree_conv_rows
 };
+
+// The conv-window gather table of a tree verify: for node i (batch row i, parents[i] < i) the
+// d_conv inputs ending at node i along its root path, oldest first, as indices into the sequence
+// [carried conv state rows 0..d_conv-2 (oldest first) | batch rows at d_conv-1+row]. Shallow nodes
+// reach into the carried state. For a chain (parents[i] = i-1) row i's window is [i, i+d_conv).
+std::vector<int32_t> qwen35_tree_conv_rows(const std::vector<int32_t> & parents, uint32_t d_conv);
 
 struct qwen35_graph {
     ggml_cgraph * gf = nullptr;
@@ -92,9 +102,14 @@ struct qwen35_graph {
 // the per-token states into the checkpoints (verify = true, T <= n_checkpoints) so that any prefix
 // can be committed afterwards with build_qwen35_commit_graph. `ctx` must be a no_alloc context
 // large enough for the graph's tensors.
+// tree = true (implies verify): the batch is a draft tree (spec/tree.h) in node order, root first.
+// Each node's DeltaNet state and conv window follow its parent (in.parents, in.conv_rows) instead of
+// the previous row; checkpoint slot T-1-i holds the state after node i. Attention needs nothing
+// new: the caller's positions (n_past + depth) and ancestor-only mask carry the tree. The LM head
+// runs once over every node's final hidden row (n_out = T), so no logits are computed twice.
 qwen35_graph build_qwen35_graph(ggml_context * ctx, const qwen35_hparams & hp, const qwen35_weights & w,
                                 const qwen35_state & st, uint32_t n_tokens, uint32_t n_kv, uint32_t n_out,
-                                bool want_argmax, bool verify = false);
+                                bool want_argmax, bool verify = false, bool tree = false);
 
 // Copies every DeltaNet layer's conv and ssm state into checkpoint slot 0 (backup = true), or back
 // from it (backup = false): the restore-and-replay rollback, which needs one slot instead of B.
@@ -105,5 +120,13 @@ ggml_cgraph * build_qwen35_backup_graph(ggml_context * ctx, const qwen35_hparams
 // after verified token `last_kept` (0-based), i.e. commits tokens [0, last_kept] (fast rollback).
 ggml_cgraph * build_qwen35_commit_graph(ggml_context * ctx, const qwen35_hparams & hp, const qwen35_state & st,
                                         uint32_t n_verified, uint32_t last_kept);
+
+// After a tree verify of n_verified nodes written at cache rows n_past + node: commits the root path
+// `path` (node indices, path[0] = 0 the root, increasing): DeltaNet ssm state = node path.back()'s
+// checkpoint; conv state = the last d_conv-1 inputs of [carried conv state | path nodes]; the KV rows
+// and feature-ring rows of path node i move from n_past + path[i] to n_past + i (byte copies, so any
+// KV type is kept exactly; in increasing i, so no source is overwritten before it is read).
+ggml_cgraph * build_qwen35_tree_commit_graph(ggml_context * ctx, const qwen35_hparams & hp, const qwen35_state & st,
+                                             uint32_t n_verified, uint32_t n_past, const std::vector<int32_t> & path);
 
 }  // namespace lucebox

@@ -1,0 +1,228 @@
+// The tree variant of ggml_gated_delta_net (ggml/patches/0001-gated-delta-net-tree.patch) on the CPU
+// backend: with chain parents it equals the upstream op with K = n_tokens bit for bit, and on trees
+// (scalar and per-channel KDA gates, broadcast K heads) every node's output and state equal a plain
+// C++ recurrence run along the node's root path. Also the conv-window gather table of a tree verify.
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "check.h"
+#include "ggml-backend.h"
+#include "ggml-cpu.h"
+#include "ggml.h"
+#include "models/qwen35_model.h"
+
+using namespace lucebox;
+
+namespace {
+
+constexpr int64_t S = 16, HK = 2, HV = 4;  // V head h reads K/Q head h % HK (tiled)
+
+struct inputs {
+    int64_t T = 0;
+    bool kda = false;
+    std::vector<float> q, k, v, g, beta, s0;  // ggml layouts, see ggml_gated_delta_net in ggml.h
+};
+
+inputs random_inputs(int64_t T, bool kda, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    inputs in;
+    in.T = T;
+    in.kda = kda;
+    auto fill = [&](std::vector<float> & x, size_t n, float lo, float hi) {
+        x.resize(n);
+        for (float & e : x) e = lo + (hi - lo) * 0.5f * (u(rng) + 1.0f);
+    };
+    fill(in.q, S * HK * T, -1, 1);
+    fill(in.k, S * HK * T, -0.3f, 0.3f);
+    fill(in.v, S * HV * T, -1, 1);
+    fill(in.g, (kda ? S : 1) * HV * T, -0.5f, 0.0f);
+    fill(in.beta, HV * T, 0.1f, 0.9f);
+    fill(in.s0, S * S * HV, -0.5f, 0.5f);
+    return in;
+}
+
+// Runs the op on `backend` (null: the CPU backend): parents empty = upstream
+// ggml_gated_delta_net(K = T), else the tree op. Returns the whole output (scores, then snapshots).
+std::vector<float> run_op(const inputs & in, const std::vector<int32_t> & parents, ggml_backend_t backend = nullptr) {
+    const int64_t T = in.T;
+    ggml_backend_t cpu = backend == nullptr ? ggml_backend_cpu_init() : nullptr;
+    ggml_backend_t be = backend != nullptr ? backend : cpu;
+    ggml_init_params ip{ggml_tensor_overhead() * 16 + ggml_graph_overhead(), nullptr, true};
+    ggml_context * ctx = ggml_init(ip);
+    std::vector<std::pair<ggml_tensor *, const void *>> uploads;
+    auto tensor = [&](const std::vector<float> & data, int64_t a, int64_t b, int64_t c) {
+        ggml_tensor * t = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, a, b, c, 1);
+        uploads.emplace_back(t, data.data());
+        return t;
+    };
+    ggml_tensor * q = tensor(in.q, S, HK, T);
+    ggml_tensor * k = tensor(in.k, S, HK, T);
+    ggml_tensor * v = tensor(in.v, S, HV, T);
+    ggml_tensor * g = tensor(in.g, in.kda ? S : 1, HV, T);
+    ggml_tensor * beta = tensor(in.beta, 1, HV, T);
+    ggml_tensor * s0 = tensor(in.s0, S, S, HV);
+    ggml_tensor * out = nullptr;
+    if (parents.empty()) {
+        out = ggml_gated_delta_net(ctx, q, k, v, g, beta, s0, T);
+    } else {
+        ggml_tensor * p = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, T);
+        uploads.emplace_back(p, parents.data());
+        out = ggml_gated_delta_net_tree(ctx, q, k, v, g, beta, s0, p);
+    }
+    ggml_cgraph * gf = ggml_new_graph(ctx);
+    ggml_build_forward_expand(gf, out);
+    ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors(ctx, be);
+    for (const auto & [t, data] : uploads) {
+        ggml_backend_tensor_set(t, data, 0, ggml_nbytes(t));
+    }
+    if (cpu != nullptr) {
+        ggml_backend_cpu_set_n_threads(cpu, 2);
+    }
+    CHECK(ggml_backend_graph_compute(be, gf) == GGML_STATUS_SUCCESS);
+    std::vector<float> res(ggml_nelements(out));
+    ggml_backend_tensor_get(out, res.data(), 0, res.size() * sizeof(float));
+    ggml_backend_buffer_free(buf);
+    ggml_free(ctx);
+    if (cpu != nullptr) {
+        ggml_backend_free(cpu);
+    }
+    return res;
+}
+
+// Plain recurrence per V head along `path` (token indices): S <- decay(g) S; delta = (v - S^T k) beta;
+// S += k delta^T; o = S^T q / sqrt(S). Returns the last token's output [S, HV] and state (ggml's
+// transposed layout M[h][j][i] = S_h[i][j]).
+void reference(const inputs & in, const std::vector<int32_t> & path, std::vector<float> & o, std::vector<float> & st) {
+    st = in.s0;
+    o.assign(S * HV, 0.0f);
+    const float scale = 1.0f / std::sqrt(float(S));
+    for (int32_t t : path) {
+        for (int64_t h = 0; h < HV; ++h) {
+            float * M = st.data() + h * S * S;
+            const float * q = in.q.data() + (t * HK + h % HK) * S;
+            const float * k = in.k.data() + (t * HK + h % HK) * S;
+            const float * v = in.v.data() + (t * HV + h) * S;
+            const float b = in.beta[t * HV + h];
+            for (int64_t j = 0; j < S; ++j) {
+                for (int64_t i = 0; i < S; ++i) {
+                    const float gi = in.kda ? in.g[(t * HV + h) * S + i] : in.g[t * HV + h];
+                    M[j * S + i] *= std::exp(gi);
+                }
+            }
+            for (int64_t j = 0; j < S; ++j) {
+                float kv = 0.0f;
+                for (int64_t i = 0; i < S; ++i) kv += M[j * S + i] * k[i];
+                const float delta = (v[j] - kv) * b;
+                for (int64_t i = 0; i < S; ++i) M[j * S + i] += k[i] * delta;
+            }
+            for (int64_t j = 0; j < S; ++j) {
+                float acc = 0.0f;
+                for (int64_t i = 0; i < S; ++i) acc += M[j * S + i] * q[i];
+                o[h * S + j] = acc * scale;
+            }
+        }
+    }
+}
+
+bool close(float a, float b) { return std::fabs(a - b) <= 1e-4f * (1.0f + std::fabs(b)); }
+
+void check_tree(const std::vector<int32_t> & parents, bool kda, uint32_t seed) {
+    const int64_t T = int64_t(parents.size());
+    const inputs in = random_inputs(T, kda, seed);
+    const std::vector<float> res = run_op(in, parents);
+    const int64_t D = S * S * HV;
+    for (int64_t node = 0; node < T; ++node) {
+        std::vector<int32_t> path;
+        for (int32_t j = int32_t(node); j >= 0; j = parents[size_t(j)]) path.insert(path.begin(), j);
+        std::vector<float> o, st;
+        reference(in, path, o, st);
+        int bad = 0;
+        for (int64_t e = 0; e < S * HV; ++e) bad += !close(res[node * S * HV + e], o[e]);
+        const float * snap = res.data() + T * S * HV + (T - 1 - node) * D;  // slot T-1-node
+        for (int64_t e = 0; e < D; ++e) bad += !close(snap[e], st[e]);
+        if (bad) std::fprintf(stderr, "  node %lld (kda %d): %d mismatches\n", (long long) node, int(kda), bad);
+        CHECK(bad == 0);
+    }
+}
+
+}  // namespace
+
+TEST_CASE(chain_parents_equal_the_upstream_op_bitwise) {
+    for (bool kda : {false, true}) {
+        for (int64_t T : {1, 2, 7}) {
+            const inputs in = random_inputs(T, kda, 11 + uint32_t(T));
+            std::vector<int32_t> chain(static_cast<size_t>(T));
+            for (int64_t i = 0; i < T; ++i) chain[size_t(i)] = int32_t(i) - 1;
+            const std::vector<float> a = run_op(in, {}), b = run_op(in, chain);
+            CHECK(a.size() == b.size());
+            CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+        }
+    }
+}
+
+TEST_CASE(tree_matches_the_per_path_recurrence) {
+    // root; two children; grandchildren under both; a node whose parent is the root again; a deep
+    // branch off an earlier node (parents never the previous row except where noted)
+    const std::vector<int32_t> tree{-1, 0, 0, 1, 2, 1, 0, 3, 5, 2, 7};
+    for (bool kda : {false, true}) {
+        check_tree(tree, kda, 3);
+    }
+    check_tree({-1, 0, 1, 2, 3}, false, 4);  // a chain through the tree op
+    check_tree({-1, 0, 0, 0, 0}, true, 5);   // a star: every node restarts from the root
+}
+
+TEST_CASE(conv_rows_chain_and_tree) {
+    // chain: row i's window is [i, i + d_conv) of [carried (3) | batch]
+    const std::vector<int32_t> chain{-1, 0, 1, 2};
+    const std::vector<int32_t> rows = qwen35_tree_conv_rows(chain, 4);
+    for (int32_t i = 0; i < 4; ++i) {
+        for (int32_t w = 0; w < 4; ++w) CHECK(rows[size_t(i * 4 + w)] == i + w);
+    }
+    // tree: node 3's parent is 1 (root 0): window = carried[2], node 0, node 1, node 3 -> 2, 3, 4, 6
+    const std::vector<int32_t> t = qwen35_tree_conv_rows({-1, 0, 0, 1}, 4);
+    const std::vector<int32_t> node3(t.begin() + 12, t.begin() + 16);
+    CHECK((node3 == std::vector<int32_t>{2, 3, 4, 6}));
+    const std::vector<int32_t> node2(t.begin() + 8, t.begin() + 12);  // parent root: carried 1, 2, root, self
+    CHECK((node2 == std::vector<int32_t>{1, 2, 3, 5}));
+}
+
+// The GPU kernel against the CPU op (a CUDA build on a machine with a GPU; passes with a note
+// elsewhere): chain parents, trees, a star, scalar and KDA gates, and several head sizes' worth of
+// nodes (T up to 40, beyond one warp of rows per lane).
+TEST_CASE(gpu_matches_cpu) {
+    ggml_backend_dev_t gpu = nullptr;
+    for (size_t i = 0; i < ggml_backend_dev_count() && gpu == nullptr; ++i) {
+        ggml_backend_dev_t d = ggml_backend_dev_get(i);
+        if (ggml_backend_dev_type(d) == GGML_BACKEND_DEVICE_TYPE_GPU) gpu = d;
+    }
+    if (gpu == nullptr) {
+        std::printf("  (no GPU device in this build/machine: gpu_matches_cpu checks nothing)\n");
+        return;
+    }
+    ggml_backend_t be = ggml_backend_dev_init(gpu, nullptr);
+    std::vector<std::vector<int32_t>> trees{{-1, 0, 1, 2, 3, 4}, {-1, 0, 0, 1, 2, 1, 0, 3, 5, 2, 7}, {-1, 0, 0, 0}};
+    std::vector<int32_t> big{-1};
+    std::mt19937 rng(9);
+    for (int32_t i = 1; i < 40; ++i) big.push_back(int32_t(rng() % uint32_t(i)));
+    trees.push_back(big);
+    for (bool kda : {false, true}) {
+        for (const auto & parents : trees) {
+            const inputs in = random_inputs(int64_t(parents.size()), kda, 21);
+            for (bool tree_op : {false, true}) {
+                if (!tree_op && parents != trees[0]) continue;  // the upstream op: chain only
+                const std::vector<int32_t> p = tree_op ? parents : std::vector<int32_t>{};
+                const std::vector<float> c = run_op(in, p), gres = run_op(in, p, be);
+                int bad = 0;
+                for (size_t e = 0; e < c.size(); ++e) bad += !close(gres[e], c[e]);
+                if (bad) std::fprintf(stderr, "  T %zu kda %d tree %d: %d mismatches\n", parents.size(), int(kda), int(tree_op), bad);
+                CHECK(bad == 0);
+            }
+        }
+    }
+    ggml_backend_free(be);
+}
+
+int main(int argc, char ** argv) { return lucebox_test::run_all(argc > 1 ? argv[1] : nullptr); }

@@ -1,0 +1,168 @@
+"""DDTree tree verification (spec="tree") is lossless at temperature 0: the tokens equal plain
+greedy decoding for the real (tiny, random) draft's best-first trees and for forced trees whose
+accepted path leaves the top-1 spine at every depth (its node is never the previous row, and
+decoy subtrees hang off the rejected siblings), for every accept length, with F16 and Q8_0 KV."""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import pytest
+
+import lucebox
+from lucebox import synth
+
+BUDGET = 48  # forced trees: nodes besides the root
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    d = tmp_path_factory.mktemp("tree")
+    target, draft = d / "target.gguf", d / "draft.gguf"
+    synth.write_target(str(target), "tiny", type="q8_0", seed=5)
+    synth.write_draft(str(draft), "tiny", type="q8_0", seed=6)
+    return str(target), str(draft)
+
+
+def prompts(n: int, seed: int = 4321) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [[int(x) for x in rng.integers(0, 1000, int(rng.integers(5, 90)))] for _ in range(n)]
+
+
+def forced_tree(reference: list[int], prompt_len: int, accept: int
+                ) -> Callable[[list[int], int, int], tuple[list[int], list[int]]]:
+    """A tree whose right path (the known greedy continuation) is `accept` deep and is never the
+    first child: at each depth the on-path node gets a wrong first child (the spine), then a decoy
+    (the right token under the previous depth's wrong node), then the right child. Nodes are in
+    breadth-first order, so a right node's parent is never the row before it."""
+
+    def propose(context: list[int], last: int, max_nodes: int) -> tuple[list[int], list[int]]:
+        start = len(context) - prompt_len + 1  # index in `reference` of the token after `last`
+
+        def nxt(i: int) -> int:
+            return reference[start + i] if start + i < len(reference) else 0
+
+        tokens: list[int] = []
+        parents: list[int] = []
+        right, wrong = 0, -1  # node indices in the full tree (0 = the root)
+        for depth in range(max_nodes):
+            if len(tokens) + 3 > max_nodes:
+                break
+            good = nxt(depth)
+            tokens.append((good + 1) % 1000)  # wrong first child: the top-1 spine
+            parents.append(right)
+            new_wrong = len(tokens)
+            if wrong >= 0:
+                tokens.append(good)  # decoy: the right token under a rejected node
+                parents.append(wrong)
+            wrong = new_wrong
+            if depth >= accept:
+                break
+            tokens.append(good)
+            parents.append(right)
+            right = len(tokens)
+        return tokens, parents
+
+    return propose
+
+
+@pytest.mark.parametrize("kv", ["f16", "q8_0"])
+def test_real_draft_tree_is_lossless(pair: tuple[str, str], kv: str) -> None:
+    target, draft = pair
+    plain = lucebox.Engine(target, ctx=512, device="cpu", kv_type=kv, ubatch=32)
+    tree = lucebox.Engine(target, draft, ctx=512, device="cpu", kv_type=kv, ubatch=32, spec="tree")
+    for p in prompts(8):
+        ref = plain.generate(p, max_tokens=40)
+        got = tree.generate(p, max_tokens=40)
+        assert got.tokens == ref.tokens, f"prompt {p[:8]}..."
+        s = got.stats.spec
+        assert s["speculative"] and s["steps"] > 0
+        assert s["drafted"] == s["steps"] * 22  # full budget (top-8 x 15 positions >> 22 nodes)
+        assert sum(s["accept_histogram"]) == s["steps"] == s["fast_rollbacks"]
+        assert s["accepted"] == sum(a * c for a, c in enumerate(s["accept_histogram"]))
+
+
+@pytest.mark.parametrize("kv", ["f16", "q8_0"])
+def test_forced_trees_off_the_spine_every_accept_length(pair: tuple[str, str], kv: str) -> None:
+    target, draft = pair
+    plain = lucebox.Engine(target, ctx=512, device="cpu", kv_type=kv)
+    engine = lucebox.Engine(target, draft, ctx=512, device="cpu", kv_type=kv, spec="tree", tree_budget=BUDGET)
+    max_accept = BUDGET // 3 - 1  # three nodes per depth (wrong, decoy, right)
+    for i, p in enumerate(prompts(3)):
+        ref = plain.generate(p, max_tokens=64).tokens
+        for a in [0, 1, 2, 3, 5, 8, 11, max_accept]:
+            got = engine.session().generate(p, max_tokens=64, propose_tree=forced_tree(ref, len(p), a))
+            assert got.tokens == ref, f"prompt {i}, accept={a}"
+            s = got.stats.spec
+            # every full step accepts exactly `a`; the last one may be cut short by the budget
+            assert s["accept_histogram"][a] >= max(1, s["steps"] - 1), (a, s["accept_histogram"])
+            assert s["accepted"] == sum(k * c for k, c in enumerate(s["accept_histogram"]))
+
+
+def test_forced_tree_without_a_draft_and_stop_inside_a_path(pair: tuple[str, str]) -> None:
+    target, _ = pair
+    engine = lucebox.Engine(target, ctx=512, device="cpu")
+    p = prompts(1)[0]
+    ref = engine.generate(p, max_tokens=40).tokens
+    for budget in [1, 2, 5, 9, 17]:
+        got = engine.session().generate(p, max_tokens=budget, propose_tree=forced_tree(ref, len(p), 4))
+        assert got.tokens == ref[:budget] and got.finish_reason == "length"
+    stop_at = 13
+    if ref[stop_at] not in ref[:stop_at]:
+        got = engine.session()._core.generate(p, 64, lucebox.SamplingConfig().to_core(), [ref[stop_at]], None, None,
+                                              None, 0, False, forced_tree(ref, len(p), 4))
+        assert list(got.tokens) == ref[:stop_at] and got.finish_reason == "stop"
+
+
+def test_tree_session_continuation_and_context_end(pair: tuple[str, str]) -> None:
+    target, draft = pair
+    plain = lucebox.Engine(target, ctx=512, device="cpu")
+    tree = lucebox.Engine(target, draft, ctx=512, device="cpu", spec="tree", tree_budget=5, tree_top_k=2)
+    p = prompts(1, seed=9)[0]
+    s1, s2 = plain.session(), tree.session()
+    a = s1.generate(p, max_tokens=10).tokens + s1.generate([7, 8, 9], max_tokens=20).tokens
+    b = s2.generate(p, max_tokens=10).tokens + s2.generate([7, 8, 9], max_tokens=20).tokens
+    assert a == b and s1.tokens == s2.tokens
+    q = p[:40]
+    ref = lucebox.Engine(target, ctx=64, device="cpu").generate(q, max_tokens=100)
+    got = lucebox.Engine(target, draft, ctx=64, device="cpu", spec="tree").generate(q, max_tokens=100)
+    assert got.tokens == ref.tokens and got.finish_reason == ref.finish_reason == "context"
+
+
+def test_tree_refusals(pair: tuple[str, str]) -> None:
+    target, draft = pair
+    with pytest.raises(ValueError, match="needs a DFlash draft"):
+        lucebox.Engine(target, ctx=64, device="cpu", spec="tree")
+    for bad in [dict(tree_budget=0), dict(tree_budget=257), dict(tree_top_k=0), dict(tree_top_k=65),
+                dict(rollback="replay")]:
+        with pytest.raises(ValueError, match="tree"):
+            lucebox.Engine(target, draft, ctx=64, device="cpu", spec="tree", **bad)
+    engine = lucebox.Engine(target, draft, ctx=128, device="cpu", spec="tree")
+    s = engine.session()
+    with pytest.raises(ValueError, match="greedily only"):
+        s.generate([1, 2, 3], max_tokens=4, temperature=0.7)
+    assert s.generate([1, 2, 3], max_tokens=4).tokens  # the session is still usable
+    with pytest.raises(ValueError, match="propose or propose_tree"):
+        s.generate([4], max_tokens=4, propose=lambda c, last, n: [0] * n,
+                   propose_tree=lambda c, last, n: ([], []))
+    bad_trees = [([5], [1]), ([5, 6], [0, 2]), ([5], []), ([5000], [0])]
+    for toks, parents in bad_trees:
+        with pytest.raises(ValueError):
+            engine.session().generate([1, 2, 3], max_tokens=4, propose_tree=lambda c, last, n, t=toks, q=parents: (t, q))
+
+
+def test_cli_generate_spec_tree(pair: tuple[str, str]) -> None:
+    import os
+    import subprocess
+    import sys
+
+    target, draft = pair
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    base = [sys.executable, "-m", "lucebox", "generate", target, "hello world", "--draft", draft, "--device", "cpu",
+            "--ctx", "256", "--max-tokens", "8", "--spec", "tree"]
+    ok = subprocess.run([*base, "--tree-budget", "5", "--tree-top-k", "3", "--stats"], capture_output=True,
+                        text=True, env=env, timeout=300)
+    assert ok.returncode == 0, ok.stderr
+    assert "[spec]" in ok.stderr and "proposals accepted" in ok.stderr
+    bad = subprocess.run([*base, "--tree-budget", "0"], capture_output=True, text=True, env=env, timeout=300)
+    assert bad.returncode != 0 and "tree_budget" in bad.stderr

@@ -37,7 +37,12 @@ def _decode_row(engine: lucebox.Engine, prompt: list[int], token: int) -> np.nda
 
 @pytest.mark.parametrize("penalized", [False, True])
 def test_two_sampled_tokens_match_the_exact_distribution(tiny_q8_0, penalized: bool) -> None:
-    engine = lucebox.Engine(str(tiny_q8_0), ctx=512, device="cpu")
+    check_two_token_distribution(str(tiny_q8_0), "cpu", penalized)
+
+
+def check_two_token_distribution(model: str, device: str, penalized: bool) -> None:
+    """Also run on CUDA by tests/gpu/test_cuda_sampling.py."""
+    engine = lucebox.Engine(model, ctx=512, device=device)
     # penalized: a long prompt over the whole window (penalty_last_n = -1: ~330 distinct ids, a third
     # of the vocabulary), so the penalties hit the row's top tokens and the device gathers many ids
     pen = dict(presence_penalty=0.5, frequency_penalty=0.3, repetition_penalty=1.3,
@@ -67,7 +72,7 @@ def test_two_sampled_tokens_match_the_exact_distribution(tiny_q8_0, penalized: b
     assert set(counts) <= set(exact)
     worst = max(abs(counts.get(k, 0) / runs - p) for k, p in exact.items())
     chi2 = sum((counts.get(k, 0) - runs * p) ** 2 / (runs * p) for k, p in exact.items() if runs * p > 0)
-    print(f"penalized={penalized}: max |empirical - exact| {worst:.4f}, chi2 {chi2:.1f} over {len(exact)} cells")
+    print(f"{device} penalized={penalized}: max |empirical - exact| {worst:.4f}, chi2 {chi2:.1f} over {len(exact)} cells")
     assert worst < 0.03
     assert chi2 < 60  # 15 degrees of freedom: p < 1e-6 for a correct sampler
 

@@ -141,6 +141,10 @@ class EngineConfig:
     draft_path: str
     spec: str
     rollback: str
+    devices: list[str]
+    split: str
+    layer_proportions: list[float]
+    draft_device: str
     def __init__(self) -> None: ...
     def validate(self) -> None: ...
 

@@ -142,10 +142,6 @@ struct engine::impl {
         const std::string draft_spec = !cfg.draft_device.empty() ? cfg.draft_device
                                        : !cfg.devices.empty()    ? cfg.devices.back()
                                                                  : cfg.device;
-        if (cfg.split == "tensor") {
-            throw unsupported_error("engine: split='tensor' is not implemented in this build (see docs/multi-gpu.md); "
-                                    "use split='layer'");
-        }
         dev = resolve_device(cfg.split == "layer" ? draft_spec : cfg.devices.empty() ? cfg.device : cfg.devices[0]);
         backend = ggml_backend_dev_init(dev, nullptr);
         if (backend == nullptr) {

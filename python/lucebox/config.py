@@ -131,10 +131,8 @@ class EngineConfig:
         if self.draft_device.lower() == "auto":
             raise ConfigError("draft_device must name a device ('auto' is not allowed)")
         if self.split == "tensor":
-            for d in devices:
-                if canonical_device(d).startswith("cpu:"):
-                    raise ConfigError(f"split='tensor' needs GPU devices; {d!r} is a CPU (the ggml meta backend of "
-                                      "this pin cannot run over CPU backends: see docs/multi-gpu.md); use split='layer'")
+            raise ConfigError("split='tensor' (tensor parallel over the ggml meta backend) is not implemented yet; "
+                              "use split='layer' (docs/multi-gpu.md)")
 
     def to_core(self, model_path: str) -> "_core.EngineConfig":
         from lucebox import _core

@@ -37,7 +37,9 @@ def load_engine(config: ServerConfig) -> Any:
     if ctx is None:
         ctx = min(32768, int(_core.TargetFile.open(config.model).hparams.n_ctx_train))
     return lucebox.Engine(config.model, config.draft, ctx=ctx, kv_type=config.kv_type, device=config.device,
-                          spec=config.spec, ubatch=config.ubatch, threads=config.threads)
+                          spec=config.spec, ubatch=config.ubatch, threads=config.threads, devices=config.devices,
+                          split=config.split, layer_proportions=config.layer_proportions,
+                          draft_device=config.draft_device)
 
 
 class _RequestMetrics:

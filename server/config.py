@@ -5,7 +5,7 @@ import math
 import os
 from dataclasses import dataclass, field
 
-from lucebox.config import KV_TYPES, SNAPSHOT_LOCATIONS, SPEC_MODES
+from lucebox.config import KV_TYPES, SNAPSHOT_LOCATIONS, SPEC_MODES, EngineConfig
 from lucebox.errors import ConfigError
 
 __all__ = ["ServerConfig"]
@@ -35,7 +35,8 @@ class ServerConfig:
     prefix_cache_location: where those snapshots live: "host" (pinned host memory where the
     device offers it) or "device" (the engine's device memory: fastest restore, costs device
     memory; on a CPU engine the same as host). prefix_cache_interval: also snapshot every this
-    many tokens of a long prompt (0: off).
+    many tokens of a long prompt (0: off). devices / split / layer_proportions / draft_device:
+    placement over several devices (lucebox.EngineConfig; docs/multi-gpu.md).
     """
 
     model: str
@@ -67,8 +68,15 @@ class ServerConfig:
     prefix_cache_location: str = "host"
     prefix_cache_interval: int = 0
     extra_model_names: tuple[str, ...] = field(default_factory=tuple)
+    devices: tuple[str, ...] = field(default_factory=tuple)
+    split: str = "none"
+    layer_proportions: tuple[float, ...] = field(default_factory=tuple)
+    draft_device: str = ""
 
     def __post_init__(self) -> None:
+        # placement: the engine's own rules (lucebox.config.EngineConfig), checked before loading
+        EngineConfig(device=self.device, devices=tuple(self.devices), split=self.split,
+                     layer_proportions=tuple(self.layer_proportions), draft_device=self.draft_device)
         if not isinstance(self.model, str) or not self.model:
             raise ConfigError("model must be a GGUF path")
         for name in ("model", "draft", "chat_template_file"):

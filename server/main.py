@@ -9,6 +9,8 @@ import argparse
 import logging
 import sys
 
+from lucebox.cli import placement_kwargs
+
 from .config import ServerConfig
 
 __all__ = ["config_from_args", "serve"]
@@ -43,7 +45,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         top_k=args.top_k, min_p=args.min_p, chat_template_file=args.chat_template_file,
         log_level=args.log_level, prefix_cache_mb=cache_mb,
         prefix_cache_location=args.prefix_cache_location, prefix_cache_interval=args.prefix_cache_interval,
-        extra_model_names=names + tuple(getattr(args, "alias", None) or ()))
+        extra_model_names=names + tuple(getattr(args, "alias", None) or ()), **placement_kwargs(args))
 
 
 def serve(args: argparse.Namespace) -> int:

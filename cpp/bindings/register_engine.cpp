@@ -42,6 +42,10 @@ void register_engine(py::module_ & m) {
         .def_readwrite("rollback", &engine_config::rollback)
         .def_readwrite("tree_budget", &engine_config::tree_budget)
         .def_readwrite("tree_top_k", &engine_config::tree_top_k)
+        .def_readwrite("devices", &engine_config::devices)
+        .def_readwrite("split", &engine_config::split)
+        .def_readwrite("layer_proportions", &engine_config::layer_proportions)
+        .def_readwrite("draft_device", &engine_config::draft_device)
         .def("validate", &engine_config::validate);
 
     py::class_<generate_result>(m, "GenerateResult")

@@ -19,6 +19,7 @@
 #include "models/dflash_model.h"
 #include "models/qwen35_model.h"
 #include "graph/candidates.h"
+#include "placement.h"
 #include "spec/chain.h"
 #include "spec/policy.h"
 #include "spec/tree.h"
@@ -33,63 +34,6 @@ constexpr size_t MAX_GRAPH_NODES = 16384;
 constexpr uint32_t MAX_FORCED_BLOCK = 16;  // verify width available to forced proposals without a draft
 
 uint32_t pad_to(uint32_t n, uint32_t m) { return (n + m - 1) / m * m; }
-
-std::string available_devices() {
-    std::string names;
-    for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
-        names += (i ? ", " : "") + std::string(ggml_backend_dev_name(ggml_backend_dev_get(i)));
-    }
-    return names;
-}
-
-ggml_backend_dev_t resolve_device(const std::string & spec) {
-    std::vector<ggml_backend_dev_t> gpus;
-    ggml_backend_dev_t cpu = nullptr;
-    for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
-        ggml_backend_dev_t d = ggml_backend_dev_get(i);
-        const auto type = ggml_backend_dev_type(d);
-        if (type == GGML_BACKEND_DEVICE_TYPE_GPU || type == GGML_BACKEND_DEVICE_TYPE_IGPU) {
-            gpus.push_back(d);
-        } else if (type == GGML_BACKEND_DEVICE_TYPE_CPU && cpu == nullptr) {
-            cpu = d;
-        }
-    }
-    std::string s = spec;
-    std::transform(s.begin(), s.end(), s.begin(), ::tolower);
-    if (s == "auto") {
-        return gpus.empty() ? cpu : gpus[0];
-    }
-    if (s == "cpu") {
-        return cpu;
-    }
-    if (s == "cuda" || s == "gpu") {
-        if (gpus.empty()) {
-            throw config_error("device '" + spec + "': no GPU is visible to this build (available: " +
-                               available_devices() + ")");
-        }
-        return gpus[0];
-    }
-    for (const char * prefix : {"cuda:", "gpu:"}) {
-        const size_t n = std::strlen(prefix);
-        if (s.compare(0, n, prefix) == 0) {
-            char * end = nullptr;
-            const long idx = std::strtol(s.c_str() + n, &end, 10);
-            if (end == s.c_str() + n || *end != '\0' || idx < 0) {
-                throw config_error("device '" + spec + "': expected " + std::string(prefix) + "N");
-            }
-            if (static_cast<size_t>(idx) >= gpus.size()) {
-                throw config_error("device '" + spec + "': only " + std::to_string(gpus.size()) +
-                                   " GPU(s) visible (available: " + available_devices() + ")");
-            }
-            return gpus[idx];
-        }
-    }
-    if (ggml_backend_dev_t d = ggml_backend_dev_by_name(spec.c_str())) {
-        return d;
-    }
-    throw config_error("device '" + spec + "' not found (expected auto, cpu, cuda, cuda:N or one of: " +
-                       available_devices() + ")");
-}
 
 }  // namespace
 
@@ -108,6 +52,7 @@ void engine_config::validate() const {
     }
     parse_kv_type(kv_type_k);
     parse_kv_type(kv_type_v);
+    validate_placement(*this);
     if (spec != "off" && spec != "chain" && spec != "auto" && spec != "tree") {
         throw config_error("engine: spec '" + spec + "' must be off, chain, auto or tree");
     }
@@ -141,6 +86,7 @@ struct engine::impl {
     uint64_t sched_graph_id = 0;               // id of the cached graph allocated in `sched` (0: none)
     tensor_store weights;
     qwen35_weights w;
+    std::unique_ptr<layer_split> split;    // split "layer": the target over several devices (dev: the draft's)
     // DFlash draft (optional)
     std::unique_ptr<draft_model_file> draft;
     tensor_store draft_weights;
@@ -208,7 +154,10 @@ struct engine::impl {
         }
         plan();  // validates KV row sizes against the types' block sizes
 
-        dev = resolve_device(cfg.device);
+        const std::string draft_spec = !cfg.draft_device.empty() ? cfg.draft_device
+                                       : !cfg.devices.empty()    ? cfg.devices.back()
+                                                                 : cfg.device;
+        dev = resolve_device(cfg.split == "layer" ? draft_spec : cfg.devices.empty() ? cfg.device : cfg.devices[0]);
         backend = ggml_backend_dev_init(dev, nullptr);
         if (backend == nullptr) {
             throw unsupported_error(std::string("could not initialise device ") + ggml_backend_dev_name(dev));
@@ -222,13 +171,18 @@ struct engine::impl {
                                               : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
         ggml_backend_cpu_set_n_threads(cpu_backend, threads);
 
-        weights = tensor_store::load(target.file, tensors_to_load(target.file, qwen35_tensor_specs(hp)),
-                                     ggml_backend_dev_buffer_type(dev), dev, progress);
-        w = bind_qwen35_weights(hp, weights);
+        if (cfg.split == "layer") {
+            split = std::make_unique<layer_split>(cfg, target, threads, draft_spec, draft ? dev : nullptr, progress);
+            w = split->weights();
+        } else {
+            weights = tensor_store::load(target.file, tensors_to_load(target.file, qwen35_tensor_specs(hp)),
+                                         ggml_backend_dev_buffer_type(dev), dev, progress);
+            w = bind_qwen35_weights(hp, weights);
+        }
         if (draft) {
             draft_weights = tensor_store::load(draft->file, tensors_to_load(draft->file, dflash_tensor_specs(draft->hparams)),
                                                ggml_backend_dev_buffer_type(dev), dev, {});
-            dw = bind_dflash_weights(draft->hparams, draft_weights, w);
+            dw = bind_dflash_weights(draft->hparams, draft_weights, split ? split->draft_side_weights() : w);
         }
 
         std::vector<ggml_backend_t> backends{backend};
@@ -251,6 +205,7 @@ struct engine::impl {
         }
         draft_weights = tensor_store();
         weights = tensor_store();
+        split.reset();
         if (cpu_backend && cpu_backend != backend) {
             ggml_backend_free(cpu_backend);
         }
@@ -285,7 +240,9 @@ engine::~engine() = default;
 const engine_config & engine::config() const { return impl_->cfg; }
 const qwen35_hparams & engine::hparams() const { return impl_->target.hparams; }
 memory_plan engine::plan() const { return impl_->plan(); }
-std::string engine::device_name() const { return ggml_backend_dev_name(impl_->dev); }
+std::string engine::device_name() const {
+    return impl_->split ? impl_->split->device_names() : ggml_backend_dev_name(impl_->dev);
+}
 std::string engine::device_description() const { return ggml_backend_dev_description(impl_->dev); }
 
 // ---------------------------------------------------------------------------------------------
@@ -330,6 +287,7 @@ struct session::state {
     qwen35_state model_state;
     dflash_state draft_state;
     std::vector<ggml_tensor *> draft_rings;  // target feature rings in draft target_layers order
+    std::unique_ptr<layer_split_session> split;  // a layer split's per-device views and graphs
 };
 
 std::unique_ptr<session> engine::new_session() {
@@ -337,13 +295,18 @@ std::unique_ptr<session> engine::new_session() {
     auto st = std::make_unique<session::state>();
     const uint32_t ring = std::max({e.cfg.n_ubatch, 64u, e.verify_width()});
     const uint32_t checkpoints = e.cfg.rollback == "replay" ? 1 : e.verify_width();
-    st->model_state = qwen35_state::allocate(e.target.hparams, e.kv_size, e.type_k, e.type_v, e.capture, ring,
-                                             checkpoints, ggml_backend_dev_buffer_type(e.dev), e.dev);
+    if (e.split) {  // the draft (on e.dev) reads mirrors of the rings it needs
+        st->split = e.split->new_session(st->model_state, e.kv_size, e.type_k, e.type_v, e.capture, ring, checkpoints,
+                                         e.draft_ring_index, ggml_backend_dev_buffer_type(e.dev), e.dev);
+    } else {
+        st->model_state = qwen35_state::allocate(e.target.hparams, e.kv_size, e.type_k, e.type_v, e.capture, ring,
+                                                 checkpoints, ggml_backend_dev_buffer_type(e.dev), e.dev);
+    }
     if (e.draft) {
         st->draft_state = dflash_state::allocate(e.draft->hparams, e.kv_size, e.type_k, e.type_v,
                                                  ggml_backend_dev_buffer_type(e.dev), e.dev);
         for (size_t i : e.draft_ring_index) {
-            st->draft_rings.push_back(st->model_state.ring[i]);
+            st->draft_rings.push_back(st->split ? st->split->mirror[i] : st->model_state.ring[i]);
         }
     }
     return std::unique_ptr<session>(new session(impl_.get(), std::move(st)));
@@ -357,7 +320,7 @@ uint32_t session::n_vocab() const { return eng_->target.hparams.n_vocab; }
 
 void session::reset() {
     std::lock_guard<std::mutex> lock(eng_->compute_mutex);
-    st_->model_state.store.clear();
+    st_->model_state.clear();
     st_->draft_state.store.clear();
     tokens_.clear();
     pending_ = -1;
@@ -415,6 +378,12 @@ std::vector<float> session::run_target(const int32_t * tokens, uint32_t T, bool 
         }
     }
 
+    if (st_->split) {
+        if (cands != nullptr) {
+            throw error("internal: sampling candidates requested on a layer split");
+        }
+        return e.split->forward(*st_->split, tokens, n_past, T, n_kv, all_logits, argmax_last, verify, argmax_rows);
+    }
     const bool want_argmax = argmax_last != nullptr || argmax_rows != nullptr;
     graph_cache & cache = st_->target_graph;
     const std::array<uint32_t, 8> key{T,      n_kv,   n_out,  uint32_t(want_argmax), uint32_t(verify),
@@ -725,7 +694,17 @@ void copy_regions(engine::impl & e, const std::vector<std::pair<ggml_tensor *, s
         if (n == 0) {
             continue;
         }
-        if (data.is_host()) {
+        if (e.split) {  // the state spans devices: synchronous copies, each on its tensor's own device
+            if (data.is_host() && to_snapshot) {
+                ggml_backend_tensor_get(state, region->data, 0, n);
+            } else if (data.is_host()) {
+                ggml_backend_tensor_set(state, region->data, 0, n);
+            } else if (to_snapshot) {
+                ggml_backend_tensor_copy(views[i], region);
+            } else {
+                ggml_backend_tensor_copy(region, views[i]);
+            }
+        } else if (data.is_host()) {
             if (to_snapshot) {
                 ggml_backend_tensor_get_async(e.backend, state, region->data, 0, n);
             } else {
@@ -805,7 +784,7 @@ void session::restore(const session_snapshot & snap) {
         }
     }
     std::lock_guard<std::mutex> lock(e.compute_mutex);
-    st_->model_state.store.clear();
+    st_->model_state.clear();
     st_->draft_state.store.clear();
     copy_regions(e, layout, *snap.data, /*to_snapshot=*/false);
     tokens_ = snap.tokens;
@@ -829,6 +808,10 @@ session_snapshot engine::load_snapshot(const std::string & path, snapshot_locati
 
 void session::commit(uint32_t n_verified, uint32_t last_kept) {
     engine::impl & e = *eng_;
+    if (st_->split) {
+        e.split->commit(*st_->split, n_verified, last_kept);
+        return;
+    }
     ctx_guard g_ctx(e.graph_meta);
     ggml_cgraph * gf = build_qwen35_commit_graph(g_ctx.ctx, e.target.hparams, st_->model_state, n_verified, last_kept);
     if (ggml_graph_n_nodes(gf) == 0) {
@@ -852,6 +835,10 @@ void session::commit_tree(uint32_t n_verified, const std::vector<int32_t> & path
 
 void session::backup_state(bool backup) {
     engine::impl & e = *eng_;
+    if (st_->split) {
+        e.split->backup(*st_->split, backup);
+        return;
+    }
     ctx_guard g_ctx(e.graph_meta);
     ggml_cgraph * gf = build_qwen35_backup_graph(g_ctx.ctx, e.target.hparams, st_->model_state, backup);
     if (ggml_graph_n_nodes(gf) == 0) {
@@ -967,8 +954,8 @@ generate_result session::generate(const std::vector<int32_t> & prompt, const gen
     history.insert(history.end(), pending.begin(), pending.end());
     // Sampling reads the device's candidates of the new row (the full row only when they cannot
     // decide), so each forward and its pick run under the engine lock; emission runs outside it.
-    row_candidates cands;
-    cands.n_cand = static_cast<uint32_t>(smp.wanted_candidates());
+    row_candidates cands;  // (a layer split returns whole rows: no candidates there)
+    cands.n_cand = eng_->split ? 0 : static_cast<uint32_t>(smp.wanted_candidates());
     std::vector<float> row_buf;
     int32_t next = -1;
     auto forward_and_pick = [&](const int32_t * toks, uint32_t n, const progress_callback & progress) {
@@ -1040,8 +1027,8 @@ generate_result session::generate_speculative(const std::vector<int32_t> & pendi
     const bool greedy = sp.is_greedy() && !sp.has_penalties();
     sampler smp(sp);
     // sampled steps read the device's candidates of each row (the full row only when they cannot decide)
-    row_candidates cands;
-    cands.n_cand = static_cast<uint32_t>(smp.wanted_candidates());
+    row_candidates cands;  // (a layer split returns whole rows: no candidates there)
+    cands.n_cand = eng_->split ? 0 : static_cast<uint32_t>(smp.wanted_candidates());
     std::vector<float> row_buf;
     const auto t0 = clock::now();
     int32_t last = -1;  // emitted, not yet evaluated

@@ -143,6 +143,10 @@ class EngineConfig:
     rollback: str
     tree_budget: int
     tree_top_k: int
+    devices: list[str]
+    split: str
+    layer_proportions: list[float]
+    draft_device: str
     def __init__(self) -> None: ...
     def validate(self) -> None: ...
 

@@ -195,7 +195,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     engine = lucebox.Engine(args.model, args.draft, ctx=args.ctx, kv_type_k=args.kv_type_k,
                             kv_type_v=args.kv_type_v, device=args.device, ubatch=args.ubatch, threads=args.threads,
                             spec=args.spec, tree_budget=args.tree_budget, tree_top_k=args.tree_top_k,
-                            progress=_Progress("loading", "bytes", show))
+                            progress=_Progress("loading", "bytes", show), **placement_kwargs(args))
     prompt: Any = args.prompt
     if args.prompt == "-":
         prompt = sys.stdin.read()
@@ -228,6 +228,33 @@ def _cmd_generate(args: argparse.Namespace) -> int:
                   f"{sp['fast_rollbacks']}, replays {sp['replays']}; draft {sp['draft_seconds']:.3f} s, verify "
                   f"{sp['verify_seconds']:.3f} s, commit {sp['commit_seconds']:.3f} s", file=sys.stderr)
     return 0
+
+
+def _add_placement_flags(p: argparse.ArgumentParser) -> None:
+    """--devices / --split / --layer-proportions / --draft-device (EngineConfig's placement fields)."""
+    p.add_argument("--devices", default=None, metavar="LIST",
+                   help="devices of a split placement, comma-separated, e.g. cuda:0,cuda:1 (replaces --device)")
+    p.add_argument("--split", default="none", choices=["none", "layer", "tensor"],
+                   help="placement over --devices: none (one device), layer (contiguous layer ranges per device), "
+                        "tensor (tensor parallel; not implemented yet)")
+    p.add_argument("--layer-proportions", default=None, metavar="LIST",
+                   help="relative layers per device for --split layer, e.g. 1,1 or 3,2 (default: even)")
+    p.add_argument("--draft-device", default="", help="device of the DFlash draft (default: the last device)")
+
+
+def placement_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """The placement flags as keyword arguments of lucebox.Engine / ServerConfig."""
+    listed = getattr(args, "devices", None)
+    devices = tuple(d.strip() for d in listed.split(",")) if listed else ()
+    weights = getattr(args, "layer_proportions", None)
+    proportions: tuple[float, ...] = ()
+    if weights:
+        try:
+            proportions = tuple(float(x) for x in weights.split(","))
+        except ValueError:
+            raise ConfigError(f"--layer-proportions {weights!r}: expected numbers separated by commas, e.g. 1,1") from None
+    return {"devices": devices, "split": getattr(args, "split", "none"), "layer_proportions": proportions,
+            "draft_device": getattr(args, "draft_device", "")}
 
 
 def _positive_int(text: str) -> int:
@@ -302,6 +329,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     p.add_argument("--ubatch", type=_positive_int, default=512)
     p.add_argument("--threads", type=int, default=0)
+    _add_placement_flags(p)
     p.add_argument("--stats", action="store_true", help="print timing and token counts to stderr")
     p.add_argument("--progress", action="store_true", help="show load/prefill progress even when not a terminal")
     p.set_defaults(func=_cmd_generate)
@@ -325,6 +353,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "chain (every step), off")
     p.add_argument("--threads", type=int, default=0, help="CPU threads (0: all)")
     p.add_argument("--ubatch", type=_positive_int, default=512, help="prefill micro-batch")
+    _add_placement_flags(p)
     p.add_argument("--slots", type=_positive_int, default=1, help="requests generating at once (default 1)")
     p.add_argument("--queue", type=int, default=16,
                    help="requests that may wait for a slot; more get HTTP 429 (default 16)")

@@ -16,6 +16,10 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 
 KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
 SPEC_MODES = ("auto", "off", "chain", "tree")
+# Placement of the target over devices (docs/multi-gpu.md): one device, contiguous layer ranges
+# per device, or tensor parallel (GPU devices only).
+SPLIT_MODES = ("none", "layer", "tensor")
+MAX_DEVICES = 16
 ROLLBACK_MODES = ("fast", "replay")
 # Where a session snapshot keeps its tensor data (see `Session.snapshot`).
 SNAPSHOT_LOCATIONS = ("host", "device")
@@ -43,6 +47,12 @@ class EngineConfig:
     "replay" (one backup, re-run the kept tokens; less memory, more compute). tree_budget: tree
     nodes besides the root (1..256; each costs one recurrent checkpoint, see the memory plan);
     tree_top_k: draft candidates per position (1..64).
+
+    Placement over several devices of one host: devices lists them ("cuda:0", "cuda:1", ...; also
+    "cpu:N", a distinct CPU backend instance, for tests), split is "none" (one device), "layer"
+    (contiguous layer ranges, one per device, sized by layer_proportions: one positive weight per
+    device, default even) or "tensor" (tensor parallel; GPUs only). draft_device: where the DFlash
+    draft runs (default: the last device). Device presence is checked when the engine is built.
     """
 
     ctx: int = 4096
@@ -56,6 +66,10 @@ class EngineConfig:
     tree_budget: int = 22
     tree_top_k: int = 8
     capture_layers: tuple[int, ...] = field(default_factory=tuple)
+    devices: tuple[str, ...] = field(default_factory=tuple)
+    split: str = "none"
+    layer_proportions: tuple[float, ...] = field(default_factory=tuple)
+    draft_device: str = ""
 
     def __post_init__(self) -> None:
         _check_int("ctx", self.ctx, 1, 1 << 24)
@@ -75,6 +89,59 @@ class EngineConfig:
         _check_int("tree_top_k", self.tree_top_k, 1, 64)
         if self.spec == "tree" and self.rollback != "fast":
             raise ConfigError("spec='tree' needs rollback='fast' (a tree commits from its verify checkpoints)")
+        self._check_placement()
+
+    def _check_placement(self) -> None:
+        """The placement rules of engine_config::validate (cpp/src/placement.cpp), checked here first
+        so a bad placement fails before any file is opened."""
+        if self.split not in SPLIT_MODES:
+            raise ConfigError(f"split={self.split!r} must be one of {', '.join(SPLIT_MODES)}")
+        devices = self.devices
+        if isinstance(devices, str) or not isinstance(devices, (tuple, list)):
+            raise ConfigError(f"devices={devices!r} must be a sequence of device names")
+        if len(devices) > MAX_DEVICES:
+            raise ConfigError(f"{len(devices)} devices given; at most {MAX_DEVICES} are supported")
+        if devices and self.device.lower() != "auto":
+            raise ConfigError(f"give either device ({self.device!r}) or devices, not both")
+        seen: dict[str, str] = {}
+        for d in devices:
+            if not isinstance(d, str) or not d:
+                raise ConfigError(f"devices entries must be non-empty strings, got {d!r}")
+            if d.lower() == "auto":
+                raise ConfigError("devices must name each device ('auto' is not allowed in a list)")
+            key = canonical_device(d)
+            if key in seen:
+                raise ConfigError(f"device {d!r} appears twice in devices ({', '.join(devices)})")
+            seen[key] = d
+        if not isinstance(self.draft_device, str):
+            raise ConfigError(f"draft_device={self.draft_device!r} must be a string")
+        props = self.layer_proportions
+        if isinstance(props, str) or not isinstance(props, (tuple, list)):
+            raise ConfigError(f"layer_proportions={props!r} must be a sequence of numbers")
+        if self.split == "none":
+            if len(devices) > 1:
+                raise ConfigError(f"{len(devices)} devices need split='layer' or split='tensor'")
+            if props:
+                raise ConfigError("layer_proportions need split='layer'")
+            target = devices[0] if devices else self.device
+            if self.draft_device and canonical_device(self.draft_device) != canonical_device(target):
+                raise ConfigError(f"draft_device={self.draft_device!r} differs from the target's device {target!r}; "
+                                  "a draft on its own device needs split='layer'")
+            return
+        if len(devices) < 2:
+            raise ConfigError(f"split={self.split!r} needs at least 2 devices, got {len(devices)}")
+        if props:
+            if self.split != "layer":
+                raise ConfigError("layer_proportions apply to split='layer' only")
+            if len(props) != len(devices):
+                raise ConfigError(f"layer_proportions has {len(props)} entries, expected one per device ({len(devices)})")
+            for p in props:
+                _check_float("layer_proportions entry", p, 0.0, math.inf, lo_open=True)
+        if self.draft_device.lower() == "auto":
+            raise ConfigError("draft_device must name a device ('auto' is not allowed)")
+        if self.split == "tensor":
+            raise ConfigError("split='tensor' (tensor parallel over the ggml meta backend) is not implemented yet; "
+                              "use split='layer' (docs/multi-gpu.md)")
 
     def to_core(self, model_path: str) -> "_core.EngineConfig":
         from lucebox import _core
@@ -91,6 +158,10 @@ class EngineConfig:
         c.rollback = self.rollback
         c.tree_budget = self.tree_budget
         c.tree_top_k = self.tree_top_k
+        c.devices = list(self.devices)
+        c.split = self.split
+        c.layer_proportions = [float(p) for p in self.layer_proportions]
+        c.draft_device = self.draft_device
         return c
 
 
@@ -130,6 +201,25 @@ class SamplingConfig:
                      "repetition_penalty", "penalty_last_n", "seed"):
             setattr(p, name, getattr(self, name))
         return p
+
+
+def canonical_device(spec: str) -> str:
+    """One spelling per device, so duplicates are found (cpp/src/placement.cpp canonical_device):
+    lower case; cpu -> cpu:0; cuda, gpu, gpu:N -> cuda:N; CUDAn -> cuda:n."""
+    s = spec.lower()
+    if s == "cpu":
+        return "cpu:0"
+    if s in ("cuda", "gpu"):
+        return "cuda:0"
+    for prefix, out in (("cuda:", "cuda:"), ("gpu:", "cuda:"), ("cpu:", "cpu:")):
+        if s.startswith(prefix):
+            n = s[len(prefix):]
+            if not n.isdigit():
+                raise ConfigError(f"device {spec!r}: expected {prefix}N")
+            return f"{out}{int(n)}"
+    if s.startswith("cuda") and s[4:].isdigit():
+        return f"cuda:{int(s[4:])}"
+    return s
 
 
 def _check_int(name: str, value: object, lo: int, hi: int) -> None:

@@ -76,7 +76,7 @@ class GenerationChunk:
 
 
 class Engine:
-    """A qwen35 target loaded on one device.
+    """A qwen35 target loaded on one device, or over several (devices=[...], split="layer").
 
     >>> engine = lucebox.Engine("model.gguf", ctx=8192)
     >>> engine.generate("Hello", max_tokens=32).text
@@ -85,14 +85,19 @@ class Engine:
     def __init__(self, model: str | os.PathLike[str], draft: str | os.PathLike[str] | None = None, *,
                  ctx: int = 4096, kv_type: str | None = None, kv_type_k: str = "f16", kv_type_v: str = "f16",
                  device: str = "auto", spec: str = "auto", rollback: str = "fast", ubatch: int = 512, threads: int = 0,
-                 capture_layers: Sequence[int] = (), progress: Callable[[int, int], None] | None = None,
+                 capture_layers: Sequence[int] = (), devices: Sequence[str] = (), split: str = "none",
+                 layer_proportions: Sequence[float] = (), draft_device: str = "",
+                 progress: Callable[[int, int], None] | None = None,
                  tree_budget: int = 22, tree_top_k: int = 8) -> None:
         if kv_type is not None:
             kv_type_k = kv_type_v = kv_type
+        if isinstance(devices, str):
+            raise ConfigError(f"devices={devices!r} must be a sequence of device names, e.g. ['cuda:0', 'cuda:1']")
         self.config = EngineConfig(ctx=ctx, kv_type_k=kv_type_k, kv_type_v=kv_type_v, device=device,
                                    ubatch=ubatch, threads=threads, spec=spec, rollback=rollback,
                                    tree_budget=tree_budget, tree_top_k=tree_top_k,
-                                   capture_layers=tuple(capture_layers))
+                                   capture_layers=tuple(capture_layers), devices=tuple(devices), split=split,
+                                   layer_proportions=tuple(layer_proportions), draft_device=draft_device)
         self.model_path = os.fspath(model)
         target = _core.TargetFile.open(self.model_path)
         self.draft_path = os.fspath(draft) if draft is not None else None
@@ -107,6 +112,10 @@ class Engine:
         if self.draft_path is not None and spec != "off":  # spec="off": validated above, not loaded
             core_cfg.draft_path = self.draft_path
             core_cfg.spec = spec  # "chain"/"tree": every step speculates; "auto": while that is faster
+        elif draft_device:
+            if self.draft_path is None:
+                raise ConfigError(f"draft_device={draft_device!r} is set but there is no draft model")
+            core_cfg.draft_device = ""  # the draft is not loaded (spec="off")
         self._core = _core.Engine(core_cfg, progress)
         self._default_session: Session | None = None
 

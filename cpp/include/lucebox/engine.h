@@ -44,6 +44,16 @@ struct engine_config {
     //   fast   - the verify keeps every token's state (B checkpoints per layer); commit copies one
     //   replay - back up the state (one slot), verify normally, restore and re-run the kept tokens
     std::string rollback = "fast";
+    // Placement over several devices of one host (cpp/src/placement.h; docs/multi-gpu.md):
+    //   none   - the target on `device` (or on the one entry of `devices`)
+    //   layer  - contiguous layer ranges, one per entry of `devices` (>= 2, no duplicates, <= 16),
+    //            sized by layer_proportions (one positive weight per device; empty: even)
+    //   tensor - tensor parallel over the ggml meta backend (GPU devices only)
+    // Device specs are those of `device`, plus cpu:N (a distinct CPU backend instance).
+    std::vector<std::string> devices;
+    std::string split = "none";
+    std::vector<float> layer_proportions;
+    std::string draft_device;  // the draft's device (empty: the last device of the placement)
 
     void validate() const;  // throws config_error
 };
@@ -141,7 +151,7 @@ class engine {
     const engine_config & config() const;
     const qwen35_hparams & hparams() const;
     memory_plan plan() const;
-    std::string device_name() const;         // e.g. "CUDA0", "CPU"
+    std::string device_name() const;         // e.g. "CUDA0", "CPU"; a layer split: "CUDA0+CUDA1"
     std::string device_description() const;  // e.g. "NVIDIA H200"
 
     std::unique_ptr<session> new_session();

@@ -282,13 +282,26 @@ std::vector<tensor_spec> qwen35_tensor_specs(const qwen35_hparams & hp) {
 // Runtime: weights, state, graph
 // ---------------------------------------------------------------------------------------------
 
-qwen35_weights bind_qwen35_weights(const qwen35_hparams & hp, const tensor_store & st) {
+qwen35_weights bind_qwen35_weights(const qwen35_hparams & hp, const tensor_store & store) {
+    return bind_qwen35_weights(hp, [&](const std::string & name) { return store.get(name); },
+                               [](uint32_t) { return true; });
+}
+
+qwen35_weights bind_qwen35_weights(const qwen35_hparams & hp, const std::function<ggml_tensor *(const std::string &)> & get,
+                                   const std::function<bool(uint32_t)> & want_layer) {
+    struct getter {
+        const std::function<ggml_tensor *(const std::string &)> & f;
+        ggml_tensor * get(const std::string & name) const { return f(name); }
+    } st{get};
     qwen35_weights w;
     w.token_embd = st.get("token_embd.weight");
     w.output_norm = st.get("output_norm.weight");
     w.output = hp.has_output ? st.get("output.weight") : w.token_embd;
     w.layers.resize(hp.n_layer);
     for (uint32_t il = 0; il < hp.n_layer; ++il) {
+        if (!want_layer(il)) {
+            continue;
+        }
         const std::string p = "blk." + std::to_string(il) + ".";
         qwen35_layer_weights & l = w.layers[il];
         l.attn_norm = st.get(p + "attn_norm.weight");
@@ -320,7 +333,9 @@ qwen35_weights bind_qwen35_weights(const qwen35_hparams & hp, const tensor_store
 
 qwen35_state qwen35_state::allocate(const qwen35_hparams & hp, uint32_t kv_size, ggml_type type_k, ggml_type type_v,
                                     const std::vector<int32_t> & capture_layers, uint32_t ring_size,
-                                    uint32_t n_checkpoints, ggml_backend_buffer_type_t buft, ggml_backend_dev_t dev) {
+                                    uint32_t n_checkpoints, ggml_backend_buffer_type_t buft, ggml_backend_dev_t dev,
+                                    const std::vector<bool> * layers) {
+    auto has_layer = [&](uint32_t il) { return layers == nullptr || (*layers)[il]; };
     qwen35_state s;
     s.n_checkpoints = n_checkpoints;
     s.ssm_ckpt.assign(hp.n_layer, nullptr);
@@ -336,6 +351,9 @@ qwen35_state qwen35_state::allocate(const qwen35_hparams & hp, uint32_t kv_size,
     const size_t n_tensors = 4 * size_t(hp.n_layer) + capture_layers.size();
     s.store = tensor_store::allocate(buft, dev, n_tensors, [&](ggml_context * ctx) {
         for (uint32_t il = 0; il < hp.n_layer; ++il) {
+            if (!has_layer(il)) {
+                continue;
+            }
             if (hp.is_recurrent[il]) {
                 s.conv[il] = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, hp.ssm_d_conv - 1, hp.conv_dim());
                 ggml_format_name(s.conv[il], "cache_conv-%u", il);
@@ -358,12 +376,22 @@ qwen35_state qwen35_state::allocate(const qwen35_hparams & hp, uint32_t kv_size,
             }
         }
         for (size_t i = 0; i < capture_layers.size(); ++i) {
+            if (!has_layer(std::min<uint32_t>(static_cast<uint32_t>(capture_layers[i]), hp.n_layer - 1))) {
+                continue;
+            }
             s.ring[i] = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, hp.n_embd, ring_size);
             ggml_format_name(s.ring[i], "feature_ring-%d", capture_layers[i]);
         }
     }, "the sequence state (KV cache, recurrent state, feature ring)");
     s.store.clear();
     return s;
+}
+
+void qwen35_state::clear() {
+    store.clear();
+    for (tensor_store & more : more_stores) {
+        more.clear();
+    }
 }
 
 namespace {
@@ -498,8 +526,23 @@ ggml_tensor * build_gated_attention(ggml_context * ctx, ggml_cgraph * gf, const 
 
 qwen35_graph build_qwen35_graph(ggml_context * ctx, const qwen35_hparams & hp, const qwen35_weights & w,
                                 const qwen35_state & st, uint32_t n_tokens, uint32_t n_kv, uint32_t n_out,
-                                bool want_argmax, bool verify, bool tree) {
+                                bool want_argmax, bool verify, bool tree, qwen35_layer_range range) {
     verify = verify || tree;
+    const uint32_t l0 = range.end == 0 ? 0 : range.begin;
+    const uint32_t l1 = range.end == 0 ? hp.n_layer : range.end;
+    if (l0 >= l1 || l1 > hp.n_layer) {
+        throw error("internal: layer range [" + std::to_string(l0) + ", " + std::to_string(l1) + ") of " +
+                    std::to_string(hp.n_layer) + " layers");
+    }
+    const bool first = l0 == 0, last = l1 == hp.n_layer;
+    bool range_has_attention = false;
+    for (uint32_t il = l0; il < l1; ++il) {
+        range_has_attention = range_has_attention || !hp.is_recurrent[il];
+    }
+    auto captured_here = [&](int32_t layer) {
+        return (layer >= int32_t(l0) && layer < int32_t(l1)) || (last && layer == int32_t(hp.n_layer));
+    };
+    const bool range_captures = std::any_of(st.capture_layers.begin(), st.capture_layers.end(), captured_here);
     if (verify && n_tokens > st.n_checkpoints) {
         throw error("internal: verify of " + std::to_string(n_tokens) + " tokens exceeds the " +
                     std::to_string(st.n_checkpoints) + " checkpoint slots");
@@ -509,23 +552,27 @@ qwen35_graph build_qwen35_graph(ggml_context * ctx, const qwen35_hparams & hp, c
     const int64_t T = n_tokens;
 
     qwen35_inputs & in = g.in;
-    in.tokens = named(ggml_new_tensor_1d(ctx, GGML_TYPE_I32, T), "inp_tokens");
-    if (n_out != n_tokens) {
+    if (first) {
+        in.tokens = named(ggml_new_tensor_1d(ctx, GGML_TYPE_I32, T), "inp_tokens");
+    } else {
+        in.hidden = named(ggml_new_tensor_2d(ctx, GGML_TYPE_F32, hp.n_embd, T), "inp_hidden");
+    }
+    if (n_out != n_tokens && last) {
         in.out_rows = named(ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n_out), "inp_out_rows");
     }
-    if (hp.n_attention_layers() > 0) {  // inputs only attention uses (an unused input has no buffer)
+    if (range_has_attention) {  // inputs only attention uses (an unused input has no buffer)
         in.pos = named(ggml_new_tensor_1d(ctx, GGML_TYPE_I32, 4 * T), "inp_pos");
         in.kv_rows = named(ggml_new_tensor_1d(ctx, GGML_TYPE_I64, T), "inp_kv_rows");
         in.kq_mask = named(ggml_new_tensor_2d(ctx, GGML_TYPE_F16, n_kv, T), "inp_kq_mask");
     }
-    if (!st.capture_layers.empty()) {
+    if (range_captures) {
         in.ring_rows = named(ggml_new_tensor_1d(ctx, GGML_TYPE_I64, T), "inp_ring_rows");
     }
     if (tree && hp.n_recurrent_layers() > 0) {
         in.parents = named(ggml_new_tensor_1d(ctx, GGML_TYPE_I32, T), "inp_tree_parents");
         in.conv_rows = named(ggml_new_tensor_1d(ctx, GGML_TYPE_I32, int64_t(hp.ssm_d_conv) * T), "inp_tree_conv_rows");
     }
-    for (ggml_tensor * t : {in.tokens, in.pos, in.kv_rows, in.out_rows, in.kq_mask, in.ring_rows, in.parents,
+    for (ggml_tensor * t : {in.tokens, in.hidden, in.pos, in.kv_rows, in.out_rows, in.kq_mask, in.ring_rows, in.parents,
                             in.conv_rows}) {
         if (t != nullptr) {
             ggml_set_input(t);
@@ -540,8 +587,8 @@ qwen35_graph build_qwen35_graph(ggml_context * ctx, const qwen35_hparams & hp, c
         }
     };
 
-    ggml_tensor * cur = named(ggml_get_rows(ctx, w.token_embd, in.tokens), "embd");  // [E, T]
-    for (uint32_t il = 0; il < hp.n_layer; ++il) {
+    ggml_tensor * cur = first ? named(ggml_get_rows(ctx, w.token_embd, in.tokens), "embd") : in.hidden;  // [E, T]
+    for (uint32_t il = l0; il < l1; ++il) {
         const qwen35_layer_weights & l = w.layers[il];
         capture(cur, int32_t(il));
         ggml_tensor * x = named(graph::rms_norm(ctx, cur, l.attn_norm, hp.rms_eps), "attn_norm", il);
@@ -553,6 +600,12 @@ qwen35_graph build_qwen35_graph(ggml_context * ctx, const qwen35_hparams & hp, c
         cur = named(ggml_add(ctx, mix, cur), "attn_residual", il);
         ggml_tensor * h = named(graph::rms_norm(ctx, cur, l.post_attention_norm, hp.rms_eps), "ffn_norm", il);
         cur = named(ggml_add(ctx, graph::swiglu_ffn(ctx, h, l.ffn_gate, l.ffn_up, l.ffn_down, il), cur), "l_out", il);
+    }
+    if (!last) {
+        g.hidden = named(cur, "range_out");  // handed to the next range's in.hidden
+        ggml_set_output(g.hidden);
+        ggml_build_forward_expand(g.gf, g.hidden);
+        return g;
     }
     capture(cur, int32_t(hp.n_layer));
 
@@ -579,7 +632,7 @@ ggml_cgraph * build_qwen35_commit_graph(ggml_context * ctx, const qwen35_hparams
     ggml_cgraph * gf = ggml_new_graph_custom(ctx, 4 * size_t(hp.n_layer) + 16, false);
     const int64_t D = int64_t(hp.ssm_d_state) * hp.ssm_d_state * hp.ssm_n_v_heads;
     for (uint32_t il = 0; il < hp.n_layer; ++il) {
-        if (!hp.is_recurrent[il]) {
+        if (!hp.is_recurrent[il] || st.ssm[il] == nullptr) {
             continue;
         }
         ggml_tensor * ck = st.ssm_ckpt[il];
@@ -679,7 +732,7 @@ ggml_cgraph * build_qwen35_backup_graph(ggml_context * ctx, const qwen35_hparams
     ggml_cgraph * gf = ggml_new_graph_custom(ctx, 4 * size_t(hp.n_layer) + 16, false);
     const int64_t D = int64_t(hp.ssm_d_state) * hp.ssm_d_state * hp.ssm_n_v_heads;
     for (uint32_t il = 0; il < hp.n_layer; ++il) {
-        if (!hp.is_recurrent[il]) {
+        if (!hp.is_recurrent[il] || st.ssm[il] == nullptr) {
             continue;
         }
         ggml_tensor * ssm_slot = ggml_view_1d(ctx, st.ssm_ckpt[il], D, 0);

@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "ggml-backend.h"
@@ -45,6 +47,10 @@ struct qwen35_weights {
 };
 
 qwen35_weights bind_qwen35_weights(const qwen35_hparams & hp, const tensor_store & store);
+// The same from tensors spread over several stores (a layer split): `get(name)` returns the tensor
+// or throws. Layers for which `want_layer(il)` is false are left null.
+qwen35_weights bind_qwen35_weights(const qwen35_hparams & hp, const std::function<ggml_tensor *(const std::string &)> & get,
+                                   const std::function<bool(uint32_t)> & want_layer);
 
 // State of one sequence: KV cache of the attention layers, conv + ssm state of the DeltaNet
 // layers, and the ring of captured hidden features. Per-layer vectors are indexed by layer
@@ -63,10 +69,17 @@ struct qwen35_state {
     std::vector<ggml_tensor *> conv_ckpt;  // [d_conv-1+n_checkpoints, conv_dim]: the verify batch's conv input
     uint32_t n_checkpoints = 0;
     tensor_store store;
+    // A layer split's state spans one store per device: the others (store holds the first).
+    std::vector<tensor_store> more_stores;
 
+    void clear();  // zero every store
+
+    // `layers` (optional, one flag per layer): allocate only these layers' state and the rings of
+    // the capture layers they compute (capture n_layer belongs to the last layer); the rest stay null.
     static qwen35_state allocate(const qwen35_hparams & hp, uint32_t kv_size, ggml_type type_k, ggml_type type_v,
                                  const std::vector<int32_t> & capture_layers, uint32_t ring_size,
-                                 uint32_t n_checkpoints, ggml_backend_buffer_type_t buft, ggml_backend_dev_t dev);
+                                 uint32_t n_checkpoints, ggml_backend_buffer_type_t buft, ggml_backend_dev_t dev,
+                                 const std::vector<bool> * layers = nullptr);
 };
 
 // Input tensors of one forward graph, filled by the caller before compute.
@@ -81,6 +94,16 @@ struct qwen35_inputs {
     ggml_tensor * parents = nullptr;   // [T] I32: parent node of each batch row, -1 for the root (row 0)
     ggml_tensor * conv_rows = nullptr; // [d_conv*T] I32: per node, its conv window (oldest first) as rows of
                                        // [carried conv state (d_conv-1 rows) | batch rows]; see qwen35_tree_conv_rows
+    ggml_tensor * hidden = nullptr;    // [E, T] F32: input hidden state of a layer range not starting at 0
+};
+
+// A contiguous range of layers [begin, end) computed by one graph (a layer split runs one per
+// device). end == 0 means all layers. The range starting at layer 0 embeds the tokens; a later one
+// reads the previous range's output from in.hidden. The range ending at n_layer produces the
+// logits; an earlier one returns its output hidden state in qwen35_graph::hidden.
+struct qwen35_layer_range {
+    uint32_t begin = 0;
+    uint32_t end = 0;
 };
 
 // The conv-window gather table of a tree verify: for node i (batch row i, parents[i] < i) the
@@ -94,6 +117,7 @@ struct qwen35_graph {
     qwen35_inputs in;
     ggml_tensor * logits = nullptr;  // [V, n_out] F32
     ggml_tensor * argmax = nullptr;  // [n_out] I32 (when requested)
+    ggml_tensor * hidden = nullptr;  // [E, T] F32: output of a range that does not end at n_layer
 };
 
 // Builds the forward graph of T tokens appended at positions [n_past, n_past+T) whose attention
@@ -109,8 +133,10 @@ struct qwen35_graph {
 // runs once over every node's final hidden row (n_out = T), so no logits are computed twice.
 qwen35_graph build_qwen35_graph(ggml_context * ctx, const qwen35_hparams & hp, const qwen35_weights & w,
                                 const qwen35_state & st, uint32_t n_tokens, uint32_t n_kv, uint32_t n_out,
-                                bool want_argmax, bool verify = false, bool tree = false);
+                                bool want_argmax, bool verify = false, bool tree = false,
+                                qwen35_layer_range range = {});
 
+// (The commit and backup graphs skip layers whose state is null: a layer split builds one per device.)
 // Copies every DeltaNet layer's conv and ssm state into checkpoint slot 0 (backup = true), or back
 // from it (backup = false): the restore-and-replay rollback, which needs one slot instead of B.
 ggml_cgraph * build_qwen35_backup_graph(ggml_context * ctx, const qwen35_hparams & hp, const qwen35_state & st,

@@ -1,0 +1,91 @@
+"""Several CUDA devices of one host: a layer split gives the same greedy tokens as one GPU (plain
+decoding and DFlash chain speculation with fast rollback, the draft on either device), and a
+snapshot of a split session restores token-identically. Tensor parallel (split="tensor") is not
+implemented yet: the config refuses it; when it lands, add it to SPLITS here. Skipped unless at
+least 2 CUDA devices are visible."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import lucebox
+from lucebox import _core, synth
+
+pytestmark = pytest.mark.gpu
+
+
+def _n_gpus() -> int:
+    return sum(d["type"] == "gpu" for d in _core.devices())
+
+
+if _n_gpus() < 2:
+    pytest.skip("needs at least 2 CUDA devices", allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    d = tmp_path_factory.mktemp("gpu-split")
+    t, dr = str(d / "t.gguf"), str(d / "d.gguf")
+    synth.write_target(t, "tiny", type="q8_0", seed=5, overrides={"n_layer": 8, "full_attention_interval": 4})
+    synth.write_draft(dr, "tiny", type="q8_0", seed=6)
+    return t, dr
+
+
+def prompts(n: int) -> list[list[int]]:
+    rng = np.random.default_rng(4321)
+    return [[int(x) for x in rng.integers(0, 1000, int(rng.integers(5, 90)))] for _ in range(n)]
+
+
+SPLITS = [
+    (["cuda:0", "cuda:1"], ()),
+    (["cuda:0", "cuda:1"], (3.0, 1.0)),
+]
+
+
+@pytest.mark.parametrize("devices,proportions", SPLITS)
+def test_layer_split_matches_one_gpu(files: tuple[str, str], devices: list[str], proportions: tuple[float, ...]) -> None:
+    target, _ = files
+    single = lucebox.Engine(target, ctx=512, device="cuda:0", ubatch=32)
+    split = lucebox.Engine(target, ctx=512, devices=devices, split="layer", layer_proportions=proportions, ubatch=32)
+    assert "CUDA0+CUDA1" in split.device
+    for p in prompts(6):
+        assert split.generate(p, max_tokens=32).tokens == single.generate(p, max_tokens=32).tokens
+    p = prompts(1)[0]
+    np.testing.assert_allclose(split.session().eval(p), single.session().eval(p), rtol=0, atol=1e-3)
+
+
+@pytest.mark.parametrize("draft_device", ["", "cuda:0"])
+def test_layer_split_chain_speculation(files: tuple[str, str], draft_device: str) -> None:
+    target, draft = files
+    plain = lucebox.Engine(target, ctx=512, devices=["cuda:0", "cuda:1"], split="layer")
+    spec = lucebox.Engine(target, draft, ctx=512, devices=["cuda:0", "cuda:1"], split="layer",
+                          draft_device=draft_device, spec="chain")
+    for p in prompts(6):
+        got = spec.generate(p, max_tokens=40)
+        ref = plain.generate(p, max_tokens=40)
+        # verify (16-token batches) and plain decoding use different CUDA matmul kernels: compare
+        # the common prefix strictly and allow a late tie-break divergence only
+        n = next((i for i, (a, b) in enumerate(zip(ref.tokens, got.tokens)) if a != b), len(ref.tokens))
+        assert n >= 8, (ref.tokens, got.tokens)
+        assert got.stats.spec["fast_rollbacks"] == got.stats.spec["steps"] > 0
+
+
+@pytest.mark.parametrize("where", ["host", "device"])
+def test_layer_split_snapshot(files: tuple[str, str], where: str) -> None:
+    target, _ = files
+    engine = lucebox.Engine(target, ctx=512, devices=["cuda:0", "cuda:1"], split="layer")
+    prefix = prompts(1)[0]
+    cold = engine.session().generate(prefix + [5, 6, 7], max_tokens=24).tokens
+    s = engine.session()
+    s.append(prefix)
+    snap = s.snapshot(where)
+    s.generate([1, 2], max_tokens=8)
+    warm = engine.session()
+    warm.restore(snap)
+    assert warm.generate([5, 6, 7], max_tokens=24).tokens == cold
+
+
+def test_tensor_split_is_refused_clearly(files: tuple[str, str]) -> None:
+    target, _ = files
+    with pytest.raises(lucebox.errors.ConfigError, match="not implemented yet"):
+        lucebox.Engine(target, devices=["cuda:0", "cuda:1"], split="tensor")

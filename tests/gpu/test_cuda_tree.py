@@ -35,6 +35,7 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
 def test_real_draft_tree_on_cuda(pair: tuple[str, str]) -> None:
     target, draft = pair
     plain = lucebox.Engine(target, ctx=512, device="cuda")
+    cpu = lucebox.Engine(target, ctx=512, device="cpu")
     tree = lucebox.Engine(target, draft, ctx=512, device="cuda", spec="tree")
     rng = np.random.default_rng(17)
     for _ in range(12):
@@ -42,7 +43,7 @@ def test_real_draft_tree_on_cuda(pair: tuple[str, str]) -> None:
         ref = plain.generate(p, max_tokens=40).tokens
         got = tree.generate(p, max_tokens=40)
         assert got.stats.spec["speculative"] and got.stats.spec["drafted"] == 22 * got.stats.spec["steps"]
-        _check_same_or_tie(plain, p, ref, got.tokens)
+        _check_same_or_tie(plain, cpu, p, ref, got.tokens)
 
 
 @pytest.mark.parametrize("kv", ["f16", "q8_0"])
@@ -50,14 +51,15 @@ def test_real_draft_tree_on_cuda(pair: tuple[str, str]) -> None:
 def test_forced_trees_on_cuda(pair: tuple[str, str], kv: str, accept: int) -> None:
     target, draft = pair
     plain = lucebox.Engine(target, ctx=512, device="cuda", kv_type=kv)
+    cpu = lucebox.Engine(target, ctx=512, device="cpu", kv_type=kv)
     engine = lucebox.Engine(target, draft, ctx=512, device="cuda", kv_type=kv, spec="tree", tree_budget=48)
     rng = np.random.default_rng(18)
     for _ in range(4):
         p = [int(x) for x in rng.integers(0, 1000, 40)]
         ref = plain.generate(p, max_tokens=48).tokens
         got = engine.session().generate(p, max_tokens=48, propose_tree=forced_tree(ref, len(p), accept))
-        _check_same_or_tie(plain, p, ref, got.tokens)
-        if got.tokens == ref:
+        _check_same_or_tie(plain, cpu, p, ref, got.tokens)
+        if got.tokens == ref and len(ref) == 48:  # (a stop token inside a path ends a step early)
             assert got.stats.spec["accept_histogram"][accept] >= max(1, got.stats.spec["steps"] - 1)
 
 
@@ -68,6 +70,7 @@ def test_demo_pair_tree_on_cuda() -> None:
 
     target, draft = (str(p) for p in default_model.default_model_paths())
     plain = lucebox.Engine(target, ctx=1024, device="cuda", spec="off")
+    cpu = lucebox.Engine(target, ctx=1024, device="cpu", spec="off")
     chain = lucebox.Engine(target, draft, ctx=1024, device="cuda", spec="chain")
     tree = lucebox.Engine(target, draft, ctx=1024, device="cuda", spec="tree", tree_budget=22, tree_top_k=8)
     acc = {"chain": [0, 0, 0.0, 0], "tree": [0, 0, 0.0, 0]}
@@ -77,7 +80,7 @@ def test_demo_pair_tree_on_cuda() -> None:
         ref = plain.generate(p, max_tokens=96).tokens
         for name, e in (("chain", chain), ("tree", tree)):
             got = e.generate(p, max_tokens=96)
-            _check_same_or_tie(plain, p, ref, got.tokens)
+            _check_same_or_tie(plain, cpu, p, ref, got.tokens)
             s = got.stats.spec
             acc[name][0] += s["accepted"] + s["steps"]
             acc[name][1] += s["steps"]

@@ -474,22 +474,7 @@ std::vector<float> session::run_target(const int32_t * tokens, uint32_t T, bool 
         }
     }
 
-    std::vector<float> logits;
-    if (all_logits) {
-        logits.resize(size_t(T) * V);
-        ggml_backend_tensor_get(g.logits, logits.data(), 0, sizeof(float) * logits.size());
-    } else if (argmax_last == nullptr && argmax_rows == nullptr && n_cand == 0) {
-        logits.resize(V);
-        ggml_backend_tensor_get(g.logits, logits.data(), 0, sizeof(float) * V);
-    }
-    if (argmax_rows != nullptr) {
-        argmax_rows->resize(T);
-        ggml_backend_tensor_get(g.argmax, argmax_rows->data(), 0, sizeof(int32_t) * T);
-    }
-    if (argmax_last != nullptr) {
-        ggml_backend_tensor_get(g.argmax, argmax_last, (n_out - 1) * sizeof(int32_t), sizeof(int32_t));
-    }
-    return logits;
+    return read_qwen35_outputs(g, T, all_logits, /*last_logits=*/n_cand == 0, argmax_last, argmax_rows);
 }
 
 const float * session::logits_row(uint32_t r, std::vector<float> & buf) {
@@ -1073,6 +1058,20 @@ generate_result session::generate_speculative(const std::vector<int32_t> & pendi
     const bool adaptive = e.cfg.spec == "auto" && e.draft && !params.propose;
     const bool tree = params.propose_tree || (e.cfg.spec == "tree" && e.draft && !params.propose);
     spec::adaptive_policy policy(e.step_costs);
+    // after a step's tokens are emitted: the next step's last token, or false when generation ends
+    auto next_step = [&](const spec::commit_plan & plan) {
+        if (plan.stopped) {
+            res.finish_reason = "stop";
+            last = -1;
+            return false;
+        }
+        last = plan.pending;
+        if (plan.cancelled) {
+            res.finish_reason = "cancelled";
+            return false;
+        }
+        return true;
+    };
     while (res.tokens.size() < params.max_tokens) {
         // one step at a time holds the engine, so other sessions interleave between steps
         std::lock_guard<std::mutex> lock(e.compute_mutex);
@@ -1082,15 +1081,7 @@ generate_result session::generate_speculative(const std::vector<int32_t> & pendi
             break;
         }
         if (tree) {
-            const spec::commit_plan plan = tree_step(last, room, params, stats, res, is_stop, on_token);
-            if (plan.stopped) {
-                res.finish_reason = "stop";
-                last = -1;
-                break;
-            }
-            last = plan.pending;
-            if (plan.cancelled) {
-                res.finish_reason = "cancelled";
+            if (!next_step(tree_step(last, room, params, stats, res, is_stop, on_token))) {
                 break;
             }
             continue;
@@ -1195,14 +1186,7 @@ generate_result session::generate_speculative(const std::vector<int32_t> & pendi
             policy.record_plain(since(t_step));
         }
         res.tokens.insert(res.tokens.end(), plan.emitted.begin(), plan.emitted.end());
-        if (plan.stopped) {
-            res.finish_reason = "stop";
-            last = -1;
-            break;
-        }
-        last = plan.pending;
-        if (plan.cancelled) {
-            res.finish_reason = "cancelled";
+        if (!next_step(plan)) {
             break;
         }
     }

@@ -617,23 +617,7 @@ std::vector<float> layer_split::forward(layer_split_session & ss, const int32_t 
         prev = &g;
     }
 
-    const qwen35_graph & g = *prev;
-    std::vector<float> logits;
-    if (all_logits) {
-        logits.resize(size_t(T) * V);
-        ggml_backend_tensor_get(g.logits, logits.data(), 0, sizeof(float) * logits.size());
-    } else if (argmax_last == nullptr && argmax_rows == nullptr) {
-        logits.resize(V);
-        ggml_backend_tensor_get(g.logits, logits.data(), 0, sizeof(float) * V);
-    }
-    if (argmax_rows != nullptr) {
-        argmax_rows->resize(T);
-        ggml_backend_tensor_get(g.argmax, argmax_rows->data(), 0, sizeof(int32_t) * T);
-    }
-    if (argmax_last != nullptr) {
-        ggml_backend_tensor_get(g.argmax, argmax_last, (n_out - 1) * sizeof(int32_t), sizeof(int32_t));
-    }
-    return logits;
+    return read_qwen35_outputs(*prev, T, all_logits, /*last_logits=*/true, argmax_last, argmax_rows);
 }
 
 void layer_split::commit(layer_split_session & ss, uint32_t n_verified, uint32_t last_kept) {

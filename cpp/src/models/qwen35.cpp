@@ -624,6 +624,28 @@ qwen35_graph build_qwen35_graph(ggml_context * ctx, const qwen35_hparams & hp, c
     return g;
 }
 
+std::vector<float> read_qwen35_outputs(const qwen35_graph & g, uint32_t T, bool all_logits, bool last_logits,
+                                       int32_t * argmax_last, std::vector<int32_t> * argmax_rows) {
+    const size_t V = size_t(g.logits->ne[0]);
+    const size_t n_out = size_t(g.logits->ne[1]);
+    std::vector<float> logits;
+    if (all_logits) {
+        logits.resize(size_t(T) * V);
+        ggml_backend_tensor_get(g.logits, logits.data(), 0, sizeof(float) * logits.size());
+    } else if (last_logits && argmax_last == nullptr && argmax_rows == nullptr) {
+        logits.resize(V);
+        ggml_backend_tensor_get(g.logits, logits.data(), (n_out - 1) * V * sizeof(float), sizeof(float) * V);
+    }
+    if (argmax_rows != nullptr) {
+        argmax_rows->resize(T);
+        ggml_backend_tensor_get(g.argmax, argmax_rows->data(), 0, sizeof(int32_t) * T);
+    }
+    if (argmax_last != nullptr) {
+        ggml_backend_tensor_get(g.argmax, argmax_last, (n_out - 1) * sizeof(int32_t), sizeof(int32_t));
+    }
+    return logits;
+}
+
 ggml_cgraph * build_qwen35_commit_graph(ggml_context * ctx, const qwen35_hparams & hp, const qwen35_state & st,
                                         uint32_t n_verified, uint32_t last_kept) {
     if (last_kept >= n_verified || n_verified > st.n_checkpoints) {

@@ -144,6 +144,13 @@ ggml_cgraph * build_qwen35_backup_graph(ggml_context * ctx, const qwen35_hparams
 
 // After a verify of n_verified tokens: sets every DeltaNet layer's conv and ssm state to the state
 // after verified token `last_kept` (0-based), i.e. commits tokens [0, last_kept] (fast rollback).
+// Reads what a computed target graph returns, from `g`'s output tensors (n_out rows of logits
+// and argmaxes, n_out = g.logits->ne[1]): all rows' logits ([T, V] row-major) when all_logits;
+// else the last row's logits when last_logits and no argmax is asked; argmax_rows (T ids) and
+// argmax_last (the last row's id) when given.
+std::vector<float> read_qwen35_outputs(const qwen35_graph & g, uint32_t T, bool all_logits, bool last_logits,
+                                       int32_t * argmax_last, std::vector<int32_t> * argmax_rows);
+
 ggml_cgraph * build_qwen35_commit_graph(ggml_context * ctx, const qwen35_hparams & hp, const qwen35_state & st,
                                         uint32_t n_verified, uint32_t last_kept);
 

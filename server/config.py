@@ -91,9 +91,6 @@ class ServerConfig:
             raise ConfigError(f"kv_type={self.kv_type!r} must be one of {', '.join(KV_TYPES)}")
         if self.spec not in SPEC_MODES:
             raise ConfigError(f"spec={self.spec!r} must be one of {', '.join(SPEC_MODES)}")
-        if self.spec == "tree":  # requests may sample; tree verification is greedy-only
-            raise ConfigError("spec='tree' is not supported by the server (tree verification is greedy-only); "
-                              "use auto, chain or off")
         if not 1 <= self.slots <= 256:
             raise ConfigError(f"slots={self.slots} must be in [1, 256]")
         if not 0 <= self.queue <= 100_000:

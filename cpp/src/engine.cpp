@@ -906,9 +906,8 @@ generate_result session::generate(const std::vector<int32_t> & prompt, const gen
         throw config_error("generate: pass propose or propose_tree, not both");
     }
     const bool tree = params.propose_tree || (eng_->cfg.spec == "tree" && eng_->draft && !params.propose);
-    if (tree && !(params.sampling.is_greedy() && !params.sampling.has_penalties())) {
-        throw config_error("generate: spec 'tree' verifies greedily only; use temperature 0 without penalties "
-                           "(or spec 'chain' for sampling)");
+    if (tree && eng_->split) {
+        throw config_error("generate: tree verification is not supported on a layer split");
     }
     if (tree && eng_->cfg.rollback != "fast") {
         throw config_error("generate: tree verification needs rollback 'fast'");
@@ -1081,7 +1080,7 @@ generate_result session::generate_speculative(const std::vector<int32_t> & pendi
             break;
         }
         if (tree) {
-            if (!next_step(tree_step(last, room, params, stats, res, is_stop, on_token))) {
+            if (!next_step(tree_step(last, room, params, stats, res, is_stop, on_token, smp, cands, row_buf))) {
                 break;
             }
             continue;
@@ -1201,10 +1200,12 @@ generate_result session::generate_speculative(const std::vector<int32_t> & pendi
 namespace lucebox {
 
 // One DDTree step: draft a tree (or take the forced one), verify it in one target forward, accept
-// the longest root path the target agrees with, commit it and emit its tokens plus the bonus token.
+// a root path (greedy: the longest the target agrees with; sampled: spec::accept_tree_sampled),
+// commit it and emit its tokens plus the bonus token.
 spec::commit_plan session::tree_step(int32_t last, uint32_t room, const generate_params & params,
                                      generate_stats & stats, generate_result & res,
-                                     const std::function<bool(int32_t)> & is_stop, const token_callback & on_token) {
+                                     const std::function<bool(int32_t)> & is_stop, const token_callback & on_token,
+                                     sampler & smp, row_candidates & cands, std::vector<float> & row_buf) {
     using clock = std::chrono::steady_clock;
     auto since = [](clock::time_point t) { return std::chrono::duration<double>(clock::now() - t).count(); };
     engine::impl & e = *eng_;
@@ -1260,17 +1261,49 @@ spec::commit_plan session::tree_step(int32_t last, uint32_t room, const generate
 
     tp = clock::now();
     const uint32_t n = t.size();
-    std::vector<int32_t> target;
-    run_target(t.tokens.data(), n, false, nullptr, /*verify=*/true, &target, &t);
-    const std::vector<int32_t> path = spec::accept_tree_greedy(t, target);
+    spec::tree_acceptance acc;
+    if (params.sampling.is_greedy() && !params.sampling.has_penalties()) {
+        std::vector<int32_t> target;
+        run_target(t.tokens.data(), n, false, nullptr, /*verify=*/true, &target, &t);
+        acc.path = spec::accept_tree_greedy(t, target);
+        acc.bonus = target[size_t(acc.path.back())];
+    } else if (cands.n_cand > 0) {
+        // every node's candidates; a node's full logits cross only if its candidates cannot decide.
+        // extra ids: the committed window (with the root) and every tree token, which covers the
+        // penalty window of each node's history (the committed tokens, the root and its path)
+        std::vector<int32_t> history(tokens_);
+        history.push_back(last);
+        cands.extra_ids = smp.penalty_ids(history, 0);
+        if (!cands.extra_ids.empty()) {
+            cands.extra_ids.insert(cands.extra_ids.end(), t.tokens.begin(), t.tokens.end());
+            std::sort(cands.extra_ids.begin(), cands.extra_ids.end());
+            cands.extra_ids.erase(std::unique(cands.extra_ids.begin(), cands.extra_ids.end()), cands.extra_ids.end());
+        }
+        cands.all_rows = true;
+        run_target(t.tokens.data(), n, false, nullptr, /*verify=*/true, nullptr, &t, &cands);
+        acc = spec::accept_tree_sampled(t, [&](size_t r) { return sampling_row(cands, uint32_t(r), row_buf); }, V,
+                                        smp, tokens_);
+    } else {
+        const std::vector<float> logits = run_target(t.tokens.data(), n, true, nullptr, /*verify=*/true, nullptr, &t);
+        acc = spec::accept_tree_sampled(
+            t,
+            [&](size_t r) {
+                logit_row row;
+                row.full = [&logits, r, V] { return logits.data() + r * size_t(V); };
+                return row;
+            },
+            V, smp, tokens_);
+    }
+    const std::vector<int32_t> & path = acc.path;
     if (params.phase_timings) {
         stats.verify_seconds += since(tp);
     }
-    // the accepted path as a chain: verified = its tokens, target = the target's choices along it
+    // the accepted path as a chain: verified = its tokens, chosen = the tokens emitted after each
+    // (the next path token, then the bonus)
     std::vector<int32_t> verified, chosen;
-    for (int32_t node : path) {
-        verified.push_back(t.tokens[size_t(node)]);
-        chosen.push_back(target[size_t(node)]);
+    for (size_t j = 0; j < path.size(); ++j) {
+        verified.push_back(t.tokens[size_t(path[j])]);
+        chosen.push_back(j + 1 < path.size() ? t.tokens[size_t(path[j + 1])] : acc.bonus);
     }
     const uint32_t a = static_cast<uint32_t>(path.size() - 1);
     const uint32_t budget = params.max_tokens - static_cast<uint32_t>(res.tokens.size());

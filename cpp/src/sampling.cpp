@@ -541,9 +541,21 @@ int32_t sampler::accept_or_resample(const float * logits, int32_t n_vocab, const
 int32_t sampler::accept_or_resample(const logit_row & row, int32_t n_vocab, const std::vector<int32_t> & history,
                                     int32_t proposed, bool & accepted) {
     if (n_vocab <= 0) throw error("accept_or_resample: empty vocabulary");
-    if (proposed < 0 || proposed >= n_vocab) {
-        throw error("accept_or_resample: proposed id " + std::to_string(proposed) + " is outside the vocabulary");
+    int index = -1;
+    const int32_t tok = accept_or_resample_among(row, n_vocab, history, {proposed}, index);
+    accepted = index == 0;
+    return tok;
+}
+
+int32_t sampler::accept_or_resample_among(const logit_row & row, int32_t n_vocab, const std::vector<int32_t> & history,
+                                          const std::vector<int32_t> & proposals, int & index) {
+    if (n_vocab <= 0) throw error("accept_or_resample: empty vocabulary");
+    for (int32_t d : proposals) {
+        if (d < 0 || d >= n_vocab) {
+            throw error("accept_or_resample: proposed id " + std::to_string(d) + " is outside the vocabulary");
+        }
     }
+    index = -1;
     auto guard = make_scope_exit([this] { clear_counts(); });
     count_history(n_vocab, history);
     double z = 0.0;
@@ -558,64 +570,90 @@ int32_t sampler::accept_or_resample(const logit_row & row, int32_t n_vocab, cons
         }
     }
     if (params_.is_greedy()) {
-        accepted = best == proposed;
-        return best;
-    }
-    return accept_prepared(logits, n_vocab, z, proposed, accepted);
-}
-
-int32_t sampler::accept_prepared(const float * logits, int32_t n_vocab, double z, int32_t proposed, bool & accepted) {
-    const better bt;
-    // the proposal's weight inside the kept set (0 if filtered out)
-    double w_d = 0.0;
-    if (sorted_path_) {
-        for (size_t i = 0; i < n_kept_; ++i) {
-            if (cands_[i].id == proposed) {
-                w_d = cands_[i].w;
+        for (size_t j = 0; j < proposals.size(); ++j) {
+            if (proposals[j] == best) {
+                index = static_cast<int>(j);
                 break;
             }
         }
-    } else {
-        const int b = bucket_idx_[proposed];
-        const float v = value(logits, proposed);
-        if (b != masked_bucket && (b < cut_bucket_ || (b == cut_bucket_ && !bt(cut_, cand{v, proposed, 0.0})))) {
-            w_d = weight_of(v);
+        return best;
+    }
+    return accept_prepared(logits, n_vocab, z, proposals, index);
+}
+
+double sampler::kept_weight(const float * logits, int32_t id) const {
+    if (sorted_path_) {
+        for (size_t i = 0; i < n_kept_; ++i) {
+            if (cands_[i].id == id) return cands_[i].w;
+        }
+        return 0.0;
+    }
+    const better bt;
+    const int b = bucket_idx_[id];
+    const float v = value(logits, id);
+    if (b != masked_bucket && (b < cut_bucket_ || (b == cut_bucket_ && !bt(cut_, cand{v, id, 0.0})))) {
+        return weight_of(v);
+    }
+    return 0.0;
+}
+
+int32_t sampler::accept_prepared(const float * logits, int32_t n_vocab, double z,
+                                 const std::vector<int32_t> & proposals, int & index) {
+    // rejected proposals (distinct ids) and their weights inside the kept set (0 if filtered out)
+    std::vector<std::pair<int32_t, double>> rejected;
+    rejected.reserve(proposals.size());
+    auto is_rejected = [&](int32_t id) {
+        for (const auto & r : rejected) {
+            if (r.first == id) return true;
+        }
+        return false;
+    };
+    double z_left = z;  // the kept mass without the rejected proposals
+    for (size_t j = 0; j < proposals.size(); ++j) {
+        const int32_t d = proposals[j];
+        const bool again = is_rejected(d);
+        const double w_d = again ? 0.0 : kept_weight(logits, d);
+        if (uniform() * z_left < w_d) {
+            index = static_cast<int>(j);
+            return d;
+        }
+        if (!again) {
+            rejected.emplace_back(d, w_d);
+            z_left -= w_d;
         }
     }
-    if (uniform() * z < w_d) {
-        accepted = true;
-        return proposed;
-    }
-    accepted = false;
-    // inverse CDF over the kept set without the proposal, same order and rule as sample()
-    const double target = uniform() * (z - w_d);
+    index = -1;
+    // inverse CDF over the kept set without the rejected proposals, same order and rule as sample()
+    const double target = uniform() * z_left;
     double cum = 0.0;
     int32_t last_ok = -1;
     if (sorted_path_) {
         for (size_t i = 0; i < n_kept_; ++i) {
-            if (cands_[i].id == proposed) continue;
+            if (is_rejected(cands_[i].id)) continue;
             cum += cands_[i].w;
             last_ok = cands_[i].id;
             if (cum > target) return cands_[i].id;
         }
     } else {
-        const int bd = w_d > 0.0 ? bucket_idx_[proposed] : -1;
         for (int b = 0; b < cut_bucket_; ++b) {
-            const double m = bucket_mass_[b] - (b == bd ? w_d : 0.0);
+            double m = bucket_mass_[b];
+            for (const auto & [id, w] : rejected) {
+                if (w > 0.0 && bucket_idx_[id] == b) m -= w;
+            }
             if (cum + m <= target) {
                 cum += m;
                 continue;
             }
             gather(logits, n_vocab, b, scratch_);
             for (const cand & c : scratch_) {
-                if (c.id == proposed) continue;
+                if (is_rejected(c.id)) continue;
                 cum += c.w;
                 if (c.w > 0.0) last_ok = c.id;
                 if (cum > target) return c.id;
             }
         }
         for (const cand & c : cut_bucket_items_) {
-            if (c.id != proposed) {
+            if (!is_rejected(c.id)) {
                 cum += c.w;
                 last_ok = c.id;
                 if (cum > target) return c.id;
@@ -624,6 +662,14 @@ int32_t sampler::accept_prepared(const float * logits, int32_t n_vocab, double z
         }
     }
     if (last_ok < 0) {
+        // rounding: the rejected proposals held all the kept mass, so the last one with mass (whose
+        // acceptance probability was 1 up to rounding) is taken
+        for (size_t j = proposals.size(); j-- > 0;) {
+            if (kept_weight(logits, proposals[j]) > 0.0) {
+                index = static_cast<int>(j);
+                return proposals[j];
+            }
+        }
         throw error("internal: empty residual distribution");
     }
     return last_ok;  // rounding at the very end of the mass

@@ -41,7 +41,7 @@ class EngineConfig:
     micro-batch. threads: CPU threads (0: all). spec: speculative decoding with a draft: "auto" (the
     default) speculates while that is measured to be faster than plain decoding and decodes
     plainly otherwise, "chain" speculates every step, "tree" verifies a best-first tree of the
-    draft's top-k continuations every step (DDTree; greedy decoding only, rollback "fast"), "off"
+    draft's top-k continuations every step (DDTree; greedy or sampled acceptance, rollback "fast"), "off"
     never; without a draft "auto" is off and "chain" / "tree" are errors. rollback: how a partly
     rejected verify restores the DeltaNet state: "fast" (per-token checkpoints, one copy) or
     "replay" (one backup, re-run the kept tokens; less memory, more compute). tree_budget: tree

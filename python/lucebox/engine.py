@@ -312,7 +312,7 @@ class Session:
         last, n)` (tests) replaces the draft's proposals with n forced token ids, verify width
         `block_size` (default 16); `propose_tree(context, last, max_nodes)` (tests) replaces the
         draft's tree: it returns (tokens, parents) of at most max_nodes non-root nodes, node i+1
-        with parent parents[i] in [0, i] (0 = the root), verified greedily as with spec="tree";
+        with parent parents[i] in [0, i] (0 = the root), verified as with spec="tree";
         phase_timings measures draft/verify/commit time."""
         ids, cfg, stops = self._prepare(prompt, max_tokens, stop, **sampling)
         res, text, kept = self._run(ids, max_tokens, cfg, stops, lambda _t, _i: None,

@@ -771,4 +771,132 @@ TEST_CASE(accept_or_resample_is_distribution_exact) {
     }
 }
 
+// Several proposals (a tree node's children) tried in order: the emitted token follows
+// distribution() exactly, proposal j is accepted with probability p(d_j) (0 for a repeated id or
+// one outside the kept set), for proposal sets with ids outside the kept set and repeats.
+TEST_CASE(accept_or_resample_among_is_distribution_exact) {
+    const int32_t V = 3000;
+    std::vector<float> logits(V);
+    uint64_t x = 777;
+    for (float & v : logits) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        v = static_cast<float>((x >> 40) % 1000) / 250.0f;
+    }
+    logits[7] = 7.0f;
+    logits[99] = 6.5f;
+    logits[1234] = 6.8f;
+    logits[55] = 6.6f;
+    const std::vector<int32_t> history{7, 7, 42};
+    struct variant { float t; int32_t k; float p; float m; float rep; };
+    // the full-vocabulary path (min_p, a penalty) and the top_k path (the whole kept set proposed)
+    const variant variants[] = {{1.2f, 0, 0.95f, 0.05f, 1.3f}, {1.0f, 4, 1.0f, 0.0f, 1.0f}, {1.0f, 50, 0.95f, 0.0f, 1.0f}};
+    logit_row row;
+    row.full = [&] { return logits.data(); };
+    for (const variant & vr : variants) {
+        sampling_params p;
+        p.temperature = vr.t;
+        p.top_k = vr.k;
+        p.top_p = vr.p;
+        p.min_p = vr.m;
+        p.repetition_penalty = vr.rep;
+        p.seed = 7;
+        sampler smp(p);
+        const auto dist = smp.distribution(logits.data(), V, history);
+        auto prob = [&](int32_t id) {
+            for (const auto & d : dist) {
+                if (d.first == id) return double(d.second);
+            }
+            return 0.0;
+        };
+        auto at = [&](size_t i) { return dist[std::min(i, dist.size() - 1)].first; };
+        const std::vector<std::vector<int32_t>> sets = {
+            {at(0), at(1)},                // the two best
+            {at(1), 2999, at(0), at(2)},   // one outside the kept set in the middle
+            {at(2), at(0), at(2), at(3)},  // a repeat
+            {at(0), at(1), at(2), at(3)},  // with top_k 4: the whole kept set
+            {},                            // none: a plain draw
+        };
+        for (const auto & props : sets) {
+            const int n = 100000;
+            std::vector<int> counts(V, 0), acc(props.size() + 1, 0);
+            for (int i = 0; i < n; ++i) {
+                int index = -2;
+                const int32_t t = smp.accept_or_resample_among(row, V, history, props, index);
+                counts[t]++;
+                CHECK(index >= -1 && index < int(props.size()));
+                if (index >= 0) CHECK(t == props[size_t(index)]);
+                if (index < 0) CHECK(std::find(props.begin(), props.end(), t) == props.end());
+                acc[size_t(index + 1)]++;
+            }
+            double worst = 0.0;
+            for (const auto & [id, pr] : dist) worst = std::max(worst, std::fabs(counts[id] / double(n) - pr));
+            int outside = 0;
+            for (int32_t id = 0; id < V; ++id) {
+                if (prob(id) == 0.0) outside += counts[id];
+            }
+            double worst_acc = 0.0, rest = 1.0;
+            for (size_t j = 0; j < props.size(); ++j) {
+                const bool repeat = std::find(props.begin(), props.begin() + j, props[j]) != props.begin() + j;
+                const double want = repeat ? 0.0 : prob(props[j]);
+                rest -= want;
+                worst_acc = std::max(worst_acc, std::fabs(acc[j + 1] / double(n) - want));
+            }
+            worst_acc = std::max(worst_acc, std::fabs(acc[0] / double(n) - std::max(rest, 0.0)));
+            if (worst >= 0.006 || outside != 0 || worst_acc >= 0.006) {
+                std::fprintf(stderr, "  T=%.1f k=%d %zu proposals: max |freq - p| %.4f, accept %.4f, %d outside\n",
+                             vr.t, vr.k, props.size(), worst, worst_acc, outside);
+            }
+            CHECK(worst < 0.006);
+            CHECK(worst_acc < 0.006);
+            CHECK(outside == 0);
+        }
+    }
+}
+
+// One proposal: accept_or_resample_among is accept_or_resample draw for draw (same tokens, same
+// acceptance, same RNG stream), on the full row, the candidate rows and greedy with penalties;
+// greedy takes the first proposal equal to the argmax.
+TEST_CASE(accept_or_resample_among_one_proposal_is_accept_or_resample) {
+    const int32_t V = 2000;
+    for (uint64_t trial = 0; trial < 60; ++trial) {
+        const std::vector<float> logits = random_logits(V, 50 + trial, trial % 2 ? 2.0f : 5.0f);
+        sampling_params p;
+        p.temperature = trial % 10 == 0 ? 0.0f : 0.7f;
+        p.top_k = std::vector<int32_t>{0, 20, 5}[trial % 3];
+        p.top_p = trial % 4 == 0 ? 0.9f : 1.0f;
+        if (trial % 2) {
+            p.repetition_penalty = 1.2f;
+            p.presence_penalty = 0.5f;
+        }
+        p.seed = trial;
+        const std::vector<int32_t> history{3, 17, 17, int32_t(trial % V)};
+        sampler a(p), b(p);
+        const candidate_row cand = device_candidates(logits, std::max(a.wanted_candidates(), 64),
+                                                     a.penalty_ids(history, 0));
+        for (int draw = 0; draw < 40; ++draw) {
+            logit_row row{draw % 2 ? &cand : nullptr, [&] { return logits.data(); }};
+            const int32_t proposed = draw % 3 == 0 ? cand.ids.back() : static_cast<int32_t>((trial * 97 + draw) % V);
+            bool accepted = false;
+            int index = -2;
+            const int32_t ta = a.accept_or_resample(row, V, history, proposed, accepted);
+            const int32_t tb = b.accept_or_resample_among(row, V, history, {proposed}, index);
+            CHECK(ta == tb);
+            CHECK(accepted == (index == 0));
+            CHECK(index == 0 || index == -1);
+        }
+        CHECK(a.uniform() == b.uniform());  // the same number of draws
+    }
+    // greedy: the first proposal equal to the argmax (repeats included), else the argmax
+    sampling_params g;
+    sampler s(g);
+    const std::vector<float> logits{0.1f, 2.0f, 0.5f, 1.0f};
+    logit_row row{nullptr, [&] { return logits.data(); }};
+    int index = -2;
+    const std::vector<int32_t> none, hit{3, 1, 1}, miss{3, 2}, bad{4};
+    CHECK(s.accept_or_resample_among(row, 4, none, hit, index) == 1 && index == 1);
+    CHECK(s.accept_or_resample_among(row, 4, none, miss, index) == 1 && index == -1);
+    CHECK(s.accept_or_resample_among(row, 4, none, none, index) == 1 && index == -1);
+    CHECK_THROWS(s.accept_or_resample_among(row, 4, none, bad, index), error, "outside the vocabulary");
+}
+
 TEST_MAIN()

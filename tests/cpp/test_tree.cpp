@@ -148,6 +148,81 @@ TEST_CASE(greedy_acceptance_leaves_the_spine) {
     CHECK((accept_tree_greedy(t, target) == std::vector<int32_t>{0}));
 }
 
+// Sampled acceptance on a tree: the first emitted token follows the root row's distribution, and
+// given it, the next follows that child's row (and so on), as plain sampling would; greedy
+// parameters give accept_tree_greedy's path.
+TEST_CASE(sampled_acceptance_is_distribution_exact) {
+    const int32_t V = 40;
+    draft_tree t;
+    t.tokens = {5, 10, 11, 12, 20, 21, 30};
+    t.parents = {-1, 0, 0, 0, 1, 1, 4};
+    t.depths = {0, 1, 1, 1, 2, 2, 3};
+    t.scores.assign(t.tokens.size(), 0.0f);
+    std::mt19937 rng(3);
+    std::uniform_real_distribution<float> u(0.0f, 2.0f);
+    std::vector<std::vector<float>> rows(t.tokens.size(), std::vector<float>(size_t(V)));
+    for (auto & r : rows) {
+        for (float & v : r) v = u(rng);
+    }
+    rows[0][10] = 4.0f;  // the root's first child likely, its second and third less so
+    rows[0][11] = 2.2f;
+    rows[1][20] = 4.0f;
+    rows[4][30] = 3.0f;
+    auto row = [&](size_t i) {
+        lucebox::logit_row r;
+        r.full = [&rows, i] { return rows[i].data(); };
+        return r;
+    };
+    lucebox::sampling_params p;
+    p.temperature = 1.0f;
+    p.seed = 11;
+    lucebox::sampler smp(p);
+    auto dist = [&](size_t node) {
+        std::vector<double> d(static_cast<size_t>(V), 0.0);
+        for (const auto & [id, pr] : smp.distribution(rows[node].data(), V, {})) d[size_t(id)] = pr;
+        return d;
+    };
+    const std::vector<double> p0 = dist(0), p1 = dist(1), p4 = dist(4);
+    const int n = 200000;
+    std::vector<double> first(static_cast<size_t>(V), 0.0), second(first), third(first);
+    int n1 = 0, n4 = 0;
+    for (int i = 0; i < n; ++i) {
+        const tree_acceptance a = accept_tree_sampled(t, row, V, smp, {1, 2});
+        std::vector<int32_t> emitted;
+        for (size_t j = 1; j < a.path.size(); ++j) emitted.push_back(t.tokens[size_t(a.path[j])]);
+        emitted.push_back(a.bonus);
+        for (size_t j = 1; j < a.path.size(); ++j) CHECK(t.parents[size_t(a.path[j])] == a.path[j - 1]);
+        first[size_t(emitted[0])] += 1;
+        if (emitted[0] == 10) {
+            ++n1;
+            second[size_t(emitted[1])] += 1;
+            if (emitted[1] == 20) {
+                ++n4;
+                third[size_t(emitted[2])] += 1;
+            }
+        }
+    }
+    double w0 = 0, w1 = 0, w4 = 0;
+    for (int32_t id = 0; id < V; ++id) {
+        w0 = std::max(w0, std::fabs(first[size_t(id)] / n - p0[size_t(id)]));
+        w1 = std::max(w1, std::fabs(second[size_t(id)] / n1 - p1[size_t(id)]));
+        w4 = std::max(w4, std::fabs(third[size_t(id)] / n4 - p4[size_t(id)]));
+    }
+    std::printf("  max |freq - p|: root %.4f, child %.4f (%d), grandchild %.4f (%d)\n", w0, w1, n1, w4, n4);
+    CHECK(n1 > n / 10 && n4 > n / 50);
+    CHECK(w0 < 0.006);
+    CHECK(w1 < 0.01);
+    CHECK(w4 < 0.02);
+
+    lucebox::sampling_params g;
+    lucebox::sampler greedy(g);
+    std::vector<int32_t> target;
+    for (const auto & r : rows) target.push_back(int32_t(std::max_element(r.begin(), r.end()) - r.begin()));
+    const tree_acceptance a = accept_tree_sampled(t, row, V, greedy, {});
+    CHECK(a.path == accept_tree_greedy(t, target));
+    CHECK(a.bonus == target[size_t(a.path.back())]);
+}
+
 TEST_CASE(bad_topk_input) {
     draft_topk tk = random_topk(3, 2, 0);
     tk.logp[1] = 0.5f;

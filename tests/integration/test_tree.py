@@ -1,7 +1,9 @@
 """DDTree tree verification (spec="tree") is lossless at temperature 0: the tokens equal plain
 greedy decoding for the real (tiny, random) draft's best-first trees and for forced trees whose
 accepted path leaves the top-1 spine at every depth (its node is never the previous row, and
-decoy subtrees hang off the rejected siblings), for every accept length, with F16 and Q8_0 KV."""
+decoy subtrees hang off the rejected siblings), for every accept length, with F16 and Q8_0 KV.
+At temperature > 0 the sampled acceptance over forced trees emits tokens distributed exactly as
+plain sampling, with and without penalties."""
 from __future__ import annotations
 
 from typing import Callable
@@ -139,9 +141,8 @@ def test_tree_refusals(pair: tuple[str, str]) -> None:
             lucebox.Engine(target, draft, ctx=64, device="cpu", spec="tree", **bad)
     engine = lucebox.Engine(target, draft, ctx=128, device="cpu", spec="tree")
     s = engine.session()
-    with pytest.raises(ValueError, match="greedily only"):
-        s.generate([1, 2, 3], max_tokens=4, temperature=0.7)
-    assert s.generate([1, 2, 3], max_tokens=4).tokens  # the session is still usable
+    assert s.generate([1, 2, 3], max_tokens=4, temperature=0.7, top_k=8, seed=1).tokens  # sampling is verified too
+    assert s.generate([1, 2, 3], max_tokens=4).tokens
     with pytest.raises(ValueError, match="propose or propose_tree"):
         s.generate([4], max_tokens=4, propose=lambda c, last, n: [0] * n,
                    propose_tree=lambda c, last, n: ([], []))
@@ -166,3 +167,80 @@ def test_cli_generate_spec_tree(pair: tuple[str, str]) -> None:
     assert "[spec]" in ok.stderr and "proposals accepted" in ok.stderr
     bad = subprocess.run([*base, "--tree-budget", "0"], capture_output=True, text=True, env=env, timeout=300)
     assert bad.returncode != 0 and "tree_budget" in bad.stderr
+
+
+def _penalized_dist(engine: lucebox.Engine, context: list[int], temperature: float, top_k: int,
+                    rep: float, presence: float) -> dict[int, float]:
+    """The sampler's distribution after `context` (the whole context is the penalty window here):
+    repetition then presence penalty on the ids present, top_k, temperature."""
+    row = engine.session().eval(context)[-1].astype(np.float32)
+    for t in set(context):
+        v = row[t]
+        row[t] = (v / np.float32(rep) if v > 0 else v * np.float32(rep)) - np.float32(presence)
+    row = row.astype(np.float64)
+    keep = np.argsort(-row, kind="stable")[:top_k]
+    w = np.exp((row[keep] - row[keep].max()) / temperature)
+    return {int(i): float(p) for i, p in zip(keep, w / w.sum())}
+
+
+@pytest.mark.parametrize("penalties", [False, True])
+def test_tree_sampling_is_distribution_exact(pair: tuple[str, str], penalties: bool) -> None:
+    """Three sampled tokens per run, many seeds: t1 from the prefill, t2 and t3 from forced trees
+    (the root's children rank 1, rank 0 and rank 3 of the target's distribution; the rank-1 child
+    has grandchildren of rank 0 and 2, the rank-0 child one of rank 1), so acceptance, rejection
+    of several siblings, deep acceptance and the residual draw all run. The empirical joint
+    distribution of (t1, t2, t3) matches the target's p(t1) p(t2 | t1) p(t3 | t1, t2)."""
+    target, _ = pair
+    engine = lucebox.Engine(target, ctx=256, device="cpu")
+    prompt = prompts(1)[0][:12]
+    temperature, top_k = 1.5, 4
+    rep, presence = (0.7, -2.0) if penalties else (1.0, 0.0)  # lifts the ids present into the top_k
+    sampling = dict(temperature=temperature, top_k=top_k, repetition_penalty=rep, presence_penalty=presence,
+                    penalty_last_n=64)
+
+    def dist(context: tuple[int, ...]) -> dict[int, float]:
+        return _penalized_dist(engine, prompt + list(context), temperature, top_k, rep, presence)
+
+    p: dict[tuple[int, ...], dict[int, float]] = {(): dist(())}
+    for a in p[()]:
+        p[(a,)] = dist((a,))
+        for b in p[(a,)]:
+            p[(a, b)] = dist((a, b))
+    exact = {(a, b, c): p[()][a] * p[(a,)][b] * p[(a, b)][c] for a in p[()] for b in p[(a,)] for c in p[(a, b)]}
+    if penalties:  # the penalties change the distribution, along the tree path too
+        plain = _penalized_dist(engine, prompt + [max(p[()], key=p[()].get)], temperature, top_k, 1.0, 0.0)
+        assert plain != p[(max(p[()], key=p[()].get),)]
+
+    def ranked(context: tuple[int, ...]) -> list[int]:
+        d = p.get(context, {0: 1.0})
+        r = sorted(d, key=lambda t: -d[t])
+        return r + [(r[-1] + 1 + i) % 1000 for i in range(4)]  # ranks past the kept set: outside it
+
+    def propose_tree(context: list[int], last: int, max_nodes: int) -> tuple[list[int], list[int]]:
+        done = tuple(context[len(prompt):]) + (last,)  # the sampled tokens so far
+        r0 = ranked(done)
+        tokens = [r0[1], r0[0], r0[3]]  # nodes 1, 2, 3 under the root
+        parents = [0, 0, 0]
+        r1, r2 = ranked(done + (r0[1],)), ranked(done + (r0[0],))
+        tokens += [r1[0], r1[2], r2[1]]  # nodes 4, 5 under node 1; node 6 under node 2
+        parents += [1, 1, 2]
+        return tokens, parents
+
+    runs = 4000
+    counts: dict[tuple[int, ...], int] = {}
+    accepted = []
+    for seed in range(runs):
+        r = engine.session().generate(prompt, max_tokens=3, seed=seed, propose_tree=propose_tree, **sampling)
+        assert r.stats.spec["speculative"]
+        hist = r.stats.spec["accept_histogram"]  # one step: it accepted 1 or 2; two: the first accepted 0
+        accepted.append(next(a for a, c in enumerate(hist) if c) if r.stats.spec["steps"] == 1 else 0)
+        key = tuple(r.tokens)
+        counts[key] = counts.get(key, 0) + 1
+    assert set(counts) <= set(exact)
+    worst = max(abs(counts.get(k, 0) / runs - q) for k, q in exact.items())
+    chi2 = sum((counts.get(k, 0) - runs * q) ** 2 / (runs * q) for k, q in exact.items() if runs * q > 0)
+    print(f"penalties {penalties}: max |empirical - exact| {worst:.4f}, chi2 {chi2:.1f} over {len(exact)} cells, "
+          f"first steps accepting 0/1/2: {[accepted.count(a) for a in range(3)]}")
+    assert all(accepted.count(a) > 0 for a in range(3))  # rejection, acceptance, deep acceptance
+    assert worst < 0.025
+    assert chi2 < 130  # 63 degrees of freedom: p < 1e-6 for a correct sampler

@@ -36,7 +36,7 @@ struct engine_config {
     std::string draft_path;           // DFlash draft GGUF (empty: none); validated against the target
     // off | chain: speculate every step | auto: speculate while it is faster than plain decoding
     // (measured; see cpp/src/spec/policy.h) | tree: DDTree, verify a best-first tree of the draft's
-    // top-k continuations every step (greedy decoding only, fast rollback). chain, auto, tree need a draft.
+    // top-k continuations every step (greedy or sampled acceptance, fast rollback). chain, auto, tree need a draft.
     std::string spec = "off";
     uint32_t tree_budget = 22;  // spec tree: nodes per tree besides the root, in [1, 256]
     uint32_t tree_top_k = 8;    // spec tree: draft candidates per position, in [1, 64]
@@ -70,7 +70,7 @@ struct generate_params {
     // Test hook for tree verification: replaces the draft's tree. Called with (context tokens, last
     // token, max nodes) and returns the non-root nodes as (tokens, parents): node i+1 has token
     // tokens[i] and parent parents[i] in [0, i] (0 = the root, the last token). Validated like a
-    // drafted tree; greedy decoding only. Works without a draft model.
+    // drafted tree; verified greedily or by sampled acceptance. Works without a draft model.
     std::function<std::pair<std::vector<int32_t>, std::vector<int32_t>>(const std::vector<int32_t> &, int32_t, uint32_t)>
         propose_tree;
     bool phase_timings = false;        // measure draft / verify / commit time (adds device syncs)
@@ -246,10 +246,12 @@ class session {
     generate_result generate_speculative(const std::vector<int32_t> & pending, const generate_params & params,
                                          const token_callback & on_token);
     // One tree-verification step of generate_speculative (spec tree or propose_tree); appends the
-    // emitted tokens to res.tokens and returns the step's commit plan (spec/chain.h).
+    // emitted tokens to res.tokens and returns the step's commit plan (spec/chain.h). Sampled
+    // requests draw with smp from the rows' candidates (cands, row_buf: generate_speculative's).
     spec::commit_plan tree_step(int32_t last, uint32_t room, const generate_params & params, generate_stats & stats,
                                 generate_result & res, const std::function<bool(int32_t)> & is_stop,
-                                const token_callback & on_token);
+                                const token_callback & on_token, sampler & smp, row_candidates & cands,
+                                std::vector<float> & row_buf);
     void check_fits(size_t n_new) const;
 
     engine::impl * eng_;

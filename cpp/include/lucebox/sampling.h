@@ -107,6 +107,17 @@ class sampler {
     int32_t accept_or_resample(const logit_row & row, int32_t n_vocab, const std::vector<int32_t> & history,
                                int32_t proposed, bool & accepted);
 
+    // Several point-mass proposals on one row (the children of a tree node), tried in order: the
+    // j-th is accepted with probability r_j(proposals[j]), r_j being the sample() distribution with
+    // the already-rejected proposals removed and renormalized (one uniform per proposal tried); if
+    // all are rejected, a token is drawn from r with every proposal removed (one more uniform).
+    // The returned token is distributed exactly as sample(). `index` = the accepted proposal's
+    // position, or -1. One proposal is accept_or_resample (the same uniforms, the same token); no
+    // proposal is a draw from the whole distribution. Repeated ids: a later copy of a rejected id
+    // has probability 0. Greedy: the first proposal equal to the argmax, else the argmax.
+    int32_t accept_or_resample_among(const logit_row & row, int32_t n_vocab, const std::vector<int32_t> & history,
+                                     const std::vector<int32_t> & proposals, int & index);
+
     // Candidates (top-C) the device should return for these parameters so that rows are usually
     // decided from the subset: 0 when the subset can never decide (top_k off and not greedy, or
     // top_k too large to be worth it).
@@ -164,7 +175,10 @@ class sampler {
     bool prepare_candidates(const candidate_row & row, int32_t n_vocab, double & z, int32_t & argmax) const;
     // Draws from the prepared kept set.
     int32_t draw(const float * logits, int32_t n_vocab, double z);
-    int32_t accept_prepared(const float * logits, int32_t n_vocab, double z, int32_t proposed, bool & accepted);
+    int32_t accept_prepared(const float * logits, int32_t n_vocab, double z, const std::vector<int32_t> & proposals,
+                            int & index);
+    // The weight of `id` in the prepared kept set (0 if filtered out or masked).
+    double kept_weight(const float * logits, int32_t id) const;
 
     uint64_t next_u64();
 

@@ -199,4 +199,38 @@ std::vector<int32_t> accept_tree_greedy(const draft_tree & t, const std::vector<
     }
 }
 
+tree_acceptance accept_tree_sampled(const draft_tree & t, const std::function<logit_row(size_t)> & row,
+                                    int32_t n_vocab, sampler & smp, std::vector<int32_t> history) {
+    if (t.tokens.empty() || t.parents.size() != t.tokens.size()) {
+        throw error("internal: accept_tree_sampled needs a tree with a root");
+    }
+    std::vector<std::vector<int32_t>> children(t.tokens.size());
+    for (size_t i = 1; i < t.tokens.size(); ++i) {
+        children[size_t(t.parents[i])].push_back(int32_t(i));
+    }
+    tree_acceptance out;
+    out.path.push_back(0);
+    history.push_back(t.tokens[0]);
+    std::vector<int32_t> proposals;
+    for (;;) {
+        const int32_t cur = out.path.back();
+        const std::vector<int32_t> & kids = children[size_t(cur)];
+        const logit_row r = row(size_t(cur));
+        if (kids.empty()) {
+            out.bonus = smp.sample(r, n_vocab, history);  // a leaf: the bonus, as after a full chain
+            return out;
+        }
+        proposals.clear();
+        for (int32_t c : kids) proposals.push_back(t.tokens[size_t(c)]);
+        int index = -1;
+        const int32_t tok = smp.accept_or_resample_among(r, n_vocab, history, proposals, index);
+        if (index < 0) {
+            out.bonus = tok;
+            return out;
+        }
+        out.path.push_back(kids[size_t(index)]);
+        history.push_back(tok);
+    }
+}
+
 }  // namespace lucebox::spec

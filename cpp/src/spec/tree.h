@@ -12,7 +12,10 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
+
+#include "lucebox/sampling.h"
 
 namespace lucebox::spec {
 
@@ -66,5 +69,21 @@ void validate_tree(const draft_tree & t, uint32_t max_nodes, uint32_t max_depth,
 // Returns the accepted path (node indices, root first); its last node's target choice is the bonus
 // token.
 std::vector<int32_t> accept_tree_greedy(const draft_tree & t, const std::vector<int32_t> & target);
+
+// Speculative sampling on a tree of point-mass proposals (spec/chain.h accept_sampled for a tree).
+// From the root, with history = the committed tokens + the root + the path accepted so far, the
+// current node's children are tried in tree order with sampler::accept_or_resample_among: child c
+// is accepted with probability r(c), r being the node's sampling distribution with the children
+// already rejected removed and renormalized; on acceptance the walk moves to c, otherwise (or at a
+// leaf) the bonus token is drawn from r. The emitted tokens (the path's tokens after the root, then
+// the bonus) are distributed exactly as plain sampling. Greedy parameters (with or without
+// penalties) accept the first child equal to the node's argmax, as accept_tree_greedy.
+// row(i): node i's verify row as the sampler takes it (called once per node the walk reaches).
+struct tree_acceptance {
+    std::vector<int32_t> path;  // accepted node indices, root first
+    int32_t bonus = -1;         // the token drawn at the path's last node
+};
+tree_acceptance accept_tree_sampled(const draft_tree & t, const std::function<logit_row(size_t)> & row,
+                                    int32_t n_vocab, sampler & smp, std::vector<int32_t> history);
 
 }  // namespace lucebox::spec

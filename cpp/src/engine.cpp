@@ -346,14 +346,6 @@ struct ctx_guard {
     ~ctx_guard() { ggml_free(ctx); }
 };
 
-std::vector<ggml_fp16_t> visible_prefix_mask(uint32_t n_kv, uint32_t rows, const std::function<uint32_t(uint32_t)> & n_visible) {
-    const ggml_fp16_t zero = ggml_fp32_to_fp16(0.0f), ninf = ggml_fp32_to_fp16(-INFINITY);
-    std::vector<ggml_fp16_t> mask(size_t(n_kv) * rows, ninf);
-    for (uint32_t i = 0; i < rows; ++i) {
-        std::fill_n(mask.begin() + size_t(i) * n_kv, n_visible(i), zero);
-    }
-    return mask;
-}
 }  // namespace
 
 std::vector<float> session::run_target(const int32_t * tokens, uint32_t T, bool all_logits, int32_t * argmax_last,
@@ -401,46 +393,7 @@ std::vector<float> session::run_target(const int32_t * tokens, uint32_t T, bool 
         e.sched_graph_id = cache.id;
     }
 
-    ggml_backend_tensor_set(g.in.tokens, tokens, 0, sizeof(int32_t) * T);
-    if (g.in.pos != nullptr) {
-        std::vector<int32_t> pos(4 * size_t(T), 0);
-        std::vector<int64_t> rows(T);
-        for (uint32_t i = 0; i < T; ++i) {  // a tree node sits at n_past + depth (all M-RoPE sections)
-            const uint32_t p = n_past + (tree ? uint32_t(tree->depths[i]) : i);
-            pos[i] = pos[T + i] = pos[2 * T + i] = static_cast<int32_t>(p);
-            rows[i] = n_past + i;  // K/V rows: node order (a tree commit compacts the kept path)
-        }
-        ggml_backend_tensor_set(g.in.pos, pos.data(), 0, sizeof(int32_t) * pos.size());
-        ggml_backend_tensor_set(g.in.kv_rows, rows.data(), 0, sizeof(int64_t) * T);
-        auto mask = visible_prefix_mask(n_kv, T, [&](uint32_t i) { return tree ? n_past : n_past + i + 1; });  // causal
-        if (tree) {  // the committed context plus the node's ancestors and itself
-            const std::vector<uint8_t> anc = tree->ancestor_mask();
-            for (uint32_t i = 0; i < T; ++i) {
-                for (uint32_t j = 0; j <= i; ++j) {
-                    if (anc[size_t(i) * T + j]) {
-                        mask[size_t(i) * n_kv + n_past + j] = ggml_fp32_to_fp16(0.0f);
-                    }
-                }
-            }
-        }
-        ggml_backend_tensor_set(g.in.kq_mask, mask.data(), 0, sizeof(ggml_fp16_t) * mask.size());
-    }
-    if (g.in.parents != nullptr) {
-        ggml_backend_tensor_set(g.in.parents, tree->parents.data(), 0, sizeof(int32_t) * T);
-        const std::vector<int32_t> conv_rows = qwen35_tree_conv_rows(tree->parents, hp.ssm_d_conv);
-        ggml_backend_tensor_set(g.in.conv_rows, conv_rows.data(), 0, sizeof(int32_t) * conv_rows.size());
-    }
-    if (g.in.ring_rows != nullptr) {
-        std::vector<int64_t> ring_rows(T);
-        for (uint32_t i = 0; i < T; ++i) {
-            ring_rows[i] = (n_past + i) % st.ring_size;
-        }
-        ggml_backend_tensor_set(g.in.ring_rows, ring_rows.data(), 0, sizeof(int64_t) * T);
-    }
-    if (g.in.out_rows != nullptr) {
-        const int32_t last = static_cast<int32_t>(T - 1);
-        ggml_backend_tensor_set(g.in.out_rows, &last, 0, sizeof(int32_t));
-    }
+    set_qwen35_inputs(g, hp, tokens, n_past, T, n_kv, st.ring_size, tree ? &tree->parents : nullptr);
     if (cache.cand.extra_ids != nullptr) {  // the same ids for every row, padded with the first
         std::vector<int32_t> ids(size_t(n_extra) * n_out, cands->extra_ids[0]);
         for (uint32_t r = 0; r < n_out; ++r) {

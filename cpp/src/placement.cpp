@@ -545,22 +545,10 @@ std::vector<float> layer_split::forward(layer_split_session & ss, const int32_t 
                                         uint32_t n_kv, bool all_logits, int32_t * argmax_last, bool verify,
                                         std::vector<int32_t> * argmax_rows) {
     static std::atomic<uint64_t> next_id{1};
-    const uint32_t V = hp_.n_vocab;
     const bool rows_out = all_logits || argmax_rows != nullptr;
     const uint32_t n_out = rows_out ? T : 1;
     const bool want_argmax = argmax_last != nullptr || argmax_rows != nullptr;
     const std::array<uint32_t, 5> key{T, n_kv, n_out, uint32_t(want_argmax), uint32_t(verify)};
-
-    // Inputs every range graph may have (the same as session::run_target's).
-    std::vector<int32_t> pos(4 * size_t(T), 0);
-    std::vector<int64_t> kv_rows(T), ring_rows(T);
-    std::vector<ggml_fp16_t> mask(size_t(n_kv) * T, ggml_fp32_to_fp16(-INFINITY));
-    for (uint32_t i = 0; i < T; ++i) {
-        pos[i] = pos[T + i] = pos[2 * T + i] = static_cast<int32_t>(n_past + i);
-        kv_rows[i] = n_past + i;
-        ring_rows[i] = ss.ring_size ? (n_past + i) % ss.ring_size : 0;
-        std::fill_n(mask.begin() + size_t(i) * n_kv, n_past + i + 1, ggml_fp32_to_fp16(0.0f));  // causal
-    }
 
     const qwen35_graph * prev = nullptr;
     for (size_t s = 0; s < shards_.size(); ++s) {
@@ -587,24 +575,10 @@ std::vector<float> layer_split::forward(layer_split_session & ss, const int32_t 
             compute(sh, sh.sched, g.gf, /*alloc=*/true, what);
             sh.sched_graph_id = rg.id;
         }
-        if (g.in.tokens != nullptr) {
-            ggml_backend_tensor_set(g.in.tokens, tokens, 0, sizeof(int32_t) * T);
-        }
         if (g.in.hidden != nullptr) {
             ggml_backend_tensor_copy(prev->hidden, g.in.hidden);  // [E, T] F32 across devices
         }
-        if (g.in.pos != nullptr) {
-            ggml_backend_tensor_set(g.in.pos, pos.data(), 0, sizeof(int32_t) * pos.size());
-            ggml_backend_tensor_set(g.in.kv_rows, kv_rows.data(), 0, sizeof(int64_t) * T);
-            ggml_backend_tensor_set(g.in.kq_mask, mask.data(), 0, sizeof(ggml_fp16_t) * mask.size());
-        }
-        if (g.in.ring_rows != nullptr) {
-            ggml_backend_tensor_set(g.in.ring_rows, ring_rows.data(), 0, sizeof(int64_t) * T);
-        }
-        if (g.in.out_rows != nullptr) {
-            const int32_t last_row = static_cast<int32_t>(T - 1);
-            ggml_backend_tensor_set(g.in.out_rows, &last_row, 0, sizeof(int32_t));
-        }
+        set_qwen35_inputs(g, hp_, tokens, n_past, T, n_kv, ss.ring_size, nullptr);
         compute(sh, sh.sched, g.gf, /*alloc=*/false, "the target forward pass (" + what + ")");
         // Rings this range wrote that the draft reads on its device: copy the new rows over.
         const qwen35_state & view = ss.views[s];

@@ -624,6 +624,56 @@ qwen35_graph build_qwen35_graph(ggml_context * ctx, const qwen35_hparams & hp, c
     return g;
 }
 
+void set_qwen35_inputs(const qwen35_graph & g, const qwen35_hparams & hp, const int32_t * tokens, uint32_t n_past,
+                       uint32_t T, uint32_t n_kv, uint32_t ring_size, const std::vector<int32_t> * parents) {
+    const qwen35_inputs & in = g.in;
+    if (in.tokens != nullptr) {
+        ggml_backend_tensor_set(in.tokens, tokens, 0, sizeof(int32_t) * T);
+    }
+    if (in.pos != nullptr) {
+        std::vector<int32_t> depth(T);
+        for (uint32_t i = 0; i < T; ++i) {
+            depth[i] = parents == nullptr ? int32_t(i) : (*parents)[i] < 0 ? 0 : depth[size_t((*parents)[i])] + 1;
+        }
+        std::vector<int32_t> pos(4 * size_t(T), 0);
+        std::vector<int64_t> rows(T);
+        const ggml_fp16_t zero = ggml_fp32_to_fp16(0.0f);
+        std::vector<ggml_fp16_t> mask(size_t(n_kv) * T, ggml_fp32_to_fp16(-INFINITY));
+        for (uint32_t i = 0; i < T; ++i) {
+            pos[i] = pos[T + i] = pos[2 * T + i] = static_cast<int32_t>(n_past + uint32_t(depth[i]));
+            rows[i] = n_past + i;  // K/V rows in batch order (a tree commit compacts the kept path)
+            ggml_fp16_t * row = mask.data() + size_t(i) * n_kv;
+            if (parents == nullptr) {
+                std::fill_n(row, n_past + i + 1, zero);  // causal
+                continue;
+            }
+            std::fill_n(row, n_past, zero);
+            for (int32_t j = int32_t(i); j >= 0; j = (*parents)[size_t(j)]) {
+                row[n_past + uint32_t(j)] = zero;  // the node and its ancestors
+            }
+        }
+        ggml_backend_tensor_set(in.pos, pos.data(), 0, sizeof(int32_t) * pos.size());
+        ggml_backend_tensor_set(in.kv_rows, rows.data(), 0, sizeof(int64_t) * T);
+        ggml_backend_tensor_set(in.kq_mask, mask.data(), 0, sizeof(ggml_fp16_t) * mask.size());
+    }
+    if (in.parents != nullptr) {
+        ggml_backend_tensor_set(in.parents, parents->data(), 0, sizeof(int32_t) * T);
+        const std::vector<int32_t> conv_rows = qwen35_tree_conv_rows(*parents, hp.ssm_d_conv);
+        ggml_backend_tensor_set(in.conv_rows, conv_rows.data(), 0, sizeof(int32_t) * conv_rows.size());
+    }
+    if (in.ring_rows != nullptr) {
+        std::vector<int64_t> ring_rows(T);
+        for (uint32_t i = 0; i < T; ++i) {
+            ring_rows[i] = ring_size ? (n_past + i) % ring_size : 0;
+        }
+        ggml_backend_tensor_set(in.ring_rows, ring_rows.data(), 0, sizeof(int64_t) * T);
+    }
+    if (in.out_rows != nullptr) {
+        const int32_t last = static_cast<int32_t>(T - 1);
+        ggml_backend_tensor_set(in.out_rows, &last, 0, sizeof(int32_t));
+    }
+}
+
 std::vector<float> read_qwen35_outputs(const qwen35_graph & g, uint32_t T, bool all_logits, bool last_logits,
                                        int32_t * argmax_last, std::vector<int32_t> * argmax_rows) {
     const size_t V = size_t(g.logits->ne[0]);

@@ -144,6 +144,15 @@ ggml_cgraph * build_qwen35_backup_graph(ggml_context * ctx, const qwen35_hparams
 
 // After a verify of n_verified tokens: sets every DeltaNet layer's conv and ssm state to the state
 // after verified token `last_kept` (0-based), i.e. commits tokens [0, last_kept] (fast rollback).
+// Fills the inputs `g` has (layer-range graphs have a subset) for a batch of T tokens appended at
+// n_past: tokens, IMRoPE positions (n_past + i; a tree node: n_past + its depth), KV rows n_past + i,
+// the attention mask over n_kv rows (causal; a tree: the committed context plus the node's
+// ancestors and itself), feature-ring rows (mod ring_size), the last output row, and for a tree
+// its parents and conv-window table. parents: null for a chain, else a tree in batch order
+// (parents[0] = -1, parents[i] < i).
+void set_qwen35_inputs(const qwen35_graph & g, const qwen35_hparams & hp, const int32_t * tokens, uint32_t n_past,
+                       uint32_t T, uint32_t n_kv, uint32_t ring_size, const std::vector<int32_t> * parents);
+
 // Reads what a computed target graph returns, from `g`'s output tensors (n_out rows of logits
 // and argmaxes, n_out = g.logits->ne[1]): all rows' logits ([T, V] row-major) when all_logits;
 // else the last row's logits when last_logits and no argmax is asked; argmax_rows (T ids) and

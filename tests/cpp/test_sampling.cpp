@@ -70,6 +70,24 @@ std::vector<float> random_logits(size_t n, uint64_t seed, float scale) {
     return l;
 }
 
+// Sampling settings of the statistical tests: temperature, top_k, top_p, min_p, repetition penalty.
+struct variant {
+    float t;
+    int32_t k;
+    float p;
+    float m;
+    float rep;
+    sampling_params params() const {
+        sampling_params sp;
+        sp.temperature = t;
+        sp.top_k = k;
+        sp.top_p = p;
+        sp.min_p = m;
+        sp.repetition_penalty = rep;
+        return sp;
+    }
+};
+
 // Naive reference of the whole chain (full sort, double math, libm exp); drops probabilities that
 // are 0 as floats, as distribution() does.
 std::vector<std::pair<int32_t, double>> reference(const std::vector<float> & logits, const sampling_params & p) {
@@ -727,15 +745,9 @@ TEST_CASE(accept_or_resample_is_distribution_exact) {
     logits[99] = 6.5f;
     logits[1234] = 6.8f;
     const std::vector<int32_t> history{7, 7, 42};
-    struct variant { float t; int32_t k; float p; float m; float rep; };
     const variant variants[] = {{0.8f, 0, 0.9f, 0.0f, 1.0f}, {1.2f, 0, 1.0f, 0.05f, 1.3f}, {1.0f, 50, 0.95f, 0.0f, 1.0f}};
     for (const variant & vr : variants) {
-        sampling_params p;
-        p.temperature = vr.t;
-        p.top_k = vr.k;
-        p.top_p = vr.p;
-        p.min_p = vr.m;
-        p.repetition_penalty = vr.rep;
+        sampling_params p = vr.params();
         p.seed = 99;
         sampler smp(p);
         const auto dist = smp.distribution(logits.data(), V, history);
@@ -787,18 +799,12 @@ TEST_CASE(accept_or_resample_among_is_distribution_exact) {
     logits[1234] = 6.8f;
     logits[55] = 6.6f;
     const std::vector<int32_t> history{7, 7, 42};
-    struct variant { float t; int32_t k; float p; float m; float rep; };
     // the full-vocabulary path (min_p, a penalty) and the top_k path (the whole kept set proposed)
     const variant variants[] = {{1.2f, 0, 0.95f, 0.05f, 1.3f}, {1.0f, 4, 1.0f, 0.0f, 1.0f}, {1.0f, 50, 0.95f, 0.0f, 1.0f}};
     logit_row row;
     row.full = [&] { return logits.data(); };
     for (const variant & vr : variants) {
-        sampling_params p;
-        p.temperature = vr.t;
-        p.top_k = vr.k;
-        p.top_p = vr.p;
-        p.min_p = vr.m;
-        p.repetition_penalty = vr.rep;
+        sampling_params p = vr.params();
         p.seed = 7;
         sampler smp(p);
         const auto dist = smp.distribution(logits.data(), V, history);

@@ -50,11 +50,13 @@ def test_disconnect_cancels_generation(server, capsys):
 def test_disconnect_cancels_non_streaming_generation(server):
     wait_idle(server)
     before = metric(server, "lucebox_requests_cancelled_total")
+    # n = 8 choices of up to 900 tokens: the request outlasts the 0.3 s client timeout even when
+    # the random model ends some choices early and the machine decodes thousands of tokens/s
     for attempt in range(6):
         try:
             httpx.post(server.base_url + "/v1/chat/completions", timeout=0.3, json={
                 "messages": [{"role": "user", "content": f"a long answer please {attempt}"}],
-                "max_tokens": 900, "temperature": 1.0, "seed": 100 + attempt, "top_k": 1000})
+                "max_tokens": 900, "temperature": 1.0, "seed": 100 + attempt, "top_k": 1000, "n": 8})
         except httpx.TimeoutException:
             pass
         wait_idle(server, 10.0)

@@ -430,24 +430,77 @@ std::vector<float> session::run_target(const int32_t * tokens, uint32_t T, bool 
     return read_qwen35_outputs(g, T, all_logits, /*last_logits=*/n_cand == 0, argmax_last, argmax_rows);
 }
 
-const float * session::logits_row(uint32_t r, std::vector<float> & buf) {
-    const qwen35_graph & g = st_->target_graph.graph;
-    const uint32_t V = n_vocab();
-    if (g.logits == nullptr || r >= g.logits->ne[1]) {
-        throw error("internal: logits row " + std::to_string(r) + " of the last target batch is not available");
-    }
-    buf.resize(V);
-    ggml_backend_tensor_get(g.logits, buf.data(), size_t(r) * V * sizeof(float), V * sizeof(float));
-    return buf.data();
-}
-
-logit_row session::sampling_row(row_candidates & cands, uint32_t r, std::vector<float> & buf) {
+logit_row session::sampling_row(row_candidates & cands, uint32_t r) {
     logit_row row;
     if (r < cands.rows.size()) {
         row.candidates = &cands.rows[r];
     }
-    row.full = [this, r, &buf] { return logits_row(r, buf); };
+    row.full = [this, r, &cands] {
+        const qwen35_graph & g = st_->target_graph.graph;
+        const uint32_t V = n_vocab();
+        if (g.logits == nullptr || r >= g.logits->ne[1]) {
+            throw error("internal: logits row " + std::to_string(r) + " of the last target batch is not available");
+        }
+        cands.logits.resize(V);
+        ggml_backend_tensor_get(g.logits, cands.logits.data(), size_t(r) * V * sizeof(float), V * sizeof(float));
+        return static_cast<const float *>(cands.logits.data());
+    };
     return row;
+}
+
+namespace {
+// More penalized ids than this (a long penalty_last_n = -1 window) and whole rows are cheaper.
+constexpr size_t MAX_EXTRA_IDS = 1024;
+}  // namespace
+
+session::row_candidates session::candidates_for(const sampler & smp) const {
+    row_candidates c;
+    c.n_cand = eng_->split ? 0 : static_cast<uint32_t>(smp.wanted_candidates());  // a split returns whole rows
+    return c;
+}
+
+bool session::plan_candidates(row_candidates & cands, const sampler & smp, const std::vector<int32_t> & history,
+                              const int32_t * batch, uint32_t n_batch) const {
+    if (cands.n_cand == 0) {
+        return false;
+    }
+    cands.extra_ids = smp.penalty_ids(history);
+    if (smp.params().has_penalties() && n_batch > 0) {
+        cands.extra_ids.insert(cands.extra_ids.end(), batch, batch + n_batch);
+        std::sort(cands.extra_ids.begin(), cands.extra_ids.end());
+        cands.extra_ids.erase(std::unique(cands.extra_ids.begin(), cands.extra_ids.end()), cands.extra_ids.end());
+    }
+    return cands.extra_ids.size() <= MAX_EXTRA_IDS;
+}
+
+int32_t session::forward_and_sample(const int32_t * tokens, uint32_t n, sampler & smp,
+                                    const std::vector<int32_t> & history, row_candidates & cands,
+                                    const progress_callback & progress) {
+    const int32_t V = static_cast<int32_t>(n_vocab());
+    if (plan_candidates(cands, smp, history, nullptr, 0)) {
+        cands.all_rows = false;
+        forward(tokens, n, false, nullptr, progress, &cands);
+        return smp.sample(sampling_row(cands, 0), V, history);
+    }
+    cands.logits = forward(tokens, n, false, nullptr, progress);
+    return smp.sample(cands.logits.data(), V, history);
+}
+
+std::function<logit_row(size_t)> session::run_target_sampled(const int32_t * tokens, uint32_t n, bool verify,
+                                                             const spec::draft_tree * tree, const sampler & smp,
+                                                             row_candidates & cands) {
+    if (plan_candidates(cands, smp, tokens_, tokens, n)) {  // later rows' windows hold batch tokens
+        cands.all_rows = true;
+        run_target(tokens, n, false, nullptr, verify, nullptr, tree, &cands);
+        return [this, &cands](size_t r) { return sampling_row(cands, uint32_t(r)); };
+    }
+    cands.logits = run_target(tokens, n, true, nullptr, verify, nullptr, tree);
+    const size_t V = n_vocab();
+    return [&cands, V](size_t r) {
+        logit_row row;
+        row.full = [&cands, r, V] { return static_cast<const float *>(cands.logits.data() + r * V); };
+        return row;
+    };
 }
 
 std::vector<int32_t> session::run_draft(int32_t last, uint32_t block, spec::draft_topk * topk) {
@@ -891,24 +944,15 @@ generate_result session::generate(const std::vector<int32_t> & prompt, const gen
     history.insert(history.end(), pending.begin(), pending.end());
     // Sampling reads the device's candidates of the new row (the full row only when they cannot
     // decide), so each forward and its pick run under the engine lock; emission runs outside it.
-    row_candidates cands;  // (a layer split returns whole rows: no candidates there)
-    cands.n_cand = eng_->split ? 0 : static_cast<uint32_t>(smp.wanted_candidates());
-    std::vector<float> row_buf;
+    row_candidates cands = candidates_for(smp);
     int32_t next = -1;
     auto forward_and_pick = [&](const int32_t * toks, uint32_t n, const progress_callback & progress) {
         std::lock_guard<std::mutex> lock(eng_->compute_mutex);
         if (greedy) {
             forward(toks, n, false, &next, progress);
-            return;
+        } else {
+            next = forward_and_sample(toks, n, smp, history, cands, progress);
         }
-        if (cands.n_cand == 0) {
-            const std::vector<float> logits = forward(toks, n, false, nullptr, progress);
-            next = smp.sample(logits.data(), static_cast<int32_t>(V), history);
-            return;
-        }
-        cands.extra_ids = smp.penalty_ids(history, 0);
-        forward(toks, n, false, nullptr, progress, &cands);
-        next = smp.sample(sampling_row(cands, 0, row_buf), static_cast<int32_t>(V), history);
     };
     const auto t0 = clock::now();
     forward_and_pick(pending.data(), static_cast<uint32_t>(pending.size()), params.on_prefill);
@@ -964,25 +1008,18 @@ generate_result session::generate_speculative(const std::vector<int32_t> & pendi
     const bool greedy = sp.is_greedy() && !sp.has_penalties();
     sampler smp(sp);
     // sampled steps read the device's candidates of each row (the full row only when they cannot decide)
-    row_candidates cands;  // (a layer split returns whole rows: no candidates there)
-    cands.n_cand = eng_->split ? 0 : static_cast<uint32_t>(smp.wanted_candidates());
-    std::vector<float> row_buf;
+    row_candidates cands = candidates_for(smp);
     const auto t0 = clock::now();
     int32_t last = -1;  // emitted, not yet evaluated
     {
         std::lock_guard<std::mutex> lock(e.compute_mutex);
+        const uint32_t n_pending = static_cast<uint32_t>(pending.size());
         if (greedy) {
-            forward(pending.data(), static_cast<uint32_t>(pending.size()), false, &last, params.on_prefill);
-        } else if (cands.n_cand > 0) {
+            forward(pending.data(), n_pending, false, &last, params.on_prefill);
+        } else {
             std::vector<int32_t> history(tokens_);
             history.insert(history.end(), pending.begin(), pending.end());
-            cands.extra_ids = smp.penalty_ids(history, 0);
-            forward(pending.data(), static_cast<uint32_t>(pending.size()), false, nullptr, params.on_prefill, &cands);
-            last = smp.sample(sampling_row(cands, 0, row_buf), static_cast<int32_t>(n_vocab()), tokens_);
-        } else {
-            const std::vector<float> logits = forward(pending.data(), static_cast<uint32_t>(pending.size()), false,
-                                                      nullptr, params.on_prefill);
-            last = smp.sample(logits.data(), static_cast<int32_t>(n_vocab()), tokens_);
+            last = forward_and_sample(pending.data(), n_pending, smp, history, cands, params.on_prefill);
         }
     }
     stats.n_prompt = static_cast<uint32_t>(pending.size());
@@ -1033,7 +1070,7 @@ generate_result session::generate_speculative(const std::vector<int32_t> & pendi
             break;
         }
         if (tree) {
-            if (!next_step(tree_step(last, room, params, stats, res, is_stop, on_token, smp, cands, row_buf))) {
+            if (!next_step(tree_step(last, room, params, stats, res, is_stop, on_token, smp, cands))) {
                 break;
             }
             continue;
@@ -1083,26 +1120,9 @@ generate_result session::generate_speculative(const std::vector<int32_t> & pendi
         if (greedy) {
             run_target(verified.data(), n, false, nullptr, /*verify=*/checkpoints, &target);
             a = spec::accept_greedy(verified, target);
-        } else if (cands.n_cand > 0) {
-            // every row's candidates; a row's full logits cross only if its candidates cannot decide
-            std::vector<int32_t> history(tokens_);
-            history.insert(history.end(), verified.begin(), verified.end());
-            cands.extra_ids = smp.penalty_ids(history, n);
-            cands.all_rows = true;
-            run_target(verified.data(), n, false, nullptr, checkpoints, nullptr, nullptr, &cands);
-            a = spec::accept_sampled(verified, [&](size_t r) { return sampling_row(cands, uint32_t(r), row_buf); },
-                                     static_cast<int32_t>(n_vocab()), smp, tokens_, target);
         } else {
-            const std::vector<float> logits = run_target(verified.data(), n, true, nullptr, checkpoints, nullptr);
-            const int32_t V = static_cast<int32_t>(n_vocab());
-            a = spec::accept_sampled(
-                verified,
-                [&](size_t r) {
-                    logit_row row;
-                    row.full = [&logits, r, V] { return logits.data() + r * size_t(V); };
-                    return row;
-                },
-                V, smp, tokens_, target);
+            const auto rows = run_target_sampled(verified.data(), n, checkpoints, nullptr, smp, cands);
+            a = spec::accept_sampled(verified, rows, static_cast<int32_t>(n_vocab()), smp, tokens_, target);
         }
         if (params.phase_timings) {
             stats.verify_seconds += since(tp);
@@ -1158,7 +1178,7 @@ namespace lucebox {
 spec::commit_plan session::tree_step(int32_t last, uint32_t room, const generate_params & params,
                                      generate_stats & stats, generate_result & res,
                                      const std::function<bool(int32_t)> & is_stop, const token_callback & on_token,
-                                     sampler & smp, row_candidates & cands, std::vector<float> & row_buf) {
+                                     sampler & smp, row_candidates & cands) {
     using clock = std::chrono::steady_clock;
     auto since = [](clock::time_point t) { return std::chrono::duration<double>(clock::now() - t).count(); };
     engine::impl & e = *eng_;
@@ -1220,32 +1240,9 @@ spec::commit_plan session::tree_step(int32_t last, uint32_t room, const generate
         run_target(t.tokens.data(), n, false, nullptr, /*verify=*/true, &target, &t);
         acc.path = spec::accept_tree_greedy(t, target);
         acc.bonus = target[size_t(acc.path.back())];
-    } else if (cands.n_cand > 0) {
-        // every node's candidates; a node's full logits cross only if its candidates cannot decide.
-        // extra ids: the committed window (with the root) and every tree token, which covers the
-        // penalty window of each node's history (the committed tokens, the root and its path)
-        std::vector<int32_t> history(tokens_);
-        history.push_back(last);
-        cands.extra_ids = smp.penalty_ids(history, 0);
-        if (!cands.extra_ids.empty()) {
-            cands.extra_ids.insert(cands.extra_ids.end(), t.tokens.begin(), t.tokens.end());
-            std::sort(cands.extra_ids.begin(), cands.extra_ids.end());
-            cands.extra_ids.erase(std::unique(cands.extra_ids.begin(), cands.extra_ids.end()), cands.extra_ids.end());
-        }
-        cands.all_rows = true;
-        run_target(t.tokens.data(), n, false, nullptr, /*verify=*/true, nullptr, &t, &cands);
-        acc = spec::accept_tree_sampled(t, [&](size_t r) { return sampling_row(cands, uint32_t(r), row_buf); }, V,
-                                        smp, tokens_);
-    } else {
-        const std::vector<float> logits = run_target(t.tokens.data(), n, true, nullptr, /*verify=*/true, nullptr, &t);
-        acc = spec::accept_tree_sampled(
-            t,
-            [&](size_t r) {
-                logit_row row;
-                row.full = [&logits, r, V] { return logits.data() + r * size_t(V); };
-                return row;
-            },
-            V, smp, tokens_);
+    } else {  // each node's history: the committed tokens, the root and its path (all in the batch)
+        const auto rows = run_target_sampled(t.tokens.data(), n, /*verify=*/true, &t, smp, cands);
+        acc = spec::accept_tree_sampled(t, rows, V, smp, tokens_);
     }
     const std::vector<int32_t> & path = acc.path;
     if (params.phase_timings) {

@@ -359,12 +359,12 @@ int32_t sampler::wanted_candidates() const {
     return c;
 }
 
-std::vector<int32_t> sampler::penalty_ids(const std::vector<int32_t> & tokens, size_t widen) const {
+std::vector<int32_t> sampler::penalty_ids(const std::vector<int32_t> & history) const {
     std::vector<int32_t> ids;
     if (!params_.has_penalties()) return ids;
-    const size_t n = tokens.size();
-    const size_t w = params_.penalty_last_n < 0 ? n : static_cast<size_t>(params_.penalty_last_n) + widen;
-    ids.assign(tokens.begin() + (n > w ? n - w : 0), tokens.end());
+    const size_t n = history.size();
+    const size_t w = params_.penalty_last_n < 0 ? n : static_cast<size_t>(params_.penalty_last_n);
+    ids.assign(history.begin() + (n > w ? n - w : 0), history.end());
     std::sort(ids.begin(), ids.end());
     ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
     return ids;

@@ -685,7 +685,7 @@ TEST_CASE(candidates_draw_what_the_full_row_draws) {
         for (int32_t i = 0; i < 6; ++i) history.push_back(i * 13);  // some top ids in the window
         sampler full(p), dev(p);
         const int32_t c = std::max(dev.wanted_candidates(), 64);
-        const candidate_row cand = device_candidates(logits, c, dev.penalty_ids(history, 0));
+        const candidate_row cand = device_candidates(logits, c, dev.penalty_ids(history));
         for (int draw = 0; draw < 4; ++draw) {
             ++cases;
             bool used_full = false;
@@ -878,7 +878,7 @@ TEST_CASE(accept_or_resample_among_one_proposal_is_accept_or_resample) {
         const std::vector<int32_t> history{3, 17, 17, int32_t(trial % V)};
         sampler a(p), b(p);
         const candidate_row cand = device_candidates(logits, std::max(a.wanted_candidates(), 64),
-                                                     a.penalty_ids(history, 0));
+                                                     a.penalty_ids(history));
         for (int draw = 0; draw < 40; ++draw) {
             logit_row row{draw % 2 ? &cand : nullptr, [&] { return logits.data(); }};
             const int32_t proposed = draw % 3 == 0 ? cand.ids.back() : static_cast<int32_t>((trial * 97 + draw) % V);

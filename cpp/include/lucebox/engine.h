@@ -209,16 +209,32 @@ class session {
     friend class engine;
     struct state;
     session(engine::impl * eng, std::unique_ptr<state> st);
-    // What a target batch returns for sampling instead of whole logits rows: per output row (the
-    // last row, or every row with all_rows) the device's top-n_cand candidates plus the logits of
-    // extra_ids (graph/candidates.h). The full row stays readable with logits_row() until the
-    // engine runs another target batch, so callers keep the engine lock until they have sampled.
+    // What a sampled target batch returns instead of whole logits rows: per output row (the last
+    // row, or every row with all_rows) the device's top-n_cand candidates plus the logits of
+    // extra_ids (graph/candidates.h). A full row stays readable from the device until the engine
+    // runs another target batch, so callers keep the engine lock until they have sampled.
     struct row_candidates {
-        uint32_t n_cand = 0;
+        uint32_t n_cand = 0;               // 0: whole rows (no candidates wanted, or a layer split)
         bool all_rows = false;
         std::vector<int32_t> extra_ids;
         std::vector<candidate_row> rows;  // filled by run_target
+        std::vector<float> logits;        // whole rows, or the one row fetched when candidates cannot decide
     };
+    row_candidates candidates_for(const sampler & smp) const;
+    // The extra ids of a sampled batch: the penalty window of `history` plus, with penalties, the
+    // batch's own tokens (they join later rows' windows). False: whole rows this time (no
+    // candidates, or more penalized ids than are worth gathering).
+    bool plan_candidates(row_candidates & cands, const sampler & smp, const std::vector<int32_t> & history,
+                         const int32_t * batch, uint32_t n_batch) const;
+    // Runs `n` tokens through forward() (the caller holds the engine lock) and samples the token
+    // after them with `smp` over `history` (the evaluated tokens including these).
+    int32_t forward_and_sample(const int32_t * tokens, uint32_t n, sampler & smp, const std::vector<int32_t> & history,
+                               row_candidates & cands, const progress_callback & progress);
+    // Runs a sampled verify batch (a chain, or `tree`) and returns the sampler's view of each row
+    // (valid until the next target batch; the caller holds the engine lock).
+    std::function<logit_row(size_t)> run_target_sampled(const int32_t * tokens, uint32_t n, bool verify,
+                                                        const spec::draft_tree * tree, const sampler & smp,
+                                                        row_candidates & cands);
     // Runs `n` tokens (already validated) through the model in micro-batches; the caller holds the
     // engine's compute lock. Returns logits of the requested rows; when `argmax` is set and only
     // the last row is wanted, returns its argmax instead; with `cands`, the last batch fills them
@@ -232,10 +248,9 @@ class session {
     std::vector<float> run_target(const int32_t * tokens, uint32_t n, bool all_logits, int32_t * argmax_last,
                                   bool verify, std::vector<int32_t> * argmax_rows,
                                   const spec::draft_tree * tree = nullptr, row_candidates * cands = nullptr);
-    // Output row r of the last target batch's logits, copied into `buf` (see row_candidates).
-    const float * logits_row(uint32_t r, std::vector<float> & buf);
-    // A sampler's view of output row r: the candidates when there are any, the full row on demand.
-    logit_row sampling_row(row_candidates & cands, uint32_t r, std::vector<float> & buf);
+    // A sampler's view of output row r of the last target batch: its candidates, and the full row
+    // on demand (copied from the device into cands.logits).
+    logit_row sampling_row(row_candidates & cands, uint32_t r);
     // Draft: inject features of positions [n_draft_ctx, n_past) and, if block > 0, propose block-1
     // tokens; with topk, also fill it with the top topk->k candidates per position (topk->k set).
     std::vector<int32_t> run_draft(int32_t last, uint32_t block, spec::draft_topk * topk = nullptr);
@@ -247,11 +262,10 @@ class session {
                                          const token_callback & on_token);
     // One tree-verification step of generate_speculative (spec tree or propose_tree); appends the
     // emitted tokens to res.tokens and returns the step's commit plan (spec/chain.h). Sampled
-    // requests draw with smp from the rows' candidates (cands, row_buf: generate_speculative's).
+    // requests draw with smp (cands: generate_speculative's).
     spec::commit_plan tree_step(int32_t last, uint32_t room, const generate_params & params, generate_stats & stats,
                                 generate_result & res, const std::function<bool(int32_t)> & is_stop,
-                                const token_callback & on_token, sampler & smp, row_candidates & cands,
-                                std::vector<float> & row_buf);
+                                const token_callback & on_token, sampler & smp, row_candidates & cands);
     void check_fits(size_t n_new) const;
 
     engine::impl * eng_;

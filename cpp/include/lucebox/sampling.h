@@ -122,10 +122,9 @@ class sampler {
     // decided from the subset: 0 when the subset can never decide (top_k off and not greedy, or
     // top_k too large to be worth it).
     int32_t wanted_candidates() const;
-    // The distinct ids whose logits the penalties may change, for rows whose histories are
-    // `tokens` less up to `widen` trailing tokens: the last penalty_last_n + widen ids (all of them
-    // for penalty_last_n = -1). Empty without penalties.
-    std::vector<int32_t> penalty_ids(const std::vector<int32_t> & tokens, size_t widen) const;
+    // The distinct ids whose logits the penalties change after `history`: those of its last
+    // penalty_last_n tokens (all of them for -1), sorted. Empty without penalties.
+    std::vector<int32_t> penalty_ids(const std::vector<int32_t> & history) const;
 
     // A uniform in [0, 1) from this sampler's RNG (53 random bits).
     double uniform();

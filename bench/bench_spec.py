@@ -32,6 +32,9 @@ def main() -> int:
     ap.add_argument("--model", required=True)
     ap.add_argument("--draft")
     ap.add_argument("--device", default="auto")
+    ap.add_argument("--devices", default="", help="comma-separated devices for a split placement (e.g. cuda:0,cuda:1)")
+    ap.add_argument("--split", default="none", help="none | layer (with --devices)")
+    ap.add_argument("--draft-device", default="", help="the draft's device on a split placement")
     ap.add_argument("--ctx", type=int, default=4096)
     ap.add_argument("--prompt", type=int, default=256, help="prompt tokens (random ids)")
     ap.add_argument("--tokens", type=int, default=96, help="tokens generated per run")
@@ -40,11 +43,12 @@ def main() -> int:
     ap.add_argument("--tree-budgets", default="", help="tree sizes whose verify cost to measure (e.g. 22,64)")
     args = ap.parse_args()
 
-    engine = lucebox.Engine(args.model, args.draft, ctx=args.ctx, device=args.device,
-                            spec="chain" if args.draft else "off")
+    placement = dict(device=args.device, devices=[d for d in args.devices.split(",") if d], split=args.split)
+    engine = lucebox.Engine(args.model, args.draft, ctx=args.ctx, spec="chain" if args.draft else "off",
+                            draft_device=args.draft_device, **placement)
     rng = np.random.default_rng(0)
     prompt = [int(x) for x in rng.integers(10, engine.hparams.n_vocab, args.prompt)]
-    plain = lucebox.Engine(args.model, ctx=args.ctx, device=args.device)
+    plain = lucebox.Engine(args.model, ctx=args.ctx, **placement)
     plain_ref = plain.generate(prompt, max_tokens=args.tokens + 32).tokens
     # the verify path's greedy continuation: proposals that are (almost surely) all rejected
     reference = plain.session().generate(prompt, max_tokens=args.tokens + 32,

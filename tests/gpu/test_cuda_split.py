@@ -56,33 +56,38 @@ def test_layer_split_matches_one_gpu(files: tuple[str, str], devices: list[str],
 
 @pytest.mark.parametrize("draft_device", ["", "cuda:0"])
 def test_layer_split_chain_speculation(files: tuple[str, str], draft_device: str) -> None:
+    """Chain speculation on a split gives the same tokens as chain speculation on one GPU (the same
+    kernels run on the same shapes, so the comparison is exact; a 16-token verify and a 1-token
+    decode use different CUDA matmul kernels, so spec-vs-plain could flip near-tied argmaxes)."""
     target, draft = files
-    plain = lucebox.Engine(target, ctx=512, devices=["cuda:0", "cuda:1"], split="layer")
+    single = lucebox.Engine(target, draft, ctx=512, device="cuda:0", spec="chain")
     spec = lucebox.Engine(target, draft, ctx=512, devices=["cuda:0", "cuda:1"], split="layer",
                           draft_device=draft_device, spec="chain")
     for p in prompts(6):
         got = spec.generate(p, max_tokens=40)
-        ref = plain.generate(p, max_tokens=40)
-        # verify (16-token batches) and plain decoding use different CUDA matmul kernels: compare
-        # the common prefix strictly and allow a late tie-break divergence only
-        n = next((i for i, (a, b) in enumerate(zip(ref.tokens, got.tokens)) if a != b), len(ref.tokens))
-        assert n >= 8, (ref.tokens, got.tokens)
+        assert got.tokens == single.generate(p, max_tokens=40).tokens
         assert got.stats.spec["fast_rollbacks"] == got.stats.spec["steps"] > 0
 
 
 @pytest.mark.parametrize("where", ["host", "device"])
 def test_layer_split_snapshot(files: tuple[str, str], where: str) -> None:
+    """A restored split session continues exactly like one that never left (same batches: the prefix,
+    then the suffix), and like the same sequence on one GPU."""
     target, _ = files
     engine = lucebox.Engine(target, ctx=512, devices=["cuda:0", "cuda:1"], split="layer")
+    single = lucebox.Engine(target, ctx=512, device="cuda:0")
     prefix = prompts(1)[0]
-    cold = engine.session().generate(prefix + [5, 6, 7], max_tokens=24).tokens
     s = engine.session()
     s.append(prefix)
     snap = s.snapshot(where)
+    straight = s.generate([5, 6, 7], max_tokens=24).tokens
     s.generate([1, 2], max_tokens=8)
     warm = engine.session()
     warm.restore(snap)
-    assert warm.generate([5, 6, 7], max_tokens=24).tokens == cold
+    assert warm.generate([5, 6, 7], max_tokens=24).tokens == straight
+    one = single.session()
+    one.append(prefix)
+    assert one.generate([5, 6, 7], max_tokens=24).tokens == straight
 
 
 def test_tensor_split_is_refused_clearly(files: tuple[str, str]) -> None:

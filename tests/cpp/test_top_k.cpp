@@ -1,0 +1,102 @@
+// ggml_top_k as lucebox relies on it (draft top-k of a DDTree step, sampling candidates): for every
+// row the k indices of the k largest values, in any order. Checked against a sort on the CPU
+// backend, and on a GPU backend when the build and machine have one (our ggml patch 0002 runs the
+// CUDA op for all rows at once through a radix select; wide rows, several rows, k up to 128).
+#include <algorithm>
+#include <cstdio>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "check.h"
+#include "ggml-backend.h"
+#include "ggml-cpu.h"
+#include "ggml.h"
+
+namespace {
+
+// rows x cols distinct values (a shuffled ramp, so the top k is unique), some of them negative.
+std::vector<float> distinct_rows(int64_t cols, int64_t rows, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::vector<float> v(size_t(cols * rows));
+    for (int64_t r = 0; r < rows; ++r) {
+        std::vector<float> row(size_t(cols));
+        for (int64_t c = 0; c < cols; ++c) row[size_t(c)] = float(c) * 0.25f - float(cols) * 0.1f;
+        std::shuffle(row.begin(), row.end(), rng);
+        std::copy(row.begin(), row.end(), v.begin() + r * cols);
+    }
+    return v;
+}
+
+// ggml_top_k on `backend` (null: CPU): [k, rows] indices, each row sorted ascending for comparison.
+std::vector<int32_t> run_top_k(const std::vector<float> & x, int64_t cols, int64_t rows, int k, ggml_backend_t backend) {
+    ggml_init_params ip{ggml_tensor_overhead() * 8 + ggml_graph_overhead(), nullptr, true};
+    ggml_context * ctx = ggml_init(ip);
+    ggml_tensor * in = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, cols, rows);
+    ggml_tensor * out = ggml_top_k(ctx, in, k);
+    ggml_cgraph * gf = ggml_new_graph(ctx);
+    ggml_build_forward_expand(gf, out);
+    ggml_backend_t cpu = backend == nullptr ? ggml_backend_cpu_init() : nullptr;
+    ggml_backend_t be = backend != nullptr ? backend : cpu;
+    ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors(ctx, be);
+    ggml_backend_tensor_set(in, x.data(), 0, x.size() * sizeof(float));
+    CHECK(ggml_backend_graph_compute(be, gf) == GGML_STATUS_SUCCESS);
+    std::vector<int32_t> res(size_t(k * rows));
+    ggml_backend_tensor_get(out, res.data(), 0, res.size() * sizeof(int32_t));
+    ggml_backend_buffer_free(buf);
+    ggml_free(ctx);
+    if (cpu != nullptr) ggml_backend_free(cpu);
+    for (int64_t r = 0; r < rows; ++r) std::sort(res.begin() + r * k, res.begin() + (r + 1) * k);
+    return res;
+}
+
+std::vector<int32_t> reference(const std::vector<float> & x, int64_t cols, int64_t rows, int k) {
+    std::vector<int32_t> res;
+    for (int64_t r = 0; r < rows; ++r) {
+        std::vector<int32_t> idx(size_t(cols));
+        std::iota(idx.begin(), idx.end(), 0);
+        const float * row = x.data() + r * cols;
+        std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int32_t a, int32_t b) { return row[a] > row[b]; });
+        std::sort(idx.begin(), idx.begin() + k);
+        res.insert(res.end(), idx.begin(), idx.begin() + k);
+    }
+    return res;
+}
+
+struct shape {
+    int64_t cols, rows;
+    int k;
+};
+const std::vector<shape> SHAPES{{1000, 3, 8}, {5000, 1, 64}, {5000, 15, 8}, {151936, 16, 64}, {248320, 15, 8},
+                                {248320, 16, 128}, {248320, 1, 96}, {300000, 2, 40}};
+
+}  // namespace
+
+TEST_CASE(cpu_matches_sort) {
+    for (const shape & s : SHAPES) {
+        const std::vector<float> x = distinct_rows(s.cols, s.rows, uint32_t(s.cols + s.k));
+        CHECK(run_top_k(x, s.cols, s.rows, s.k, nullptr) == reference(x, s.cols, s.rows, s.k));
+    }
+}
+
+TEST_CASE(gpu_matches_sort) {
+    ggml_backend_dev_t gpu = nullptr;
+    for (size_t i = 0; i < ggml_backend_dev_count() && gpu == nullptr; ++i) {
+        ggml_backend_dev_t d = ggml_backend_dev_get(i);
+        if (ggml_backend_dev_type(d) == GGML_BACKEND_DEVICE_TYPE_GPU) gpu = d;
+    }
+    if (gpu == nullptr) {
+        std::printf("  (no GPU device in this build/machine: gpu_matches_sort checks nothing)\n");
+        return;
+    }
+    ggml_backend_t be = ggml_backend_dev_init(gpu, nullptr);
+    for (const shape & s : SHAPES) {
+        const std::vector<float> x = distinct_rows(s.cols, s.rows, uint32_t(s.cols + s.k));
+        const bool ok = run_top_k(x, s.cols, s.rows, s.k, be) == reference(x, s.cols, s.rows, s.k);
+        if (!ok) std::fprintf(stderr, "  cols %lld rows %lld k %d: GPU top-k differs\n", (long long) s.cols, (long long) s.rows, s.k);
+        CHECK(ok);
+    }
+    ggml_backend_free(be);
+}
+
+int main(int argc, char ** argv) { return lucebox_test::run_all(argc > 1 ? argv[1] : nullptr); }

@@ -20,7 +20,7 @@ std::vector<float> distinct_rows(int64_t cols, int64_t rows, uint32_t seed) {
     std::mt19937 rng(seed);
     std::vector<float> v(size_t(cols * rows));
     for (int64_t r = 0; r < rows; ++r) {
-        std::vector<float> row(size_t(cols));
+        std::vector<float> row(static_cast<size_t>(cols));
         for (int64_t c = 0; c < cols; ++c) row[size_t(c)] = float(c) * 0.25f - float(cols) * 0.1f;
         std::shuffle(row.begin(), row.end(), rng);
         std::copy(row.begin(), row.end(), v.begin() + r * cols);
@@ -53,7 +53,7 @@ std::vector<int32_t> run_top_k(const std::vector<float> & x, int64_t cols, int64
 std::vector<int32_t> reference(const std::vector<float> & x, int64_t cols, int64_t rows, int k) {
     std::vector<int32_t> res;
     for (int64_t r = 0; r < rows; ++r) {
-        std::vector<int32_t> idx(size_t(cols));
+        std::vector<int32_t> idx(static_cast<size_t>(cols));
         std::iota(idx.begin(), idx.end(), 0);
         const float * row = x.data() + r * cols;
         std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int32_t a, int32_t b) { return row[a] > row[b]; });

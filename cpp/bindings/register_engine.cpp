@@ -180,15 +180,7 @@ void register_engine(py::module_ & m) {
         .def_property_readonly("hparams", &engine::hparams, py::return_value_policy::reference_internal)
         .def_property_readonly("device_name", &engine::device_name)
         .def_property_readonly("device_description", &engine::device_description)
-        .def("plan", [](const engine & e) {
-            const memory_plan p = e.plan();
-            py::dict d;
-            d["target_weight_bytes"] = p.target_weight_bytes;
-            d["kv_bytes"] = p.kv_bytes;
-            d["recurrent_bytes"] = p.recurrent_bytes;
-            d["total_bytes"] = p.total();
-            return d;
-        });
+        .def("plan", [](const engine & e) { return plan_to_dict(e.plan()); });
 }
 
 }  // namespace lucebox::bindings

@@ -34,6 +34,8 @@ py::list tensors_to_list(const gguf_file & f) {
     return out;
 }
 
+}  // namespace
+
 py::dict plan_to_dict(const memory_plan & p) {
     py::dict d;
     d["target_weight_bytes"] = p.target_weight_bytes;
@@ -50,10 +52,10 @@ py::dict plan_to_dict(const memory_plan & p) {
     d["feature_ring_tokens"] = p.feature_ring_tokens;
     d["feature_ring_bytes"] = p.feature_ring_bytes;
     d["total_bytes"] = p.total();
+    d["bytes_per_verified_token"] =
+        p.checkpoint_bytes_per_token + (p.feature_ring_tokens ? p.feature_ring_bytes / p.feature_ring_tokens : 0);
     return d;
 }
-
-}  // namespace
 
 void register_models(py::module_ & m) {
     py::class_<qwen35_hparams>(m, "Qwen35HParams", "Hyperparameters of a qwen35 target (see models.h).")

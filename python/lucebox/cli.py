@@ -33,6 +33,8 @@ def _cmd_info(args: argparse.Namespace) -> int:
         if draft is not None:
             _core.validate_draft(target, draft)
         verify = draft.hparams.block_size if draft is not None else args.verify_tokens
+        if args.tree_budget:  # a DDTree verify holds the root and tree_budget nodes
+            verify = max(verify, args.tree_budget + 1)
         plan = _core.plan_memory(target, draft, n_ctx=args.ctx, n_seq=args.n_seq, kv_type_k=args.kv_type_k,
                                  kv_type_v=args.kv_type_v, verify_tokens=verify, ubatch=args.ubatch)
         report["model"] = _describe_target(target)
@@ -115,6 +117,8 @@ def _print_plan(p: dict[str, Any]) -> None:
     for name, n in rows:
         print(f"  {name:<72} {_fmt_bytes(n):>12}")
     print(f"  {'total (excluding compute buffers)':<72} {_fmt_bytes(p['total_bytes']):>12}")
+    print(f"  {'per verified token / DDTree node (checkpoint + feature-ring row)':<72} "
+          f"{_fmt_bytes(p['bytes_per_verified_token']):>12}")
 
 
 def _cmd_synth(args: argparse.Namespace) -> int:
@@ -282,6 +286,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-type-k", default="f16", help="K cache type: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1")
     p.add_argument("--kv-type-v", default="f16", help="V cache type (same choices)")
     p.add_argument("--verify-tokens", type=_positive_int, default=16, help="tokens per verify step without a draft")
+    p.add_argument("--tree-budget", type=_positive_int, default=0,
+                   help="plan for DDTree verification of this many nodes besides the root (spec tree)")
     p.add_argument("--ubatch", type=_positive_int, default=512, help="prefill micro-batch size")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=_cmd_info)

@@ -119,6 +119,13 @@ class Engine:
         self._core = _core.Engine(core_cfg, progress)
         self._default_session: Session | None = None
 
+    def memory_plan(self) -> dict[str, int]:
+        """What this engine's state costs, in bytes, per session: weights, KV cache, recurrent
+        state, verify checkpoints (one per verified token; with spec="tree" one per tree node),
+        feature ring, and bytes_per_verified_token (the cost of one more verified token or tree
+        node). Compute buffers are not included."""
+        return dict(self._core.plan())
+
     @property
     def hparams(self) -> _core.Qwen35HParams:
         return self._core.hparams

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import lucebox
-from lucebox import synth
+from lucebox import _core, synth
 
 BUDGET = 48  # forced trees: nodes besides the root
 
@@ -167,6 +167,34 @@ def test_cli_generate_spec_tree(pair: tuple[str, str]) -> None:
     assert "[spec]" in ok.stderr and "proposals accepted" in ok.stderr
     bad = subprocess.run([*base, "--tree-budget", "0"], capture_output=True, text=True, env=env, timeout=300)
     assert bad.returncode != 0 and "tree_budget" in bad.stderr
+
+
+def test_memory_per_tree_node_is_reported(pair: tuple[str, str]) -> None:
+    """The plan counts one checkpoint and one feature-ring row per tree node (root included), and
+    `lucebox info --tree-budget` prints the per-node cost."""
+    import os
+    import subprocess
+    import sys
+
+    target, draft = pair
+    plans = {b: lucebox.Engine(target, draft, ctx=256, device="cpu", spec="tree", tree_budget=b).memory_plan()
+             for b in (22, 40)}
+    per_node = plans[22]["bytes_per_verified_token"]
+    assert per_node == plans[40]["bytes_per_verified_token"] > plans[22]["checkpoint_bytes_per_token"] > 0
+    assert plans[22]["checkpoint_bytes"] == 23 * plans[22]["checkpoint_bytes_per_token"]
+    assert plans[40]["checkpoint_bytes"] == 41 * plans[40]["checkpoint_bytes_per_token"]
+    assert plans[40]["total_bytes"] > plans[22]["total_bytes"]
+    chain = lucebox.Engine(target, draft, ctx=256, device="cpu", spec="chain").memory_plan()
+    block = _core.DraftFile.open(draft).hparams.block_size
+    assert chain["checkpoint_bytes"] == block * chain["checkpoint_bytes_per_token"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    out = subprocess.run([sys.executable, "-m", "lucebox", "info", target, "--draft", draft, "--ctx", "256",
+                          "--tree-budget", "40", "--json"], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    import json
+    mem = json.loads(out.stdout)["memory"]
+    assert mem["checkpoint_bytes"] == plans[40]["checkpoint_bytes"]
+    assert mem["bytes_per_verified_token"] == per_node
 
 
 def _penalized_dist(engine: lucebox.Engine, context: list[int], temperature: float, top_k: int,

@@ -1,0 +1,58 @@
+#!/usr/bin/env python3
+"""Where the GPU time of one decode step and of one 16-token verify goes, kernel by kernel.
+
+Uses PyTorch's profiler (CUPTI) to record every CUDA kernel launched in this process, including
+ggml's, over 33 generated tokens after a 256-token prompt: plain greedy decoding, then the same with
+16-token verify steps whose proposals are all rejected (each step = one 16-token target forward +
+commit). Prints the per-step kernel time and the 22 most expensive kernels of each.
+Needs torch with CUDA. Usage (repository root, GPU machine):
+    lucebox synth qwen3.6-27b -o /tmp/t27.gguf --type q8_0
+    python bench/bench_kernels.py /tmp/t27.gguf
+"""
+from __future__ import annotations
+
+import collections
+import sys
+
+import numpy as np
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+import lucebox
+
+
+def profile_generation(engine: lucebox.Engine, prompt: list[int], label: str, **kw) -> None:
+    engine.session().generate(prompt, max_tokens=8, **kw)  # warm-up: graphs built, kernels loaded
+    s = engine.session()
+    s.append(prompt[:-1])
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        r = s.generate(prompt[-1:], max_tokens=33, **kw)
+        torch.cuda.synchronize()
+    steps = (r.stats.spec or {}).get("steps", 0) or r.stats.n_generated
+    agg: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0])
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA:
+            agg[ev.name][0] += ev.device_time_total
+            agg[ev.name][1] += 1
+    total = sum(v[0] for v in agg.values())
+    print(f"== {label}: {steps} steps; kernel time {total / 1e3 / steps:.2f} ms per step; "
+          f"wall {1e3 * r.stats.decode_seconds / steps:.2f} ms per step")
+    for name, (us, n) in sorted(agg.items(), key=lambda x: -x[1][0])[:22]:
+        print(f"  {us / 1e3 / steps:7.3f} ms/step {n / steps:6.1f}x  {us / max(1, n):8.1f} us  {name[:100]}")
+
+
+def main() -> int:
+    if len(sys.argv) != 2:
+        print(__doc__, file=sys.stderr)
+        return 2
+    engine = lucebox.Engine(sys.argv[1], ctx=4096, device="cuda:0")
+    rng = np.random.default_rng(0)
+    prompt = [int(x) for x in rng.integers(10, engine.hparams.n_vocab, 256)]
+    profile_generation(engine, prompt, "plain decode")
+    profile_generation(engine, prompt, "16-token verify (forced, all rejected)", propose=lambda c, last, n: [0] * n)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

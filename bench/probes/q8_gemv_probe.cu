@@ -1,0 +1,142 @@
+// Probe: how close can a Q8_0 matrix-vector product (decode: one activation column) come to the
+// memory bandwidth on this GPU if the weights are repacked at load time?
+//
+// ggml's Q8_0 block is 34 bytes (fp16 scale + 32 int8), so its mul_mat_vec_q reads weights with
+// 4-byte loads; on the H200 it streams the 27B model's weights at ~2.4 TB/s (docs/benchmarks.md).
+// Here each row's int8 quants are stored contiguously (16-byte aligned) and the per-32 scales in a
+// separate fp16 array, so a warp reads a row in 512-byte coalesced 16-byte loads. The activation is
+// quantized to int8 per 32 values (scale d_x) as ggml's q8_1 does, and the dot products use dp4a:
+// y[r] = sum_b d_w[r,b] * d_x[b] * sum_{i<32} q_w[r,32b+i] * q_x[32b+i].
+//
+// Prints, for the Qwen3.6-27B matrix shapes, the kernel time, the bytes read per second, and the
+// max relative error against a CPU reference. Not part of the build; run on the GPU machine:
+//     nvcc -O3 -arch=sm_90a -o /tmp/q8_gemv_probe bench/probes/q8_gemv_probe.cu && /tmp/q8_gemv_probe
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <random>
+#include <vector>
+
+#define CHECK_CUDA(x)                                                                   \
+    do {                                                                                \
+        cudaError_t e_ = (x);                                                           \
+        if (e_ != cudaSuccess) {                                                        \
+            std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); \
+            std::exit(1);                                                               \
+        }                                                                               \
+    } while (0)
+
+constexpr int WARP = 32;
+
+// One warp per row (ROWS_PER_BLOCK warps per block). qw: [n_rows, K] int8, row-major, K % 512 == 0;
+// dw: [n_rows, K/32] fp16; qx: [K] int8; dx: [K/32] float (in shared memory). y: [n_rows] float.
+template <int ROWS_PER_BLOCK>
+__global__ void __launch_bounds__(ROWS_PER_BLOCK * WARP)
+q8_gemv(const int8_t * __restrict__ qw, const half * __restrict__ dw, const int8_t * __restrict__ qx,
+        const float * __restrict__ dx, float * __restrict__ y, int K, int n_rows) {
+    extern __shared__ int4 smem[];  // qx (K bytes) then dx (K/32 floats)
+    int4 * sx = smem;
+    float * sdx = reinterpret_cast<float *>(reinterpret_cast<int8_t *>(smem) + K);
+    for (int i = threadIdx.x; i < K / 16; i += blockDim.x) sx[i] = reinterpret_cast<const int4 *>(qx)[i];
+    for (int i = threadIdx.x; i < K / 32; i += blockDim.x) sdx[i] = dx[i];
+    __syncthreads();
+    const int lane = threadIdx.x % WARP;
+    const int row = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / WARP;
+    if (row >= n_rows) return;
+    const int4 * wrow = reinterpret_cast<const int4 *>(qw + size_t(row) * K);
+    const half * drow = dw + size_t(row) * (K / 32);
+    float acc = 0.0f;
+    // each iteration: the warp reads 512 bytes (16 blocks); lane l holds bytes 16l..16l+15 = half
+    // of block l/2
+#pragma unroll 4
+    for (int c = lane; c < K / 16; c += WARP) {
+        const int4 w = __ldg(wrow + c);
+        const int4 x = sx[c];
+        int s = __dp4a(w.x, x.x, 0);
+        s = __dp4a(w.y, x.y, s);
+        s = __dp4a(w.z, x.z, s);
+        s = __dp4a(w.w, x.w, s);
+        const int b = c / 2;
+        acc += __half2float(drow[b]) * sdx[b] * float(s);
+    }
+    for (int o = WARP / 2; o > 0; o /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    if (lane == 0) y[row] = acc;
+}
+
+int main() {
+    struct shape { int K, N; const char * what; };
+    const shape shapes[] = {{5120, 17408, "ffn_gate / ffn_up (5120 -> 17408)"},
+                            {17408, 5120, "ffn_down (17408 -> 5120)"},
+                            {5120, 10240, "attn_qkv of a DeltaNet layer (5120 -> 10240)"},
+                            {5120, 6144, "attn_gate / ssm_out sized (5120 -> 6144)"}};
+    std::mt19937 rng(1);
+    cudaEvent_t t0, t1;
+    CHECK_CUDA(cudaEventCreate(&t0));
+    CHECK_CUDA(cudaEventCreate(&t1));
+    for (const shape & s : shapes) {
+        const int K = s.K, N = s.N, nb = K / 32;
+        // many copies of the matrix so the timed loop reads from HBM, not from the 50 MB L2
+        const int copies = 8;
+        std::vector<int8_t> qw(size_t(N) * K);
+        std::vector<half> dw(size_t(N) * nb);
+        std::vector<int8_t> qx(K);
+        std::vector<float> dx(nb);
+        for (auto & v : qw) v = int8_t(int(rng() % 255) - 127);
+        for (auto & v : dw) v = __float2half(0.001f + float(rng() % 1000) * 1e-5f);
+        for (auto & v : qx) v = int8_t(int(rng() % 255) - 127);
+        for (auto & v : dx) v = 0.01f + float(rng() % 1000) * 1e-5f;
+        std::vector<double> ref(N);
+        for (int r = 0; r < N; ++r) {
+            double a = 0;
+            for (int b = 0; b < nb; ++b) {
+                long long si = 0;
+                for (int i = 0; i < 32; ++i) si += int(qw[size_t(r) * K + b * 32 + i]) * int(qx[b * 32 + i]);
+                a += double(__half2float(dw[size_t(r) * nb + b])) * dx[b] * double(si);
+            }
+            ref[r] = a;
+        }
+        int8_t * d_qw; half * d_dw; int8_t * d_qx; float * d_dx; float * d_y;
+        const size_t wbytes = size_t(N) * K, sbytes = size_t(N) * nb * sizeof(half);
+        CHECK_CUDA(cudaMalloc(&d_qw, wbytes * copies));
+        CHECK_CUDA(cudaMalloc(&d_dw, sbytes * copies));
+        CHECK_CUDA(cudaMalloc(&d_qx, K));
+        CHECK_CUDA(cudaMalloc(&d_dx, nb * sizeof(float)));
+        CHECK_CUDA(cudaMalloc(&d_y, N * sizeof(float)));
+        for (int c = 0; c < copies; ++c) {
+            CHECK_CUDA(cudaMemcpy(d_qw + c * wbytes, qw.data(), wbytes, cudaMemcpyHostToDevice));
+            CHECK_CUDA(cudaMemcpy(reinterpret_cast<int8_t *>(d_dw) + c * sbytes, dw.data(), sbytes, cudaMemcpyHostToDevice));
+        }
+        CHECK_CUDA(cudaMemcpy(d_qx, qx.data(), K, cudaMemcpyHostToDevice));
+        CHECK_CUDA(cudaMemcpy(d_dx, dx.data(), nb * sizeof(float), cudaMemcpyHostToDevice));
+        constexpr int RPB = 8;
+        const size_t smem = size_t(K) + nb * sizeof(float);
+        const dim3 grid((N + RPB - 1) / RPB), block(RPB * WARP);
+        auto launch = [&](int c) {
+            q8_gemv<RPB><<<grid, block, smem>>>(d_qw + c * wbytes,
+                                                reinterpret_cast<half *>(reinterpret_cast<int8_t *>(d_dw) + c * sbytes),
+                                                d_qx, d_dx, d_y, K, N);
+        };
+        for (int c = 0; c < copies; ++c) launch(c);
+        CHECK_CUDA(cudaDeviceSynchronize());
+        std::vector<float> y(N);
+        CHECK_CUDA(cudaMemcpy(y.data(), d_y, N * sizeof(float), cudaMemcpyDeviceToHost));
+        double err = 0;
+        for (int r = 0; r < N; ++r) err = std::max(err, std::fabs(y[r] - ref[r]) / (std::fabs(ref[r]) + 1e-3));
+        const int reps = 50;
+        CHECK_CUDA(cudaEventRecord(t0));
+        for (int i = 0; i < reps; ++i) launch(i % copies);
+        CHECK_CUDA(cudaEventRecord(t1));
+        CHECK_CUDA(cudaEventSynchronize(t1));
+        float ms = 0;
+        CHECK_CUDA(cudaEventElapsedTime(&ms, t0, t1));
+        const double us = 1e3 * ms / reps;
+        const double q8_0_bytes = double(N) * nb * 34;  // what the same matrix costs as ggml Q8_0
+        std::printf("%-46s %8.1f us  %5.2f TB/s of repacked bytes (%5.2f TB/s Q8_0-equivalent)  max rel err %.2e\n",
+                    s.what, us, (wbytes + sbytes) / us / 1e6, q8_0_bytes / us / 1e6, err);
+        cudaFree(d_qw); cudaFree(d_dw); cudaFree(d_qx); cudaFree(d_dx); cudaFree(d_y);
+    }
+    return 0;
+}

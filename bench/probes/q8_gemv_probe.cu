@@ -8,6 +8,10 @@
 // quantized to int8 per 32 values (scale d_x) as ggml's q8_1 does, and the dot products use dp4a:
 // y[r] = sum_b d_w[r,b] * d_x[b] * sum_{i<32} q_w[r,32b+i] * q_x[32b+i].
 //
+// A second kernel takes 16 activation columns at once (a 16-token verify) with dp4a and several
+// rows per warp, reading each weight once: its time relative to the 1-column kernel says what a
+// verify's matmuls could cost relative to a decode step's.
+//
 // Prints, for the Qwen3.6-27B matrix shapes, the kernel time, the bytes read per second, and the
 // max relative error against a CPU reference. Not part of the build; run on the GPU machine:
 //     nvcc -O3 -arch=sm_90a -o /tmp/q8_gemv_probe bench/probes/q8_gemv_probe.cu && /tmp/q8_gemv_probe
@@ -64,6 +68,68 @@ q8_gemv(const int8_t * __restrict__ qw, const half * __restrict__ dw, const int8
     }
     for (int o = WARP / 2; o > 0; o /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, o);
     if (lane == 0) y[row] = acc;
+}
+
+// NC activation columns at once (a verify of NC tokens), R rows per warp, so each weight byte is
+// read from memory once and each activation byte from shared memory once per R rows.
+// qx: [NC, K] int8 (column-major over K); dx: [NC, K/32]. y: [NC, n_rows]. K is walked in chunks
+// of KC bytes staged in shared memory (KC % 512 == 0).
+template <int NC, int R, int WARPS, int KC>
+__global__ void __launch_bounds__(WARPS * WARP)
+q8_gemm_skinny(const int8_t * __restrict__ qw, const half * __restrict__ dw, const int8_t * __restrict__ qx,
+               const float * __restrict__ dx, float * __restrict__ y, int K, int n_rows) {
+    __shared__ int4 sx[NC][KC / 16];
+    __shared__ float sdx[NC][KC / 32];
+    const int lane = threadIdx.x % WARP;
+    const int row0 = (blockIdx.x * WARPS + threadIdx.x / WARP) * R;
+    float acc[R][NC];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int c = 0; c < NC; ++c) acc[r][c] = 0.0f;
+    for (int k0 = 0; k0 < K; k0 += KC) {
+        __syncthreads();
+        for (int i = threadIdx.x; i < NC * KC / 16; i += blockDim.x) {
+            const int c = i / (KC / 16), j = i % (KC / 16);
+            sx[c][j] = reinterpret_cast<const int4 *>(qx + size_t(c) * K + k0)[j];
+        }
+        for (int i = threadIdx.x; i < NC * KC / 32; i += blockDim.x) {
+            const int c = i / (KC / 32), j = i % (KC / 32);
+            sdx[c][j] = dx[size_t(c) * (K / 32) + k0 / 32 + j];
+        }
+        __syncthreads();
+        for (int j = lane; j < KC / 16; j += WARP) {
+            int4 w[R];
+            float dwv[R];
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                const int row = min(row0 + r, n_rows - 1);
+                w[r] = __ldg(reinterpret_cast<const int4 *>(qw + size_t(row) * K + k0) + j);
+                dwv[r] = __half2float(dw[size_t(row) * (K / 32) + (k0 + 16 * j) / 32]);
+            }
+#pragma unroll
+            for (int c = 0; c < NC; ++c) {
+                const int4 x = sx[c][j];
+                const float d = sdx[c][j / 2];
+#pragma unroll
+                for (int r = 0; r < R; ++r) {
+                    int s = __dp4a(w[r].x, x.x, 0);
+                    s = __dp4a(w[r].y, x.y, s);
+                    s = __dp4a(w[r].z, x.z, s);
+                    s = __dp4a(w[r].w, x.w, s);
+                    acc[r][c] += dwv[r] * d * float(s);
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int c = 0; c < NC; ++c) {
+            float a = acc[r][c];
+            for (int o = WARP / 2; o > 0; o /= 2) a += __shfl_xor_sync(0xffffffffu, a, o);
+            if (lane == 0 && row0 + r < n_rows) y[size_t(c) * n_rows + row0 + r] = a;
+        }
 }
 
 int main() {
@@ -136,6 +202,43 @@ int main() {
         const double q8_0_bytes = double(N) * nb * 34;  // what the same matrix costs as ggml Q8_0
         std::printf("%-46s %8.1f us  %5.2f TB/s of repacked bytes (%5.2f TB/s Q8_0-equivalent)  max rel err %.2e\n",
                     s.what, us, (wbytes + sbytes) / us / 1e6, q8_0_bytes / us / 1e6, err);
+        {  // 16 columns: the same weights against 16 activation columns (column 0 = qx above)
+            constexpr int NC = 16, R = 4, WARPS = 4, KC = 1024;
+            std::vector<int8_t> qx16(size_t(NC) * K);
+            std::vector<float> dx16(size_t(NC) * nb);
+            for (int c = 0; c < NC; ++c)
+                for (int k = 0; k < K; ++k) qx16[size_t(c) * K + k] = c == 0 ? qx[k] : int8_t(int(rng() % 255) - 127);
+            for (int c = 0; c < NC; ++c)
+                for (int b = 0; b < nb; ++b) dx16[size_t(c) * nb + b] = c == 0 ? dx[b] : 0.01f;
+            int8_t * d_qx16; float * d_dx16; float * d_y16;
+            CHECK_CUDA(cudaMalloc(&d_qx16, qx16.size()));
+            CHECK_CUDA(cudaMalloc(&d_dx16, dx16.size() * sizeof(float)));
+            CHECK_CUDA(cudaMalloc(&d_y16, size_t(NC) * N * sizeof(float)));
+            CHECK_CUDA(cudaMemcpy(d_qx16, qx16.data(), qx16.size(), cudaMemcpyHostToDevice));
+            CHECK_CUDA(cudaMemcpy(d_dx16, dx16.data(), dx16.size() * sizeof(float), cudaMemcpyHostToDevice));
+            const dim3 grid16((N + R * WARPS - 1) / (R * WARPS)), block16(WARPS * WARP);
+            auto launch16 = [&](int c) {
+                q8_gemm_skinny<NC, R, WARPS, KC><<<grid16, block16>>>(
+                    d_qw + c * wbytes, reinterpret_cast<half *>(reinterpret_cast<int8_t *>(d_dw) + c * sbytes),
+                    d_qx16, d_dx16, d_y16, K, N);
+            };
+            launch16(0);
+            CHECK_CUDA(cudaDeviceSynchronize());
+            std::vector<float> y16(N);  // column 0 only: against the same reference
+            CHECK_CUDA(cudaMemcpy(y16.data(), d_y16, N * sizeof(float), cudaMemcpyDeviceToHost));
+            double err16 = 0;
+            for (int r = 0; r < N; ++r) err16 = std::max(err16, std::fabs(y16[r] - ref[r]) / (std::fabs(ref[r]) + 1e-3));
+            CHECK_CUDA(cudaEventRecord(t0));
+            for (int i = 0; i < reps; ++i) launch16(i % copies);
+            CHECK_CUDA(cudaEventRecord(t1));
+            CHECK_CUDA(cudaEventSynchronize(t1));
+            float ms16 = 0;
+            CHECK_CUDA(cudaEventElapsedTime(&ms16, t0, t1));
+            const double us16 = 1e3 * ms16 / reps;
+            std::printf("%-46s %8.1f us  16 columns: %.2fx the 1-column time  max rel err (column 0) %.2e\n", "",
+                        us16, us16 / us, err16);
+            cudaFree(d_qx16); cudaFree(d_dx16); cudaFree(d_y16);
+        }
         cudaFree(d_qw); cudaFree(d_dw); cudaFree(d_qx); cudaFree(d_dx); cudaFree(d_y);
     }
     return 0;

@@ -418,26 +418,32 @@ ggml_tensor * build_delta_net(ggml_context * ctx, ggml_cgraph * gf, const qwen35
     g = named(ggml_reshape_4d(ctx, g, 1, Hv, T, 1), "gdn_g", il);
 
     // causal depthwise conv over [carried d_conv-1 inputs, this batch]
-    ggml_tensor * conv_in = ggml_concat(ctx, conv_state, ggml_transpose(ctx, qkv), 0);  // [d_conv-1+T, conv_dim]
-    named(conv_in, "gdn_conv_in", il);
-    if (conv_ckpt != nullptr) {
-        ggml_tensor * dst = ggml_view_2d(ctx, conv_ckpt, d_conv - 1 + T, conv_dim, conv_ckpt->nb[1], 0);
-        ggml_build_forward_expand(gf, ggml_cpy(ctx, conv_in, dst));
-    } else {
-        ggml_tensor * new_conv = ggml_view_2d(ctx, conv_in, d_conv - 1, conv_dim, conv_in->nb[1],
-                                              T * ggml_element_size(conv_in));
-        ggml_build_forward_expand(gf, ggml_cpy(ctx, new_conv, conv_state));
-    }
     ggml_tensor * conv_out = nullptr;
     if (in.parents != nullptr) {
         // tree: gather each node's window [conv_dim, d_conv] from [carried state | batch] (channels
-        // fastest), then one conv "sequence" of a single output per node
+        // fastest), then one conv "sequence" of a single output per node. The checkpoint keeps that
+        // sequence as it is (conv_ckpt's first floats as [conv_dim, d_conv-1+T]): the tree commit
+        // gathers the kept columns as rows.
         ggml_tensor * seq = ggml_concat(ctx, ggml_cont(ctx, ggml_transpose(ctx, conv_state)), qkv, 1);  // [conv_dim, d_conv-1+T]
+        named(seq, "gdn_tree_conv_seq", il);
+        ggml_tensor * dst = ggml_view_2d(ctx, conv_ckpt, conv_dim, d_conv - 1 + T,
+                                         conv_dim * ggml_element_size(conv_ckpt), 0);
+        ggml_build_forward_expand(gf, ggml_cpy(ctx, seq, dst));
         ggml_tensor * win = ggml_get_rows(ctx, seq, in.conv_rows);                                     // [conv_dim, d_conv*T]
         win = ggml_cont(ctx, ggml_permute(ctx, ggml_reshape_3d(ctx, win, conv_dim, d_conv, T), 1, 0, 2, 3));  // [d_conv, conv_dim, T]
         named(win, "gdn_tree_conv_win", il);
         conv_out = ggml_reshape_3d(ctx, ggml_ssm_conv(ctx, win, l.ssm_conv1d), conv_dim, T, 1);  // [conv_dim, T, 1]
     } else {
+        ggml_tensor * conv_in = ggml_concat(ctx, conv_state, ggml_transpose(ctx, qkv), 0);  // [d_conv-1+T, conv_dim]
+        named(conv_in, "gdn_conv_in", il);
+        if (conv_ckpt != nullptr) {
+            ggml_tensor * dst = ggml_view_2d(ctx, conv_ckpt, d_conv - 1 + T, conv_dim, conv_ckpt->nb[1], 0);
+            ggml_build_forward_expand(gf, ggml_cpy(ctx, conv_in, dst));
+        } else {
+            ggml_tensor * new_conv = ggml_view_2d(ctx, conv_in, d_conv - 1, conv_dim, conv_in->nb[1],
+                                                  T * ggml_element_size(conv_in));
+            ggml_build_forward_expand(gf, ggml_cpy(ctx, new_conv, conv_state));
+        }
         conv_out = ggml_ssm_conv(ctx, ggml_reshape_3d(ctx, conv_in, d_conv - 1 + T, conv_dim, 1),
                                  l.ssm_conv1d);  // [conv_dim, T, 1]
     }
@@ -775,7 +781,7 @@ qwen35_tree_commit build_qwen35_tree_commit_graph(ggml_context * ctx, const qwen
     const bool recurrent = hp.n_recurrent_layers() > 0;
     g.n_slots = st.n_checkpoints;
     g.gf = ggml_new_graph_custom(ctx, 16 * size_t(hp.n_layer) + 4 * st.ring.size() + 32, false);
-    g.moves = named(ggml_new_tensor_1d(ctx, GGML_TYPE_I32, 4 * N + 1 + (recurrent ? n_keep * C : 0)),
+    g.moves = named(ggml_new_tensor_1d(ctx, GGML_TYPE_I32, 4 * N + 1 + (recurrent ? n_keep : 0)),
                     "inp_tree_commit_moves");
     ggml_set_input(g.moves);
     const size_t i32 = sizeof(int32_t);
@@ -784,23 +790,26 @@ qwen35_tree_commit build_qwen35_tree_commit_graph(ggml_context * ctx, const qwen
     ggml_tensor * ring_src = ggml_view_1d(ctx, g.moves, N, 2 * N * i32);
     ggml_tensor * ring_dst = ggml_view_1d(ctx, g.moves, N, 3 * N * i32);
     ggml_tensor * ssm_slot = ggml_view_1d(ctx, g.moves, 1, 4 * N * i32);
-    // [n_keep, C] with channel stride 0: every channel reads the same n_keep columns
-    ggml_tensor * conv_cols = recurrent ? ggml_view_2d(ctx, g.moves, n_keep, C, 0, (4 * N + 1) * i32) : nullptr;
+    ggml_tensor * conv_cols = recurrent ? ggml_view_1d(ctx, g.moves, n_keep, (4 * N + 1) * i32) : nullptr;
 
+    // `t` (new, unallocated) placed on the bytes of the state tensor `on` (same size)
+    auto place = [&](ggml_tensor * t, ggml_tensor * on) {
+        if (ggml_nbytes(t) != ggml_nbytes(on) ||
+            ggml_backend_tensor_alloc(on->buffer, t, on->data) != GGML_STATUS_SUCCESS) {
+            throw error(std::string("internal: cannot place a tree commit tensor on ") + on->name);
+        }
+        return t;
+    };
     // rows [n_past + path[i]] -> [n_past + i] of a 2-D tensor: gather all, then scatter
     auto move_rows = [&](ggml_tensor * t, ggml_tensor * src, ggml_tensor * dst) {
         ggml_tensor * words = t;
         if (t->type != GGML_TYPE_F32) {  // an F32 alias of the same bytes: copies keep any type exactly
-            words = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, int64_t(t->nb[1] / 4), t->ne[1]);
+            words = place(ggml_new_tensor_2d(ctx, GGML_TYPE_F32, int64_t(t->nb[1] / 4), t->ne[1]), t);
             ggml_format_name(words, "%s (words)", t->name);
-            if (ggml_backend_tensor_alloc(t->buffer, words, t->data) != GGML_STATUS_SUCCESS) {
-                throw error(std::string("internal: cannot alias ") + t->name);
-            }
         }
         ggml_tensor * rows = ggml_get_rows(ctx, words, src);  // [words per row, N]
         ggml_build_forward_expand(g.gf, ggml_set_rows(ctx, words, rows, dst));
     };
-    const int64_t D = int64_t(hp.ssm_d_state) * hp.ssm_d_state * hp.ssm_n_v_heads;
     for (uint32_t il = 0; il < hp.n_layer; ++il) {
         if (!hp.is_recurrent[il]) {
             if (st.k[il] != nullptr) {
@@ -812,13 +821,12 @@ qwen35_tree_commit build_qwen35_tree_commit_graph(ggml_context * ctx, const qwen
         if (st.ssm[il] == nullptr) {
             continue;
         }
-        ggml_tensor * ssm = ggml_get_rows(ctx, st.ssm_ckpt[il], ssm_slot);  // [D, 1]
-        ggml_build_forward_expand(g.gf, ggml_cpy(ctx, ssm, ggml_reshape_2d(ctx, st.ssm[il], D, 1)));
-        // conv_ckpt [d_conv-1+N, C] (time fastest) as [1, d_conv-1+N, C]: one-value rows per channel
-        ggml_tensor * cc = st.conv_ckpt[il];
-        ggml_tensor * cc3 = ggml_view_3d(ctx, cc, 1, cc->ne[0], C, ggml_element_size(cc), cc->nb[1], 0);
-        ggml_tensor * conv = ggml_get_rows(ctx, cc3, conv_cols);  // [1, n_keep, C]
-        ggml_build_forward_expand(g.gf, ggml_cpy(ctx, conv, ggml_reshape_3d(ctx, st.conv[il], 1, n_keep, C)));
+        // [D, 1], gathered straight into the state (its output placed on the state's bytes)
+        ggml_build_forward_expand(g.gf, place(ggml_get_rows(ctx, st.ssm_ckpt[il], ssm_slot), st.ssm[il]));
+        // a tree verify's conv checkpoint: [C, d_conv-1+N] (channels fastest), column = [carried | node]
+        ggml_tensor * seq = ggml_view_2d(ctx, st.conv_ckpt[il], C, n_keep + N, C * ggml_element_size(st.conv[il]), 0);
+        ggml_tensor * conv = ggml_get_rows(ctx, seq, conv_cols);  // [C, n_keep]
+        ggml_build_forward_expand(g.gf, ggml_cpy(ctx, ggml_transpose(ctx, conv), st.conv[il]));
     }
     for (ggml_tensor * ring : st.ring) {
         if (ring != nullptr) {
@@ -837,7 +845,7 @@ std::vector<int32_t> qwen35_tree_commit_moves(const qwen35_tree_commit & g, cons
     if (L > N) {
         throw error("internal: tree commit path of " + std::to_string(L) + " nodes exceeds " + std::to_string(N));
     }
-    std::vector<int32_t> m(4 * N + 1 + size_t(n_keep), 0);
+    std::vector<int32_t> m(4 * N + 1 + size_t(n_keep), 0);  // layout: qwen35_tree_commit::moves
     const uint32_t ring = std::max(st.ring_size, 1u);
     for (size_t i = 0; i < N; ++i) {  // past the path: the root row onto itself
         const uint32_t from = i < L ? uint32_t(path[i]) : 0, to = i < L ? uint32_t(i) : 0;
@@ -882,10 +890,11 @@ ggml_cgraph * build_qwen35_tree_commit_copy_graph(ggml_context * ctx, const qwen
         const size_t slot = n_verified - 1 - uint32_t(path.back());
         ggml_build_forward_expand(gf, ggml_cpy(ctx, ggml_view_1d(ctx, ck, D, slot * ck->nb[1]),
                                                ggml_reshape_1d(ctx, st.ssm[il], D)));
-        ggml_tensor * cc = st.conv_ckpt[il];
+        ggml_tensor * cc = st.conv_ckpt[il];  // as a tree verify writes it: [conv_dim, d_conv-1+N]
+        const size_t es = ggml_element_size(cc);
         for (int64_t w = 0; w < int64_t(hp.ssm_d_conv) - 1; ++w) {
             const int64_t col = tree_commit_conv_column(hp, path, w);
-            ggml_tensor * src = ggml_view_2d(ctx, cc, 1, hp.conv_dim(), cc->nb[1], col * ggml_element_size(cc));
+            ggml_tensor * src = ggml_view_2d(ctx, cc, 1, hp.conv_dim(), es, col * hp.conv_dim() * es);
             ggml_tensor * dst = ggml_view_2d(ctx, st.conv[il], 1, hp.conv_dim(), st.conv[il]->nb[1],
                                              w * ggml_element_size(st.conv[il]));
             ggml_build_forward_expand(gf, ggml_cpy(ctx, src, dst));

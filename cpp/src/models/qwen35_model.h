@@ -67,6 +67,8 @@ struct qwen35_state {
     // Verify checkpoints (speculative decoding), per DeltaNet layer, for up to n_checkpoints tokens:
     std::vector<ggml_tensor *> ssm_ckpt;   // [dk*dk*Hv, n_checkpoints]: state after token T-1-s in column s
     std::vector<ggml_tensor *> conv_ckpt;  // [d_conv-1+n_checkpoints, conv_dim]: the verify batch's conv input
+                                           // [carried | batch] (a tree verify: the same channels fastest,
+                                           // its first floats as [conv_dim, d_conv-1+T])
     uint32_t n_checkpoints = 0;
     tensor_store store;
     // A layer split's state spans one store per device: the others (store holds the first).
@@ -173,14 +175,13 @@ ggml_cgraph * build_qwen35_commit_graph(ggml_context * ctx, const qwen35_hparams
 // rows are read (get_rows) before any is written (set_rows), so the order of the moves is free.
 struct qwen35_tree_commit {
     ggml_cgraph * gf = nullptr;  // null: some KV row is not a whole number of 4-byte words (see below)
-    // moves [4*n_slots + 1 + (d_conv-1)*conv_dim] I32, of which the first 4*n_slots + d_conv are set:
+    // moves [4*n_slots + d_conv] I32 (4*n_slots + 1 without DeltaNet layers):
     //   [0, n_slots)            KV source rows (n_past + path[i]; i >= path length: the root row n_past)
     //   [n_slots, 2*n_slots)    KV destination rows (n_past + i; i >= path length: n_past)
     //   [2*n_slots, 4*n_slots)  the same for the feature ring, mod its size
     //   4*n_slots               the ssm checkpoint slot of path.back()
-    //   4*n_slots + 1 + w       conv_ckpt column of the new conv state's column w, w < d_conv-1
-    // The conv columns are read through a view with a zero channel stride (one index list for every
-    // channel), which needs the tensor to span d_conv-1 entries per channel; the rest is never read.
+    //   4*n_slots + 1 + w       the tree conv checkpoint's column (row of [conv_dim, d_conv-1+T]) that
+    //                           becomes conv state column w, w < d_conv-1
     ggml_tensor * moves = nullptr;
     uint32_t n_slots = 0;  // = the state's n_checkpoints: the longest path
 };
@@ -191,7 +192,7 @@ struct qwen35_tree_commit {
 qwen35_tree_commit build_qwen35_tree_commit_graph(ggml_context * ctx, const qwen35_hparams & hp,
                                                   const qwen35_state & st);
 
-// The values of `g.moves` for one commit (4*n_slots + d_conv entries, layout above); checks the path.
+// The values of `g.moves` for one commit (layout above); checks the path.
 std::vector<int32_t> qwen35_tree_commit_moves(const qwen35_tree_commit & g, const qwen35_hparams & hp,
                                               const qwen35_state & st, uint32_t n_verified, uint32_t n_past,
                                               const std::vector<int32_t> & path);

@@ -293,13 +293,18 @@ struct tree_commit_cache {
     qwen35_tree_commit graph;  // graph.gf null after a build: the copy-graph fallback serves
     bool built = false;
 
-    ~tree_commit_cache() {
+    ~tree_commit_cache() { release(); }
+    void release() {
         if (galloc) {
             ggml_gallocr_free(galloc);
+            galloc = nullptr;
         }
         if (ctx) {
             ggml_free(ctx);
+            ctx = nullptr;
         }
+        graph = {};
+        built = false;
     }
 };
 }  // namespace
@@ -841,6 +846,7 @@ void session::commit_tree(uint32_t n_verified, const std::vector<int32_t> & path
     const qwen35_state & st = st_->model_state;
     tree_commit_cache & c = st_->tree_commit;
     if (!c.built) {
+        c.release();  // what a build that threw left
         c.meta.resize(ggml_tensor_overhead() * (32 * size_t(hp.n_layer) + 64) +
                       ggml_graph_overhead_custom(16 * size_t(hp.n_layer) + 4 * st.ring.size() + 32, false));
         ggml_init_params ip{c.meta.size(), c.meta.data(), /*no_alloc=*/true};

@@ -55,6 +55,7 @@ void draft_topk::validate() const {
             if (std::find(tokens.begin() + row, tokens.begin() + i, tokens[i]) != tokens.begin() + i) {
                 throw config_error(where() + "token " + std::to_string(tokens[i]) + " repeats");
             }
+            // log-probs are <= 0 (a tiny positive rounding error is tolerated); sorted best first
             if (!std::isfinite(logp[i]) || logp[i] > 1e-4f) {
                 throw config_error(where() + "log-prob " + std::to_string(logp[i]) + " is not a finite value <= 0");
             }

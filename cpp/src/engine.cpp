@@ -11,6 +11,7 @@
 #include <mutex>
 #include <thread>
 
+#include "ggml-alloc.h"
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
 #include "lucebox/errors.h"
@@ -280,10 +281,37 @@ struct graph_cache {
         return ctx;
     }
 };
+
+// A session's tree commit graph (build_qwen35_tree_commit_graph): built and allocated on its first
+// tree commit, then reused by every commit, which only uploads the moves and computes. It runs on
+// the device backend alone (every op is a row gather/scatter or copy) with its own allocator, so
+// the draft and forward graphs sharing the schedulers never force a re-allocation.
+struct tree_commit_cache {
+    std::vector<uint8_t> meta;
+    ggml_context * ctx = nullptr;
+    ggml_gallocr_t galloc = nullptr;
+    qwen35_tree_commit graph;  // graph.gf null after a build: the copy-graph fallback serves
+    bool built = false;
+
+    ~tree_commit_cache() { release(); }
+    void release() {
+        if (galloc) {
+            ggml_gallocr_free(galloc);
+            galloc = nullptr;
+        }
+        if (ctx) {
+            ggml_free(ctx);
+            ctx = nullptr;
+        }
+        graph = {};
+        built = false;
+    }
+};
 }  // namespace
 
 struct session::state {
     graph_cache target_graph;
+    tree_commit_cache tree_commit;
     qwen35_state model_state;
     dflash_state draft_state;
     std::vector<ggml_tensor *> draft_rings;  // target feature rings in draft target_layers order
@@ -814,14 +842,41 @@ void session::commit(uint32_t n_verified, uint32_t last_kept) {
 
 void session::commit_tree(uint32_t n_verified, const std::vector<int32_t> & path) {
     engine::impl & e = *eng_;
-    ctx_guard g_ctx(e.graph_meta);
-    ggml_cgraph * gf = build_qwen35_tree_commit_graph(g_ctx.ctx, e.target.hparams, st_->model_state, n_verified,
-                                                      n_past(), path);
-    if (ggml_graph_n_nodes(gf) == 0) {
-        return;  // nothing moves (the path is the spine and there are no DeltaNet layers)
+    const qwen35_hparams & hp = e.target.hparams;
+    const qwen35_state & st = st_->model_state;
+    tree_commit_cache & c = st_->tree_commit;
+    if (!c.built) {
+        c.release();  // what a build that threw left
+        c.meta.resize(ggml_tensor_overhead() * (32 * size_t(hp.n_layer) + 64) +
+                      ggml_graph_overhead_custom(16 * size_t(hp.n_layer) + 4 * st.ring.size() + 32, false));
+        ggml_init_params ip{c.meta.size(), c.meta.data(), /*no_alloc=*/true};
+        c.ctx = ggml_init(ip);
+        c.graph = build_qwen35_tree_commit_graph(c.ctx, hp, st);
+        if (c.graph.gf != nullptr) {
+            c.galloc = ggml_gallocr_new(ggml_backend_dev_buffer_type(e.dev));
+            if (!ggml_gallocr_alloc_graph(c.galloc, c.graph.gf)) {
+                throw out_of_memory_error(std::string("out of memory allocating the tree commit on ") +
+                                          ggml_backend_dev_name(e.dev));
+            }
+        }
+        c.built = true;
     }
-    e.alloc(e.sched_aux, gf, "the tree commit");
-    e.compute(e.sched_aux, gf, "the tree commit");
+    if (c.graph.gf == nullptr) {  // KV rows that cannot be aliased as words: a copy graph per commit
+        ctx_guard g_ctx(e.graph_meta);
+        ggml_cgraph * gf = build_qwen35_tree_commit_copy_graph(g_ctx.ctx, hp, st, n_verified, n_past(), path);
+        if (ggml_graph_n_nodes(gf) > 0) {
+            e.alloc(e.sched_aux, gf, "the tree commit");
+            e.compute(e.sched_aux, gf, "the tree commit");
+        }
+        return;
+    }
+    const std::vector<int32_t> moves = qwen35_tree_commit_moves(c.graph, hp, st, n_verified, n_past(), path);
+    ggml_backend_tensor_set(c.graph.moves, moves.data(), 0, sizeof(int32_t) * moves.size());
+    const ggml_status status = ggml_backend_graph_compute(e.backend, c.graph.gf);
+    if (status != GGML_STATUS_SUCCESS) {
+        throw error(std::string("the tree commit failed on ") + ggml_backend_dev_name(e.dev) + " (ggml status " +
+                    std::to_string(int(status)) + ")");
+    }
 }
 
 void session::backup_state(bool backup) {

@@ -1,16 +1,20 @@
 // The tree variant of ggml_gated_delta_net (ggml/patches/0001-gated-delta-net-tree.patch) on the CPU
 // backend: with chain parents it equals the upstream op with K = n_tokens bit for bit, and on trees
 // (scalar and per-channel KDA gates, broadcast K heads) every node's output and state equal a plain
-// C++ recurrence run along the node's root path. Also the conv-window gather table of a tree verify.
+// C++ recurrence run along the node's root path. Also the conv-window gather table of a tree verify,
+// and the reused tree commit graph against the per-commit byte-copy graph (bit for bit, any KV type).
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <vector>
 
 #include "check.h"
+#include "ggml-alloc.h"
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
 #include "ggml.h"
+#include "lucebox/errors.h"
 #include "models/qwen35_model.h"
 
 using namespace lucebox;
@@ -221,6 +225,151 @@ TEST_CASE(gpu_matches_cpu) {
                 CHECK(bad == 0);
             }
         }
+    }
+    ggml_backend_free(be);
+}
+
+namespace {
+
+// A state of a small hybrid model (DeltaNet, attention, DeltaNet, attention) whose every byte is
+// random (NaN and other odd patterns included), on `dev`.
+struct commit_state {
+    qwen35_hparams hp;
+    qwen35_state st;
+};
+
+qwen35_hparams commit_hparams() {
+    qwen35_hparams hp;
+    hp.n_embd = 64;
+    hp.n_layer = 4;
+    hp.n_head = 2;
+    hp.n_head_kv = 1;
+    hp.head_dim = 64;  // KV row: 64 values (q8_0: 68 bytes, q4_0: 36 bytes)
+    hp.ssm_d_conv = 4;
+    hp.ssm_d_state = 16;
+    hp.ssm_n_k_heads = 2;
+    hp.ssm_n_v_heads = 4;
+    hp.is_recurrent = {true, false, true, false};
+    return hp;
+}
+
+std::vector<ggml_tensor *> state_tensors(const qwen35_state & st) {
+    std::vector<ggml_tensor *> all;
+    for (const auto * v : {&st.k, &st.v, &st.conv, &st.ssm, &st.ring, &st.ssm_ckpt, &st.conv_ckpt}) {
+        for (ggml_tensor * t : *v) {
+            if (t != nullptr) all.push_back(t);
+        }
+    }
+    return all;
+}
+
+std::vector<uint8_t> read_all(const qwen35_state & st) {
+    std::vector<uint8_t> bytes;
+    for (ggml_tensor * t : state_tensors(st)) {
+        std::vector<uint8_t> b(ggml_nbytes(t));
+        ggml_backend_tensor_get(t, b.data(), 0, b.size());
+        bytes.insert(bytes.end(), b.begin(), b.end());
+    }
+    return bytes;
+}
+
+void compute(ggml_backend_t be, ggml_cgraph * gf) {
+    ggml_gallocr_t galloc = ggml_gallocr_new(ggml_backend_get_default_buffer_type(be));
+    CHECK(ggml_gallocr_alloc_graph(galloc, gf));
+    CHECK(ggml_backend_graph_compute(be, gf) == GGML_STATUS_SUCCESS);
+    ggml_gallocr_free(galloc);
+}
+
+// Random paths through random trees, n_past moving on: after each commit the state committed by
+// the reused graph (on `be`) equals the one committed by the copy graph (on the CPU) byte for byte.
+void check_tree_commit(ggml_type type_kv, ggml_backend_t be) {
+    const qwen35_hparams hp = commit_hparams();
+    const uint32_t kv_size = 256, ring = 32, n_ckpt = 12;
+    const std::vector<int32_t> capture{1, 4};
+    ggml_backend_t cpu = ggml_backend_cpu_init();
+    ggml_backend_dev_t cpu_dev = ggml_backend_get_device(cpu);
+    const qwen35_state a = qwen35_state::allocate(hp, kv_size, type_kv, type_kv, capture, ring, n_ckpt,
+                                                  ggml_backend_get_default_buffer_type(cpu), cpu_dev);
+    const qwen35_state b = qwen35_state::allocate(hp, kv_size, type_kv, type_kv, capture, ring, n_ckpt,
+                                                  ggml_backend_get_default_buffer_type(be),
+                                                  ggml_backend_get_device(be));
+    std::mt19937 rng(uint32_t(type_kv) + 5);
+    const auto ta = state_tensors(a), tb = state_tensors(b);
+    for (size_t i = 0; i < ta.size(); ++i) {
+        std::vector<uint8_t> bytes(ggml_nbytes(ta[i]));
+        for (uint8_t & x : bytes) x = uint8_t(rng());
+        ggml_backend_tensor_set(ta[i], bytes.data(), 0, bytes.size());
+        ggml_backend_tensor_set(tb[i], bytes.data(), 0, bytes.size());
+    }
+    std::vector<uint8_t> meta(ggml_tensor_overhead() * 4096 + ggml_graph_overhead_custom(4096, false));
+    ggml_init_params ip{meta.size(), meta.data(), true};
+    ggml_context * cached_ctx = ggml_init(ip);
+    const qwen35_tree_commit g = build_qwen35_tree_commit_graph(cached_ctx, hp, b);
+    CHECK(g.gf != nullptr && g.n_slots == n_ckpt);
+    ggml_gallocr_t galloc = ggml_gallocr_new(ggml_backend_get_default_buffer_type(be));
+    CHECK(ggml_gallocr_alloc_graph(galloc, g.gf));
+    std::vector<uint8_t> copy_meta(meta.size());
+    uint32_t n_past = 3;
+    for (int step = 0; step < 40; ++step) {
+        const uint32_t n_verified = 1 + rng() % n_ckpt;
+        std::vector<int32_t> path{0};  // increasing nodes < n_verified
+        for (uint32_t node = 1; node < n_verified; ++node) {
+            if (rng() % 2) path.push_back(int32_t(node));
+        }
+        if (step == 0) path = {0};
+        if (step == 1 && n_verified >= 3) path = {0, 1, 2};  // the spine: rows stay
+        ggml_init_params cp{copy_meta.size(), copy_meta.data(), true};
+        ggml_context * copy_ctx = ggml_init(cp);
+        ggml_cgraph * copy = build_qwen35_tree_commit_copy_graph(copy_ctx, hp, a, n_verified, n_past, path);
+        compute(cpu, copy);
+        if (step == 5) {
+            std::printf("  %s, path of %zu of %u nodes: copy graph %d nodes, reused graph %d nodes\n",
+                        ggml_type_name(type_kv), path.size(), n_verified, ggml_graph_n_nodes(copy),
+                        ggml_graph_n_nodes(g.gf));
+        }
+        ggml_free(copy_ctx);
+        const std::vector<int32_t> moves = qwen35_tree_commit_moves(g, hp, b, n_verified, n_past, path);
+        ggml_backend_tensor_set(g.moves, moves.data(), 0, moves.size() * sizeof(int32_t));
+        CHECK(ggml_backend_graph_compute(be, g.gf) == GGML_STATUS_SUCCESS);
+        const bool same = read_all(a) == read_all(b);
+        if (!same) std::fprintf(stderr, "  %s: step %d (n_past %u, %u verified, path of %zu) differs\n",
+                                ggml_type_name(type_kv), step, n_past, n_verified, path.size());
+        CHECK(same);
+        n_past = (n_past + uint32_t(path.size()) + 7) % (kv_size - n_ckpt);  // wraps the ring too
+    }
+    const std::vector<int32_t> unordered{0, 2, 1}, rootless{1};
+    CHECK_THROWS(qwen35_tree_commit_moves(g, hp, b, 4, 0, unordered), lucebox::error, "not increasing");
+    CHECK_THROWS(qwen35_tree_commit_moves(g, hp, b, 4, 0, rootless), lucebox::error, "root");
+    ggml_gallocr_free(galloc);
+    ggml_free(cached_ctx);
+    ggml_backend_free(cpu);
+}
+
+}  // namespace
+
+TEST_CASE(tree_commit_reused_graph_equals_copies_bitwise) {
+    ggml_backend_t cpu = ggml_backend_cpu_init();
+    for (ggml_type t : {GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_Q8_0, GGML_TYPE_Q4_0,
+                        GGML_TYPE_Q4_1, GGML_TYPE_Q5_0, GGML_TYPE_Q5_1}) {
+        check_tree_commit(t, cpu);
+    }
+    ggml_backend_free(cpu);
+}
+
+// The same with the reused graph on a GPU (a CUDA build on a machine with a GPU; a note elsewhere).
+TEST_CASE(tree_commit_gpu_equals_cpu_copies) {
+    ggml_backend_dev_t gpu = nullptr;
+    for (size_t i = 0; i < ggml_backend_dev_count() && gpu == nullptr; ++i) {
+        ggml_backend_dev_t d = ggml_backend_dev_get(i);
+        if (ggml_backend_dev_type(d) == GGML_BACKEND_DEVICE_TYPE_GPU) gpu = d;
+    }
+    if (gpu == nullptr) {
+        std::printf("  (no GPU device in this build/machine: tree_commit_gpu_equals_cpu_copies checks nothing)\n");
+        return;
+    }
+    ggml_backend_t be = ggml_backend_dev_init(gpu, nullptr);
+    for (ggml_type t : {GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_Q8_0, GGML_TYPE_Q4_0}) {
+        check_tree_commit(t, be);
     }
     ggml_backend_free(be);
 }

@@ -272,3 +272,87 @@ def test_tree_sampling_is_distribution_exact(pair: tuple[str, str], penalties: b
     assert all(accepted.count(a) > 0 for a in range(3))  # rejection, acceptance, deep acceptance
     assert worst < 0.025
     assert chi2 < 130  # 63 degrees of freedom: p < 1e-6 for a correct sampler
+
+
+def random_tree(reference: list[int], prompt_len: int, seed: int, budget: int = BUDGET
+                ) -> Callable[[list[int], int, int], tuple[list[int], list[int]]]:
+    """Trees of a new random shape at every step: a right path (the known greedy continuation) of
+    random length whose nodes sit at random batch rows, among decoys hung under random nodes (a
+    decoy under a right node is never the right token), so each commit moves other rows."""
+    rng = np.random.default_rng(seed)
+
+    def propose(context: list[int], last: int, max_nodes: int) -> tuple[list[int], list[int]]:
+        start = len(context) - prompt_len + 1
+
+        def nxt(i: int) -> int:
+            return reference[start + i] if start + i < len(reference) else 0
+
+        n = min(max_nodes, int(rng.integers(1, budget + 1)))
+        accept = int(rng.integers(0, min(n, 6) + 1))
+        tokens: list[int] = []
+        parents: list[int] = []
+        path = [0]  # node indices of the right path (0 = the root)
+        while len(tokens) < n:
+            if len(path) - 1 < accept and rng.random() < 0.35:
+                tokens.append(nxt(len(path) - 1))
+                parents.append(path[-1])
+                path.append(len(tokens))
+                continue
+            p = int(rng.integers(0, len(tokens) + 1))
+            tok = int(rng.integers(0, 1000))
+            if p in path and tok == nxt(path.index(p)):
+                tok = (tok + 1) % 1000
+            tokens.append(tok)
+            parents.append(p)
+        return tokens, parents
+
+    return propose
+
+
+@pytest.mark.parametrize("kv", ["f16", "q8_0"])
+def test_tree_commits_of_changing_shapes_sessions_and_restores(pair: tuple[str, str], kv: str) -> None:
+    """The tree commit graph is built once per session and reused with the step's moves as inputs:
+    tokens stay those of plain greedy decoding over many steps whose paths differ in length and
+    rows, with two sessions of one engine alternating steps, and after snapshot restores (into the
+    same session and into a fresh one)."""
+    target, draft = pair
+    plain = lucebox.Engine(target, ctx=512, device="cpu", kv_type=kv)
+    engine = lucebox.Engine(target, draft, ctx=512, device="cpu", kv_type=kv, spec="tree", tree_budget=BUDGET)
+    ps = prompts(2, seed=77)
+    refs = [plain.generate(p, max_tokens=96).tokens for p in ps]
+    sessions = [engine.session() for _ in ps]
+    got: list[list[int]] = [[], []]
+    steps, accepted = 0, set()
+    for chunk in range(6):  # the two sessions alternate; each call continues its own sequence
+        for i, s in enumerate(sessions):
+            r = s.generate(ps[i] if chunk == 0 else [], max_tokens=8,
+                           propose_tree=random_tree(refs[i], len(ps[i]), seed=100 * chunk + i))
+            got[i] += r.tokens
+            steps += r.stats.spec["steps"]
+            accepted |= {a for a, c in enumerate(r.stats.spec["accept_histogram"]) if c}
+    for i in range(2):
+        assert got[i] == refs[i][:48], f"session {i}"
+    assert steps >= 20 and len(accepted) >= 5, (steps, accepted)
+    s = sessions[0]
+    snap = s.snapshot()
+    after = s.generate([], max_tokens=24, propose_tree=random_tree(refs[0], len(ps[0]), seed=7)).tokens
+    assert after == refs[0][48:72]
+    s.restore(snap)
+    again = s.generate([], max_tokens=24, propose_tree=random_tree(refs[0], len(ps[0]), seed=8)).tokens
+    fresh = engine.session()
+    fresh.restore(snap)
+    other = fresh.generate([], max_tokens=24, propose_tree=random_tree(refs[0], len(ps[0]), seed=9)).tokens
+    assert again == other == after
+
+
+def test_tree_commit_of_kv_rows_not_in_words(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A q8_0 KV row of one block (34 bytes) cannot be moved as 4-byte words: the commit falls back to
+    per-row byte copies, and stays lossless."""
+    target = tmp_path_factory.mktemp("odd-kv") / "target.gguf"
+    synth.write_target(str(target), "tiny", type="q8_0", seed=5, overrides=dict(n_head_kv=1, head_dim=32))
+    plain = lucebox.Engine(str(target), ctx=256, device="cpu", kv_type="q8_0")
+    engine = lucebox.Engine(str(target), ctx=256, device="cpu", kv_type="q8_0")
+    for i, p in enumerate(prompts(2, seed=3)):
+        ref = plain.generate(p, max_tokens=40).tokens
+        got = engine.session().generate(p, max_tokens=40, propose_tree=random_tree(ref, len(p), seed=i, budget=15))
+        assert got.tokens == ref, f"prompt {i}"

@@ -418,26 +418,32 @@ ggml_tensor * build_delta_net(ggml_context * ctx, ggml_cgraph * gf, const qwen35
     g = named(ggml_reshape_4d(ctx, g, 1, Hv, T, 1), "gdn_g", il);
 
     // causal depthwise conv over [carried d_conv-1 inputs, this batch]
-    ggml_tensor * conv_in = ggml_concat(ctx, conv_state, ggml_transpose(ctx, qkv), 0);  // [d_conv-1+T, conv_dim]
-    named(conv_in, "gdn_conv_in", il);
-    if (conv_ckpt != nullptr) {
-        ggml_tensor * dst = ggml_view_2d(ctx, conv_ckpt, d_conv - 1 + T, conv_dim, conv_ckpt->nb[1], 0);
-        ggml_build_forward_expand(gf, ggml_cpy(ctx, conv_in, dst));
-    } else {
-        ggml_tensor * new_conv = ggml_view_2d(ctx, conv_in, d_conv - 1, conv_dim, conv_in->nb[1],
-                                              T * ggml_element_size(conv_in));
-        ggml_build_forward_expand(gf, ggml_cpy(ctx, new_conv, conv_state));
-    }
     ggml_tensor * conv_out = nullptr;
     if (in.parents != nullptr) {
         // tree: gather each node's window [conv_dim, d_conv] from [carried state | batch] (channels
-        // fastest), then one conv "sequence" of a single output per node
+        // fastest), then one conv "sequence" of a single output per node. The checkpoint keeps that
+        // sequence as it is (conv_ckpt's first floats as [conv_dim, d_conv-1+T]): the tree commit
+        // gathers the kept columns as rows.
         ggml_tensor * seq = ggml_concat(ctx, ggml_cont(ctx, ggml_transpose(ctx, conv_state)), qkv, 1);  // [conv_dim, d_conv-1+T]
+        named(seq, "gdn_tree_conv_seq", il);
+        ggml_tensor * dst = ggml_view_2d(ctx, conv_ckpt, conv_dim, d_conv - 1 + T,
+                                         conv_dim * ggml_element_size(conv_ckpt), 0);
+        ggml_build_forward_expand(gf, ggml_cpy(ctx, seq, dst));
         ggml_tensor * win = ggml_get_rows(ctx, seq, in.conv_rows);                                     // [conv_dim, d_conv*T]
         win = ggml_cont(ctx, ggml_permute(ctx, ggml_reshape_3d(ctx, win, conv_dim, d_conv, T), 1, 0, 2, 3));  // [d_conv, conv_dim, T]
         named(win, "gdn_tree_conv_win", il);
         conv_out = ggml_reshape_3d(ctx, ggml_ssm_conv(ctx, win, l.ssm_conv1d), conv_dim, T, 1);  // [conv_dim, T, 1]
     } else {
+        ggml_tensor * conv_in = ggml_concat(ctx, conv_state, ggml_transpose(ctx, qkv), 0);  // [d_conv-1+T, conv_dim]
+        named(conv_in, "gdn_conv_in", il);
+        if (conv_ckpt != nullptr) {
+            ggml_tensor * dst = ggml_view_2d(ctx, conv_ckpt, d_conv - 1 + T, conv_dim, conv_ckpt->nb[1], 0);
+            ggml_build_forward_expand(gf, ggml_cpy(ctx, conv_in, dst));
+        } else {
+            ggml_tensor * new_conv = ggml_view_2d(ctx, conv_in, d_conv - 1, conv_dim, conv_in->nb[1],
+                                                  T * ggml_element_size(conv_in));
+            ggml_build_forward_expand(gf, ggml_cpy(ctx, new_conv, conv_state));
+        }
         conv_out = ggml_ssm_conv(ctx, ggml_reshape_3d(ctx, conv_in, d_conv - 1 + T, conv_dim, 1),
                                  l.ssm_conv1d);  // [conv_dim, T, 1]
     }
@@ -737,8 +743,9 @@ std::vector<int32_t> qwen35_tree_conv_rows(const std::vector<int32_t> & parents,
     return rows;
 }
 
-ggml_cgraph * build_qwen35_tree_commit_graph(ggml_context * ctx, const qwen35_hparams & hp, const qwen35_state & st,
-                                             uint32_t n_verified, uint32_t n_past, const std::vector<int32_t> & path) {
+namespace {
+
+void check_tree_commit_path(const qwen35_state & st, uint32_t n_verified, const std::vector<int32_t> & path) {
     if (path.empty() || path[0] != 0 || n_verified > st.n_checkpoints) {
         throw error("internal: tree commit of a path that does not start at the root");
     }
@@ -748,6 +755,116 @@ ggml_cgraph * build_qwen35_tree_commit_graph(ggml_context * ctx, const qwen35_hp
                         " verified nodes");
         }
     }
+}
+
+// conv_ckpt column of the new conv state's column w: the state is the last d_conv-1 entries of
+// [carried state (conv_ckpt columns 0..d_conv-2) | path nodes (node j at column d_conv-1+j)]
+int64_t tree_commit_conv_column(const qwen35_hparams & hp, const std::vector<int32_t> & path, int64_t w) {
+    const int64_t n_keep = hp.ssm_d_conv - 1;
+    const int64_t src_pos = int64_t(path.size()) + w;  // position in [carried (n_keep) | path (L)]
+    return src_pos < n_keep ? src_pos : n_keep + path[size_t(src_pos - n_keep)];
+}
+
+}  // namespace
+
+qwen35_tree_commit build_qwen35_tree_commit_graph(ggml_context * ctx, const qwen35_hparams & hp,
+                                                  const qwen35_state & st) {
+    qwen35_tree_commit g;
+    for (uint32_t il = 0; il < hp.n_layer; ++il) {
+        for (ggml_tensor * t : {st.k[il], st.v[il]}) {
+            if (t != nullptr && t->nb[1] % 4 != 0) {
+                return g;  // no raw-word alias of these rows
+            }
+        }
+    }
+    const int64_t N = st.n_checkpoints, n_keep = int64_t(hp.ssm_d_conv) - 1, C = hp.conv_dim();
+    const bool recurrent = hp.n_recurrent_layers() > 0;
+    g.n_slots = st.n_checkpoints;
+    g.gf = ggml_new_graph_custom(ctx, 16 * size_t(hp.n_layer) + 4 * st.ring.size() + 32, false);
+    g.moves = named(ggml_new_tensor_1d(ctx, GGML_TYPE_I32, 4 * N + 1 + (recurrent ? n_keep : 0)),
+                    "inp_tree_commit_moves");
+    ggml_set_input(g.moves);
+    const size_t i32 = sizeof(int32_t);
+    ggml_tensor * kv_src = ggml_view_1d(ctx, g.moves, N, 0);
+    ggml_tensor * kv_dst = ggml_view_1d(ctx, g.moves, N, N * i32);
+    ggml_tensor * ring_src = ggml_view_1d(ctx, g.moves, N, 2 * N * i32);
+    ggml_tensor * ring_dst = ggml_view_1d(ctx, g.moves, N, 3 * N * i32);
+    ggml_tensor * ssm_slot = ggml_view_1d(ctx, g.moves, 1, 4 * N * i32);
+    ggml_tensor * conv_cols = recurrent ? ggml_view_1d(ctx, g.moves, n_keep, (4 * N + 1) * i32) : nullptr;
+
+    // `t` (new, unallocated) placed on the bytes of the state tensor `on` (same size)
+    auto place = [&](ggml_tensor * t, ggml_tensor * on) {
+        if (ggml_nbytes(t) != ggml_nbytes(on) ||
+            ggml_backend_tensor_alloc(on->buffer, t, on->data) != GGML_STATUS_SUCCESS) {
+            throw error(std::string("internal: cannot place a tree commit tensor on ") + on->name);
+        }
+        return t;
+    };
+    // rows [n_past + path[i]] -> [n_past + i] of a 2-D tensor: gather all, then scatter
+    auto move_rows = [&](ggml_tensor * t, ggml_tensor * src, ggml_tensor * dst) {
+        ggml_tensor * words = t;
+        if (t->type != GGML_TYPE_F32) {  // an F32 alias of the same bytes: copies keep any type exactly
+            words = place(ggml_new_tensor_2d(ctx, GGML_TYPE_F32, int64_t(t->nb[1] / 4), t->ne[1]), t);
+            ggml_format_name(words, "%s (words)", t->name);
+        }
+        ggml_tensor * rows = ggml_get_rows(ctx, words, src);  // [words per row, N]
+        ggml_build_forward_expand(g.gf, ggml_set_rows(ctx, words, rows, dst));
+    };
+    for (uint32_t il = 0; il < hp.n_layer; ++il) {
+        if (!hp.is_recurrent[il]) {
+            if (st.k[il] != nullptr) {
+                move_rows(st.k[il], kv_src, kv_dst);
+                move_rows(st.v[il], kv_src, kv_dst);
+            }
+            continue;
+        }
+        if (st.ssm[il] == nullptr) {
+            continue;
+        }
+        // [D, 1], gathered straight into the state (its output placed on the state's bytes)
+        ggml_build_forward_expand(g.gf, place(ggml_get_rows(ctx, st.ssm_ckpt[il], ssm_slot), st.ssm[il]));
+        // a tree verify's conv checkpoint: [C, d_conv-1+N] (channels fastest), column = [carried | node]
+        ggml_tensor * seq = ggml_view_2d(ctx, st.conv_ckpt[il], C, n_keep + N, C * ggml_element_size(st.conv[il]), 0);
+        ggml_tensor * conv = ggml_get_rows(ctx, seq, conv_cols);  // [C, n_keep]
+        ggml_build_forward_expand(g.gf, ggml_cpy(ctx, ggml_transpose(ctx, conv), st.conv[il]));
+    }
+    for (ggml_tensor * ring : st.ring) {
+        if (ring != nullptr) {
+            move_rows(ring, ring_src, ring_dst);
+        }
+    }
+    return g;
+}
+
+std::vector<int32_t> qwen35_tree_commit_moves(const qwen35_tree_commit & g, const qwen35_hparams & hp,
+                                              const qwen35_state & st, uint32_t n_verified, uint32_t n_past,
+                                              const std::vector<int32_t> & path) {
+    check_tree_commit_path(st, n_verified, path);
+    const size_t N = g.n_slots, L = path.size();
+    const int64_t n_keep = hp.n_recurrent_layers() > 0 ? int64_t(hp.ssm_d_conv) - 1 : 0;
+    if (L > N) {
+        throw error("internal: tree commit path of " + std::to_string(L) + " nodes exceeds " + std::to_string(N));
+    }
+    std::vector<int32_t> m(4 * N + 1 + size_t(n_keep), 0);  // layout: qwen35_tree_commit::moves
+    const uint32_t ring = std::max(st.ring_size, 1u);
+    for (size_t i = 0; i < N; ++i) {  // past the path: the root row onto itself
+        const uint32_t from = i < L ? uint32_t(path[i]) : 0, to = i < L ? uint32_t(i) : 0;
+        m[i] = int32_t(n_past + from);
+        m[N + i] = int32_t(n_past + to);
+        m[2 * N + i] = int32_t((n_past + from) % ring);
+        m[3 * N + i] = int32_t((n_past + to) % ring);
+    }
+    m[4 * N] = int32_t(n_verified - 1 - uint32_t(path.back()));
+    for (int64_t w = 0; w < n_keep; ++w) {
+        m[4 * N + 1 + size_t(w)] = int32_t(tree_commit_conv_column(hp, path, w));
+    }
+    return m;
+}
+
+ggml_cgraph * build_qwen35_tree_commit_copy_graph(ggml_context * ctx, const qwen35_hparams & hp,
+                                                  const qwen35_state & st, uint32_t n_verified, uint32_t n_past,
+                                                  const std::vector<int32_t> & path) {
+    check_tree_commit_path(st, n_verified, path);
     const size_t L = path.size();
     // nodes: a row copy is 3 (two views + cpy): 2 per path node per attention layer and ring, plus the
     // ssm copy and the d_conv-1 conv column copies per DeltaNet layer
@@ -761,7 +878,7 @@ ggml_cgraph * build_qwen35_tree_commit_graph(ggml_context * ctx, const qwen35_hp
     };
     for (uint32_t il = 0; il < hp.n_layer; ++il) {
         if (!hp.is_recurrent[il]) {
-            for (size_t i = 1; i < L; ++i) {
+            for (size_t i = 1; i < L; ++i) {  // increasing i: no source is overwritten before it is read
                 if (path[i] != int32_t(i)) {
                     copy_row(st.k[il], n_past + path[i], n_past + i);
                     copy_row(st.v[il], n_past + path[i], n_past + i);
@@ -773,14 +890,11 @@ ggml_cgraph * build_qwen35_tree_commit_graph(ggml_context * ctx, const qwen35_hp
         const size_t slot = n_verified - 1 - uint32_t(path.back());
         ggml_build_forward_expand(gf, ggml_cpy(ctx, ggml_view_1d(ctx, ck, D, slot * ck->nb[1]),
                                                ggml_reshape_1d(ctx, st.ssm[il], D)));
-        // conv_ckpt columns: [carried state 0..d_conv-2 | node j at d_conv-1+j]; the new state is the
-        // last d_conv-1 entries of [carried state | path nodes] (time is the fastest dimension)
-        ggml_tensor * cc = st.conv_ckpt[il];
-        const int64_t n_keep = hp.ssm_d_conv - 1;
-        for (int64_t w = 0; w < n_keep; ++w) {
-            const int64_t src_pos = int64_t(L) + w;  // position in [carried (n_keep) | path (L)]; window = last n_keep
-            const int64_t col = src_pos < n_keep ? src_pos : n_keep + path[size_t(src_pos - n_keep)];
-            ggml_tensor * src = ggml_view_2d(ctx, cc, 1, hp.conv_dim(), cc->nb[1], col * ggml_element_size(cc));
+        ggml_tensor * cc = st.conv_ckpt[il];  // as a tree verify writes it: [conv_dim, d_conv-1+N]
+        const size_t es = ggml_element_size(cc);
+        for (int64_t w = 0; w < int64_t(hp.ssm_d_conv) - 1; ++w) {
+            const int64_t col = tree_commit_conv_column(hp, path, w);
+            ggml_tensor * src = ggml_view_2d(ctx, cc, 1, hp.conv_dim(), es, col * hp.conv_dim() * es);
             ggml_tensor * dst = ggml_view_2d(ctx, st.conv[il], 1, hp.conv_dim(), st.conv[il]->nb[1],
                                              w * ggml_element_size(st.conv[il]));
             ggml_build_forward_expand(gf, ggml_cpy(ctx, src, dst));

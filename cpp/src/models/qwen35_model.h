@@ -67,6 +67,8 @@ struct qwen35_state {
     // Verify checkpoints (speculative decoding), per DeltaNet layer, for up to n_checkpoints tokens:
     std::vector<ggml_tensor *> ssm_ckpt;   // [dk*dk*Hv, n_checkpoints]: state after token T-1-s in column s
     std::vector<ggml_tensor *> conv_ckpt;  // [d_conv-1+n_checkpoints, conv_dim]: the verify batch's conv input
+                                           // [carried | batch] (a tree verify: the same channels fastest,
+                                           // its first floats as [conv_dim, d_conv-1+T])
     uint32_t n_checkpoints = 0;
     tensor_store store;
     // A layer split's state spans one store per device: the others (store holds the first).
@@ -163,12 +165,42 @@ std::vector<float> read_qwen35_outputs(const qwen35_graph & g, uint32_t T, bool 
 ggml_cgraph * build_qwen35_commit_graph(ggml_context * ctx, const qwen35_hparams & hp, const qwen35_state & st,
                                         uint32_t n_verified, uint32_t last_kept);
 
-// After a tree verify of n_verified nodes written at cache rows n_past + node: commits the root path
-// `path` (node indices, path[0] = 0 the root, increasing): DeltaNet ssm state = node path.back()'s
-// checkpoint; conv state = the last d_conv-1 inputs of [carried conv state | path nodes]; the KV rows
-// and feature-ring rows of path node i move from n_past + path[i] to n_past + i (byte copies, so any
-// KV type is kept exactly; in increasing i, so no source is overwritten before it is read).
-ggml_cgraph * build_qwen35_tree_commit_graph(ggml_context * ctx, const qwen35_hparams & hp, const qwen35_state & st,
-                                             uint32_t n_verified, uint32_t n_past, const std::vector<int32_t> & path);
+// The tree commit: after a tree verify of n_verified nodes written at cache rows n_past + node,
+// commits the root path `path` (node indices, path[0] = 0 the root, increasing): DeltaNet ssm state =
+// node path.back()'s checkpoint; conv state = the last d_conv-1 inputs of [carried conv state | path
+// nodes]; the KV rows and feature-ring rows of path node i move from n_past + path[i] to n_past + i.
+// The graph is built once per state and reused: what varies per commit (path, n_past, n_verified) is
+// in one I32 input, `moves`, filled by set_qwen35_tree_commit_inputs. Rows move as raw 4-byte words
+// (each cache is aliased as an F32 tensor of its row bytes), so every KV type is kept bit-exact; all
+// rows are read (get_rows) before any is written (set_rows), so the order of the moves is free.
+struct qwen35_tree_commit {
+    ggml_cgraph * gf = nullptr;  // null: some KV row is not a whole number of 4-byte words (see below)
+    // moves [4*n_slots + d_conv] I32 (4*n_slots + 1 without DeltaNet layers):
+    //   [0, n_slots)            KV source rows (n_past + path[i]; i >= path length: the root row n_past)
+    //   [n_slots, 2*n_slots)    KV destination rows (n_past + i; i >= path length: n_past)
+    //   [2*n_slots, 4*n_slots)  the same for the feature ring, mod its size
+    //   4*n_slots               the ssm checkpoint slot of path.back()
+    //   4*n_slots + 1 + w       the tree conv checkpoint's column (row of [conv_dim, d_conv-1+T]) that
+    //                           becomes conv state column w, w < d_conv-1
+    ggml_tensor * moves = nullptr;
+    uint32_t n_slots = 0;  // = the state's n_checkpoints: the longest path
+};
+
+// Builds the tree commit graph of `st` into the no_alloc context `ctx` (the caller allocates it once).
+// Returns gf = null when a KV cache row is not a multiple of 4 bytes (q8_0/q4_0/q5_0 with an odd
+// number of blocks per row: no Qwen3.5/3.6 shape); build_qwen35_tree_commit_copy_graph then serves.
+qwen35_tree_commit build_qwen35_tree_commit_graph(ggml_context * ctx, const qwen35_hparams & hp,
+                                                  const qwen35_state & st);
+
+// The values of `g.moves` for one commit (layout above); checks the path.
+std::vector<int32_t> qwen35_tree_commit_moves(const qwen35_tree_commit & g, const qwen35_hparams & hp,
+                                              const qwen35_state & st, uint32_t n_verified, uint32_t n_past,
+                                              const std::vector<int32_t> & path);
+
+// The same commit as a graph of one byte copy per moved row and conv column, built for one commit:
+// the fallback where build_qwen35_tree_commit_graph cannot alias the KV rows.
+ggml_cgraph * build_qwen35_tree_commit_copy_graph(ggml_context * ctx, const qwen35_hparams & hp,
+                                                  const qwen35_state & st, uint32_t n_verified, uint32_t n_past,
+                                                  const std::vector<int32_t> & path);
 
 }  // namespace lucebox

@@ -1,9 +1,9 @@
 #include "tree.h"
 
+#include <algorithm>
 #include <cmath>
 #include <queue>
 #include <string>
-#include <unordered_set>
 
 #include "lucebox/errors.h"
 
@@ -42,19 +42,25 @@ void draft_topk::validate() const {
         throw config_error("draft top-k: expected " + std::to_string(n) + " tokens and log-probs, got " +
                            std::to_string(tokens.size()) + " and " + std::to_string(logp.size()));
     }
+    // runs every step: the messages are built only on failure, and repeats are found by a scan of
+    // the ranks before (k is at most tree_top_k, <= 64)
     for (uint32_t d = 0; d < depth; ++d) {
-        std::unordered_set<int32_t> seen;
+        const size_t row = size_t(d) * k;
         for (uint32_t r = 0; r < k; ++r) {
-            const size_t i = size_t(d) * k + r;
-            const std::string where = "draft top-k depth " + std::to_string(d + 1) + " rank " + std::to_string(r) + ": ";
-            if (tokens[i] < 0) throw config_error(where + "negative token " + std::to_string(tokens[i]));
-            if (!seen.insert(tokens[i]).second) throw config_error(where + "token " + std::to_string(tokens[i]) + " repeats");
+            const size_t i = row + r;
+            auto where = [&] {
+                return "draft top-k depth " + std::to_string(d + 1) + " rank " + std::to_string(r) + ": ";
+            };
+            if (tokens[i] < 0) throw config_error(where() + "negative token " + std::to_string(tokens[i]));
+            if (std::find(tokens.begin() + row, tokens.begin() + i, tokens[i]) != tokens.begin() + i) {
+                throw config_error(where() + "token " + std::to_string(tokens[i]) + " repeats");
+            }
             // log-probs are <= 0 (a tiny positive rounding error is tolerated); sorted best first
             if (!std::isfinite(logp[i]) || logp[i] > 1e-4f) {
-                throw config_error(where + "log-prob " + std::to_string(logp[i]) + " is not a finite value <= 0");
+                throw config_error(where() + "log-prob " + std::to_string(logp[i]) + " is not a finite value <= 0");
             }
             if (r > 0 && logp[i] > logp[i - 1]) {
-                throw config_error(where + "log-probs are not sorted best first");
+                throw config_error(where() + "log-probs are not sorted best first");
             }
         }
     }

@@ -197,13 +197,6 @@ void validate_placement(const engine_config & c) {
         throw config_error("engine: spec 'tree' is not supported on split='" + c.split +
                            "' placements (tree verify is proven on one device only); use spec='chain'");
     }
-    if (c.split == "tensor") {
-        // The pinned meta backend does compute over CPU backends too (a probe: a row-split and a
-        // PARTIAL column-split matmul over two CPU backends matched the reference), so tensor
-        // parallel is CI-testable once lucebox maps its tensors to split axes; that is not done yet.
-        throw config_error("engine: split='tensor' (tensor parallel over the ggml meta backend) is not implemented "
-                           "yet; use split='layer' (docs/multi-gpu.md)");
-    }
 }
 
 std::vector<std::pair<uint32_t, uint32_t>> split_layers(uint32_t n_layer, size_t n_devices,

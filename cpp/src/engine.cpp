@@ -93,6 +93,12 @@ struct engine::impl {
     // commit / state backup. sched and sched_aux on one device; the meta device's on a tensor split.
     ggml_backend_sched_t target_sched = nullptr;
     ggml_backend_sched_t state_sched = nullptr;
+    // Tensor split: counts graph allocations on the meta backend. A meta buffer keeps the device
+    // slices of its compute tensors and of views into its state in two rotating sets, the older
+    // one dropped whenever another graph is computed, and a re-allocation does not renew them for
+    // tensors that already have memory; so a cached forward graph is rebuilt (fresh tensors) when
+    // any other meta graph was allocated since it was.
+    uint64_t meta_epoch = 0;
     // DFlash draft (optional)
     std::unique_ptr<draft_model_file> draft;
     tensor_store draft_weights;
@@ -113,6 +119,9 @@ struct engine::impl {
     void alloc(ggml_backend_sched_t s, ggml_cgraph * gf, const std::string & what) {
         if (s == target_sched) {
             sched_graph_id = 0;
+        }
+        if (tsplit && (s == target_sched || s == state_sched)) {
+            ++meta_epoch;
         }
         ggml_backend_sched_reset(s);
         if (tsplit && (s == target_sched || s == state_sched)) {
@@ -280,6 +289,7 @@ struct graph_cache {
     ggml_context * ctx = nullptr;
     std::array<uint32_t, 8> key{};
     uint64_t id = 0;  // unique per build, 0 = empty
+    uint64_t meta_epoch = 0;  // tensor split: engine::impl::meta_epoch after this graph's allocation
     qwen35_graph graph;
     graph::candidate_outputs cand;  // sampling candidates of the output rows (when requested)
 
@@ -449,7 +459,7 @@ std::vector<float> session::run_target(const int32_t * tokens, uint32_t T, bool 
     graph_cache & cache = st_->target_graph;
     const std::array<uint32_t, 8> key{T,      n_kv,   n_out,  uint32_t(want_argmax), uint32_t(verify),
                                       uint32_t(tree != nullptr), n_cand, n_extra};
-    if (cache.id == 0 || cache.key != key) {
+    if (cache.id == 0 || cache.key != key || (e.tsplit && cache.meta_epoch != e.meta_epoch)) {
         ggml_context * ctx = cache.rebuild();
         cache.graph = build_qwen35_graph(ctx, hp, e.w, st, T, n_kv, n_out, want_argmax, verify, tree != nullptr);
         cache.cand = n_cand > 0 ? graph::build_candidates(ctx, cache.graph.gf, cache.graph.logits, n_cand, n_extra)
@@ -460,6 +470,7 @@ std::vector<float> session::run_target(const int32_t * tokens, uint32_t T, bool 
     if (e.sched_graph_id != cache.id) {
         e.alloc(e.target_sched, g.gf, "a batch of " + std::to_string(T) + " tokens");
         e.sched_graph_id = cache.id;
+        cache.meta_epoch = e.meta_epoch;
     }
 
     set_qwen35_inputs(g, hp, tokens, n_past, T, n_kv, st.ring_size, tree ? &tree->parents : nullptr);

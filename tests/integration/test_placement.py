@@ -58,8 +58,6 @@ BAD_PLACEMENTS: list[tuple[dict[str, Any], str]] = [
     (dict(split="layer", devices=("cpu:0", "auto")), "auto"),
     (dict(split="layer", devices=("cpu:0", "")), "non-empty"),
     (dict(device="cpu", devices=("cpu:0", "cpu:1"), split="layer"), "not both"),
-    (dict(split="tensor", devices=("cpu:0", "cpu:1")), "not implemented yet"),
-    (dict(split="tensor", devices=("cuda:0", "cuda:1")), "not implemented yet"),
     (dict(split="tensor", devices=("cuda:0", "cuda:1"), layer_proportions=(1.0, 1.0)), "split='layer' only"),
     (dict(device="cpu", draft_device="cuda:0"), "needs split='layer'"),
     (dict(split="layer", devices=("cpu:x", "cpu:1")), "cpu:N"),

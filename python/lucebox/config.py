@@ -140,6 +140,10 @@ class EngineConfig:
                 _check_float("layer_proportions entry", p, 0.0, math.inf, lo_open=True)
         if self.draft_device.lower() == "auto":
             raise ConfigError("draft_device must name a device ('auto' is not allowed)")
+        n_cpu = sum(canonical_device(d).startswith("cpu:") for d in devices)
+        if self.split == "tensor" and 0 < n_cpu < len(devices):
+            raise ConfigError(f"split='tensor' cannot mix CPU backend instances and GPUs ({', '.join(devices)}): "
+                              "the devices of a tensor split all-reduce with each other")
 
     def to_core(self, model_path: str) -> "_core.EngineConfig":
         from lucebox import _core

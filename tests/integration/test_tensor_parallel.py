@@ -181,6 +181,16 @@ def test_chain_speculation_is_lossless(files: dict[str, str], draft_device: str)
         assert s["accept_histogram"] == single_spec.generate(p, max_tokens=32).stats.spec["accept_histogram"]
 
 
+def test_chain_speculation_is_lossless_with_q8_0(files: dict[str, str]) -> None:
+    """Q8_0 target: speculative == plain decoding on the same tensor split, token for token."""
+    plain = tensor_engine(files["tiny"], TWO)
+    spec = tensor_engine(files["tiny"], TWO, files["draft"], spec="chain")
+    for p in prompts(4, seed=77):
+        got = spec.generate(p, max_tokens=40)
+        assert got.tokens == plain.generate(p, max_tokens=40).tokens
+        assert got.stats.spec["steps"] > 0
+
+
 def forced(reference: list[int], prompt_len: int, corrupt_at: int | None) -> Callable[[list[int], int, int], list[int]]:
     def propose(context: list[int], last: int, n: int) -> list[int]:
         start = len(context) - prompt_len + 1

@@ -150,8 +150,10 @@ def test_plain_greedy_and_logits_match_one_device(files: dict[str, str], model: 
 def test_sampled_decoding_matches_one_device(files: dict[str, str]) -> None:
     single = lucebox.Engine(files["f32"], ctx=512, device="cpu")
     tensor = tensor_engine(files["f32"], TWO)
-    # (top_p cuts are not compared: a 1e-4 logit difference may move a token across the nucleus
-    # boundary, which then shifts every later draw)
+    # (top_p is not compared: it walks the whole vocabulary sorted by probability, and among
+    # hundreds of kept tokens two are often tied within the 1e-4 logit difference of the
+    # placements, so their order, and the token a draw lands on, may swap; measured: the same
+    # nucleus, max logit difference 4e-5 at the step where one seed parted)
     for kw in [dict(temperature=0.8, seed=3), dict(temperature=1.0, top_k=20, seed=4),
                dict(temperature=0.7, top_k=40, repetition_penalty=1.3, seed=5)]:
         for p in prompts(2, seed=21):

@@ -147,6 +147,15 @@ def test_plain_greedy_and_logits_match_one_device(files: dict[str, str], model: 
         assert np.abs(b - a).max() > 0  # really computed in slices: the partial sums' order differs
 
 
+@pytest.mark.parametrize("kv_type", ["q8_0", "bf16"])
+def test_kv_cache_types(files: dict[str, str], kv_type: str) -> None:
+    """A quantized KV cache is split on whole heads, so its blocks are the one-device blocks."""
+    single = lucebox.Engine(files["f32"], ctx=512, device="cpu", kv_type=kv_type)
+    tensor = tensor_engine(files["f32"], TWO, kv_type=kv_type)
+    for p in prompts(2, seed=5):
+        assert tensor.generate(p, max_tokens=24).tokens == single.generate(p, max_tokens=24).tokens
+
+
 def test_sampled_decoding_matches_one_device(files: dict[str, str]) -> None:
     single = lucebox.Engine(files["f32"], ctx=512, device="cpu")
     tensor = tensor_engine(files["f32"], TWO)

@@ -1,8 +1,10 @@
 """Tensor-parallel placement (split="tensor"): one ggml meta device over cpu:0, cpu:1, ... (each a
 slice of every layer's heads and FFN channels, partial sums all-reduced by ggml). The same greedy
-tokens as one device for prefill and plain decoding, DFlash chain speculation with fast and replay
-rollback at every accept length, snapshots (host and device), sampled decoding; clear errors for
-shapes that cannot be split and for tree verification. Logits agree within 1e-3 with F32 weights
+tokens as one device for prefill and plain decoding (F32 weights; Q8_0: the same, or parting only
+at a near tie), DFlash chain speculation (lossless on the placement itself; fast and replay
+rollback at every accept length), snapshots (host and device, across placements), sampled
+decoding, quantized KV caches; clear errors for shapes that cannot be split and for tree
+verification. Logits agree within 1e-3 with F32 weights
 (measured 1e-4: only the order of the partial sums differs); with Q8_0 weights within 0.1
 (measured 0.065 over 160 rows: each matmul re-quantizes its input activations to Q8_0, which turns
 last-bit differences of the all-reduced sums into occasional one-step rounding differences)."""

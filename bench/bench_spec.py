@@ -33,7 +33,7 @@ def main() -> int:
     ap.add_argument("--draft")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--devices", default="", help="comma-separated devices for a split placement (e.g. cuda:0,cuda:1)")
-    ap.add_argument("--split", default="none", help="none | layer (with --devices)")
+    ap.add_argument("--split", default="none", help="none | layer | tensor (with --devices)")
     ap.add_argument("--draft-device", default="", help="the draft's device on a split placement")
     ap.add_argument("--ctx", type=int, default=4096)
     ap.add_argument("--prompt", type=int, default=256, help="prompt tokens (random ids)")

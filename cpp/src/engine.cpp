@@ -21,6 +21,7 @@
 #include "models/qwen35_model.h"
 #include "graph/candidates.h"
 #include "placement.h"
+#include "tensor_parallel.h"
 #include "spec/chain.h"
 #include "spec/policy.h"
 #include "spec/tree.h"
@@ -88,6 +89,17 @@ struct engine::impl {
     tensor_store weights;
     qwen35_weights w;
     std::unique_ptr<layer_split> split;    // split "layer": the target over several devices (dev: the draft's)
+    std::unique_ptr<tensor_split> tsplit;  // split "tensor": the target on a meta device (dev: the draft's)
+    // The schedulers of the target's graphs: forward passes (graph reused while shapes repeat) and
+    // commit / state backup. sched and sched_aux on one device; the meta device's on a tensor split.
+    ggml_backend_sched_t target_sched = nullptr;
+    ggml_backend_sched_t state_sched = nullptr;
+    // Tensor split: counts graph allocations on the meta backend. A meta buffer keeps the device
+    // slices of its compute tensors and of views into its state in two rotating sets, the older
+    // one dropped whenever another graph is computed, and a re-allocation does not renew them for
+    // tensors that already have memory; so a cached forward graph is rebuilt (fresh tensors) when
+    // any other meta graph was allocated since it was.
+    uint64_t meta_epoch = 0;
     // DFlash draft (optional)
     std::unique_ptr<draft_model_file> draft;
     tensor_store draft_weights;
@@ -106,13 +118,20 @@ struct engine::impl {
 
     // Allocates the graph's tensors; the caller then sets inputs and calls compute().
     void alloc(ggml_backend_sched_t s, ggml_cgraph * gf, const std::string & what) {
-        if (s == sched) {
+        if (s == target_sched) {
             sched_graph_id = 0;
         }
+        if (tsplit && (s == target_sched || s == state_sched)) {
+            ++meta_epoch;
+        }
         ggml_backend_sched_reset(s);
+        if (tsplit && (s == target_sched || s == state_sched)) {
+            tsplit->assign(s, gf);
+        }
         if (!ggml_backend_sched_alloc_graph(s, gf)) {
             throw out_of_memory_error("out of memory allocating compute buffers for " + what + " on " +
-                                      ggml_backend_dev_name(dev) + "; try a smaller ubatch");
+                                      (tsplit && s != sched_aux ? tsplit->device_names() : ggml_backend_dev_name(dev)) +
+                                      "; try a smaller ubatch");
         }
     }
     void compute(ggml_backend_sched_t s, ggml_cgraph * gf, const std::string & what) {
@@ -158,7 +177,7 @@ struct engine::impl {
         const std::string draft_spec = !cfg.draft_device.empty() ? cfg.draft_device
                                        : !cfg.devices.empty()    ? cfg.devices.back()
                                                                  : cfg.device;
-        dev = resolve_device(cfg.split == "layer" ? draft_spec : cfg.devices.empty() ? cfg.device : cfg.devices[0]);
+        dev = resolve_device(cfg.split != "none" ? draft_spec : cfg.devices.empty() ? cfg.device : cfg.devices[0]);
         backend = ggml_backend_dev_init(dev, nullptr);
         if (backend == nullptr) {
             throw unsupported_error(std::string("could not initialise device ") + ggml_backend_dev_name(dev));
@@ -175,6 +194,10 @@ struct engine::impl {
         if (cfg.split == "layer") {
             split = std::make_unique<layer_split>(cfg, target, threads, draft_spec, draft ? dev : nullptr, progress);
             w = split->weights();
+        } else if (cfg.split == "tensor") {
+            tsplit = std::make_unique<tensor_split>(cfg, target, type_k, type_v, threads, draft ? dev : nullptr,
+                                                    progress);
+            w = tsplit->weights();
         } else {
             weights = tensor_store::load(target.file, tensors_to_load(target.file, qwen35_tensor_specs(hp)),
                                          ggml_backend_dev_buffer_type(dev), dev, progress);
@@ -183,7 +206,10 @@ struct engine::impl {
         if (draft) {
             draft_weights = tensor_store::load(draft->file, tensors_to_load(draft->file, dflash_tensor_specs(draft->hparams)),
                                                ggml_backend_dev_buffer_type(dev), dev, {});
-            dw = bind_dflash_weights(draft->hparams, draft_weights, split ? split->draft_side_weights() : w);
+            dw = bind_dflash_weights(draft->hparams, draft_weights,
+                                     split    ? split->draft_side_weights()
+                                     : tsplit ? tsplit->draft_side_weights()
+                                              : w);
         }
 
         std::vector<ggml_backend_t> backends{backend};
@@ -195,6 +221,8 @@ struct engine::impl {
         sched_aux = ggml_backend_sched_new(backends.data(), nullptr, static_cast<int>(backends.size()),
                                            MAX_GRAPH_NODES, false, true);
         graph_meta.resize(ggml_tensor_overhead() * MAX_GRAPH_NODES + ggml_graph_overhead_custom(MAX_GRAPH_NODES, false));
+        target_sched = tsplit ? tsplit->sched() : sched;
+        state_sched = tsplit ? tsplit->sched_aux() : sched_aux;
     }
 
     ~impl() {
@@ -207,6 +235,7 @@ struct engine::impl {
         draft_weights = tensor_store();
         weights = tensor_store();
         split.reset();
+        tsplit.reset();
         if (cpu_backend && cpu_backend != backend) {
             ggml_backend_free(cpu_backend);
         }
@@ -242,7 +271,9 @@ const engine_config & engine::config() const { return impl_->cfg; }
 const qwen35_hparams & engine::hparams() const { return impl_->target.hparams; }
 memory_plan engine::plan() const { return impl_->plan(); }
 std::string engine::device_name() const {
-    return impl_->split ? impl_->split->device_names() : ggml_backend_dev_name(impl_->dev);
+    return impl_->split    ? impl_->split->device_names()
+           : impl_->tsplit ? impl_->tsplit->device_names()
+                           : ggml_backend_dev_name(impl_->dev);
 }
 std::string engine::device_description() const { return ggml_backend_dev_description(impl_->dev); }
 
@@ -259,6 +290,7 @@ struct graph_cache {
     ggml_context * ctx = nullptr;
     std::array<uint32_t, 8> key{};
     uint64_t id = 0;  // unique per build, 0 = empty
+    uint64_t meta_epoch = 0;  // tensor split: engine::impl::meta_epoch after this graph's allocation
     qwen35_graph graph;
     graph::candidate_outputs cand;  // sampling candidates of the output rows (when requested)
 
@@ -316,6 +348,10 @@ struct session::state {
     dflash_state draft_state;
     std::vector<ggml_tensor *> draft_rings;  // target feature rings in draft target_layers order
     std::unique_ptr<layer_split_session> split;  // a layer split's per-device views and graphs
+    // tensor split: the draft's copies (on its device) of the rings it reads, by capture index
+    // (null: not read by the draft), kept equal to the meta rings after every target forward
+    std::vector<ggml_tensor *> ring_mirror;
+    tensor_store ring_mirror_store;
 };
 
 std::unique_ptr<session> engine::new_session() {
@@ -326,6 +362,23 @@ std::unique_ptr<session> engine::new_session() {
     if (e.split) {  // the draft (on e.dev) reads mirrors of the rings it needs
         st->split = e.split->new_session(st->model_state, e.kv_size, e.type_k, e.type_v, e.capture, ring, checkpoints,
                                          e.draft_ring_index, ggml_backend_dev_buffer_type(e.dev), e.dev);
+    } else if (e.tsplit) {
+        st->model_state = qwen35_state::allocate(e.target.hparams, e.kv_size, e.type_k, e.type_v, e.capture, ring,
+                                                 checkpoints, e.tsplit->buffer_type(), e.tsplit->device());
+        st->ring_mirror.assign(e.capture.size(), nullptr);
+        if (e.draft) {
+            std::vector<size_t> idx(e.draft_ring_index);
+            std::sort(idx.begin(), idx.end());
+            idx.erase(std::unique(idx.begin(), idx.end()), idx.end());
+            const int64_t E = e.target.hparams.n_embd, rows = st->model_state.ring_size;
+            st->ring_mirror_store = tensor_store::allocate(
+                ggml_backend_dev_buffer_type(e.dev), e.dev, idx.size(), [&](ggml_context * ctx) {
+                    for (size_t i : idx) {
+                        st->ring_mirror[i] = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, E, rows);
+                        ggml_format_name(st->ring_mirror[i], "feature_mirror-%d", e.capture[i]);
+                    }
+                }, "the draft's copies of the feature rings");
+        }
     } else {
         st->model_state = qwen35_state::allocate(e.target.hparams, e.kv_size, e.type_k, e.type_v, e.capture, ring,
                                                  checkpoints, ggml_backend_dev_buffer_type(e.dev), e.dev);
@@ -334,7 +387,9 @@ std::unique_ptr<session> engine::new_session() {
         st->draft_state = dflash_state::allocate(e.draft->hparams, e.kv_size, e.type_k, e.type_v,
                                                  ggml_backend_dev_buffer_type(e.dev), e.dev);
         for (size_t i : e.draft_ring_index) {
-            st->draft_rings.push_back(st->split ? st->split->mirror[i] : st->model_state.ring[i]);
+            st->draft_rings.push_back(st->split            ? st->split->mirror[i]
+                                      : e.tsplit ? st->ring_mirror[i]
+                                                 : st->model_state.ring[i]);
         }
     }
     return std::unique_ptr<session>(new session(impl_.get(), std::move(st)));
@@ -350,6 +405,7 @@ void session::reset() {
     std::lock_guard<std::mutex> lock(eng_->compute_mutex);
     st_->model_state.clear();
     st_->draft_state.store.clear();
+    st_->ring_mirror_store.clear();
     tokens_.clear();
     pending_ = -1;
     n_draft_ctx_ = 0;
@@ -373,6 +429,29 @@ struct ctx_guard {
     }
     ~ctx_guard() { ggml_free(ctx); }
 };
+
+// Tensor split: the rows [n_past, n_past + T) mod ring_size that a forward wrote into the
+// (mirrored) meta rings, copied into the draft's plain copies through host memory (the draft
+// runs on its own backend, which cannot read a meta tensor).
+void mirror_ring_rows(const qwen35_state & st, const std::vector<ggml_tensor *> & mirror, uint32_t n_past,
+                      uint32_t T) {
+    std::vector<float> rows;
+    for (size_t i = 0; i < mirror.size(); ++i) {
+        if (mirror[i] == nullptr) {
+            continue;
+        }
+        ggml_tensor * ring = st.ring[i];
+        for (uint32_t done = 0; done < T;) {
+            const uint32_t row = (n_past + done) % st.ring_size;
+            const uint32_t len = std::min(T - done, st.ring_size - row);
+            const size_t off = size_t(row) * ring->nb[1], n = size_t(len) * ring->nb[1];
+            rows.resize(n / sizeof(float));
+            ggml_backend_tensor_get(ring, rows.data(), off, n);
+            ggml_backend_tensor_set(mirror[i], rows.data(), off, n);
+            done += len;
+        }
+    }
+}
 
 }  // namespace
 
@@ -408,7 +487,7 @@ std::vector<float> session::run_target(const int32_t * tokens, uint32_t T, bool 
     graph_cache & cache = st_->target_graph;
     const std::array<uint32_t, 8> key{T,      n_kv,   n_out,  uint32_t(want_argmax), uint32_t(verify),
                                       uint32_t(tree != nullptr), n_cand, n_extra};
-    if (cache.id == 0 || cache.key != key) {
+    if (cache.id == 0 || cache.key != key || (e.tsplit && cache.meta_epoch != e.meta_epoch)) {
         ggml_context * ctx = cache.rebuild();
         cache.graph = build_qwen35_graph(ctx, hp, e.w, st, T, n_kv, n_out, want_argmax, verify, tree != nullptr);
         cache.cand = n_cand > 0 ? graph::build_candidates(ctx, cache.graph.gf, cache.graph.logits, n_cand, n_extra)
@@ -417,8 +496,9 @@ std::vector<float> session::run_target(const int32_t * tokens, uint32_t T, bool 
     }
     const qwen35_graph & g = cache.graph;
     if (e.sched_graph_id != cache.id) {
-        e.alloc(e.sched, g.gf, "a batch of " + std::to_string(T) + " tokens");
+        e.alloc(e.target_sched, g.gf, "a batch of " + std::to_string(T) + " tokens");
         e.sched_graph_id = cache.id;
+        cache.meta_epoch = e.meta_epoch;
     }
 
     set_qwen35_inputs(g, hp, tokens, n_past, T, n_kv, st.ring_size, tree ? &tree->parents : nullptr);
@@ -429,7 +509,10 @@ std::vector<float> session::run_target(const int32_t * tokens, uint32_t T, bool 
         }
         ggml_backend_tensor_set(cache.cand.extra_ids, ids.data(), 0, sizeof(int32_t) * ids.size());
     }
-    e.compute(e.sched, g.gf, "the target forward pass");
+    e.compute(e.target_sched, g.gf, "the target forward pass");
+    if (e.tsplit) {
+        mirror_ring_rows(st, st_->ring_mirror, n_past, T);
+    }
 
     if (n_cand > 0) {
         std::vector<int32_t> top_ids(size_t(n_cand) * n_out);
@@ -691,7 +774,7 @@ void copy_regions(engine::impl & e, const std::vector<std::pair<ggml_tensor *, s
     std::vector<ggml_tensor *> views(layout.size(), nullptr);
     std::vector<uint8_t> meta;
     std::unique_ptr<ggml_context, void (*)(ggml_context *)> ctx(nullptr, [](ggml_context * c) { ggml_free(c); });
-    if (!data.is_host()) {
+    if (!data.is_host() && !e.tsplit) {
         meta.resize(ggml_tensor_overhead() * (layout.size() + 1));
         ggml_init_params ip{meta.size(), meta.data(), /*no_alloc=*/true};
         ctx.reset(ggml_init(ip));
@@ -713,7 +796,24 @@ void copy_regions(engine::impl & e, const std::vector<std::pair<ggml_tensor *, s
         if (n == 0) {
             continue;
         }
-        if (e.split) {  // the state spans devices: synchronous copies, each on its tensor's own device
+        if (e.tsplit) {
+            // meta tensors: ggml gathers (get) or deals (set) the devices' slices in the tensor's
+            // one-device layout, so a snapshot is the same bytes as on one device. Device data goes
+            // through host memory (synchronous; a meta tensor has no device address to copy from).
+            if (data.is_host()) {
+                if (to_snapshot) {
+                    ggml_backend_tensor_get(state, region->data, 0, n);
+                } else {
+                    ggml_backend_tensor_set(state, region->data, 0, n);
+                }
+            } else {
+                std::vector<uint8_t> staging(n);
+                ggml_tensor * from = to_snapshot ? state : region;
+                ggml_tensor * to = to_snapshot ? region : state;
+                ggml_backend_tensor_get(from, staging.data(), 0, n);
+                ggml_backend_tensor_set(to, staging.data(), 0, n);
+            }
+        } else if (e.split) {  // the state spans devices: synchronous copies, each on its tensor's own device
             if (data.is_host() && to_snapshot) {
                 ggml_backend_tensor_get(state, region->data, 0, n);
             } else if (data.is_host()) {
@@ -836,8 +936,8 @@ void session::commit(uint32_t n_verified, uint32_t last_kept) {
     if (ggml_graph_n_nodes(gf) == 0) {
         return;  // no DeltaNet layers
     }
-    e.alloc(e.sched_aux, gf, "the commit");
-    e.compute(e.sched_aux, gf, "the commit");
+    e.alloc(e.state_sched, gf, "the commit");
+    e.compute(e.state_sched, gf, "the commit");
 }
 
 void session::commit_tree(uint32_t n_verified, const std::vector<int32_t> & path) {
@@ -865,8 +965,8 @@ void session::commit_tree(uint32_t n_verified, const std::vector<int32_t> & path
         ctx_guard g_ctx(e.graph_meta);
         ggml_cgraph * gf = build_qwen35_tree_commit_copy_graph(g_ctx.ctx, hp, st, n_verified, n_past(), path);
         if (ggml_graph_n_nodes(gf) > 0) {
-            e.alloc(e.sched_aux, gf, "the tree commit");
-            e.compute(e.sched_aux, gf, "the tree commit");
+            e.alloc(e.state_sched, gf, "the tree commit");
+            e.compute(e.state_sched, gf, "the tree commit");
         }
         return;
     }
@@ -890,8 +990,8 @@ void session::backup_state(bool backup) {
     if (ggml_graph_n_nodes(gf) == 0) {
         return;  // no DeltaNet layers
     }
-    e.alloc(e.sched_aux, gf, "the state backup");
-    e.compute(e.sched_aux, gf, "the state backup");
+    e.alloc(e.state_sched, gf, "the state backup");
+    e.compute(e.state_sched, gf, "the state backup");
 }
 
 std::vector<float> session::forward(const int32_t * tokens, uint32_t n, bool all_logits, int32_t * argmax,
@@ -967,8 +1067,9 @@ generate_result session::generate(const std::vector<int32_t> & prompt, const gen
         throw config_error("generate: pass propose or propose_tree, not both");
     }
     const bool tree = params.propose_tree || (eng_->cfg.spec == "tree" && eng_->draft && !params.propose);
-    if (tree && eng_->split) {
-        throw config_error("generate: tree verification is not supported on a layer split");
+    if (tree && (eng_->split || eng_->tsplit)) {
+        throw config_error(std::string("generate: tree verification is not supported on a ") +
+                           (eng_->split ? "layer" : "tensor") + " split");
     }
     if (tree && eng_->cfg.rollback != "fast") {
         throw config_error("generate: tree verification needs rollback 'fast'");

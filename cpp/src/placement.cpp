@@ -190,19 +190,18 @@ void validate_placement(const engine_config & c) {
     if (!c.draft_device.empty() && lower(c.draft_device) == "auto") {
         throw config_error("engine: draft_device must name a device ('auto' is not allowed)");
     }
+    const auto n_cpu = std::count_if(c.devices.begin(), c.devices.end(),
+                                     [](const std::string & d) { return canonical_device(d).compare(0, 4, "cpu:") == 0; });
+    if (c.split == "tensor" && n_cpu > 0 && size_t(n_cpu) < c.devices.size()) {
+        throw config_error("engine: split='tensor' cannot mix CPU backend instances and GPUs (" + join(c.devices, ", ") +
+                           "): the devices of a tensor split all-reduce with each other");
+    }
     if (!c.draft_device.empty() && c.draft_path.empty()) {
         throw config_error("engine: draft_device is set but there is no draft model");
     }
     if (c.spec == "tree") {
         throw config_error("engine: spec 'tree' is not supported on split='" + c.split +
                            "' placements (tree verify is proven on one device only); use spec='chain'");
-    }
-    if (c.split == "tensor") {
-        // The pinned meta backend does compute over CPU backends too (a probe: a row-split and a
-        // PARTIAL column-split matmul over two CPU backends matched the reference), so tensor
-        // parallel is CI-testable once lucebox maps its tensors to split axes; that is not done yet.
-        throw config_error("engine: split='tensor' (tensor parallel over the ggml meta backend) is not implemented "
-                           "yet; use split='layer' (docs/multi-gpu.md)");
     }
 }
 

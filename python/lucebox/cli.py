@@ -240,7 +240,7 @@ def _add_placement_flags(p: argparse.ArgumentParser) -> None:
                    help="devices of a split placement, comma-separated, e.g. cuda:0,cuda:1 (replaces --device)")
     p.add_argument("--split", default="none", choices=["none", "layer", "tensor"],
                    help="placement over --devices: none (one device), layer (contiguous layer ranges per device), "
-                        "tensor (tensor parallel; not implemented yet)")
+                        "tensor (tensor parallel: every layer's heads and FFN channels dealt over the devices)")
     p.add_argument("--layer-proportions", default=None, metavar="LIST",
                    help="relative layers per device for --split layer, e.g. 1,1 or 3,2 (default: even)")
     p.add_argument("--draft-device", default="", help="device of the DFlash draft (default: the last device)")

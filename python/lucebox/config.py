@@ -17,7 +17,7 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
 SPEC_MODES = ("auto", "off", "chain", "tree")
 # Placement of the target over devices (docs/multi-gpu.md): one device, contiguous layer ranges
-# per device, or tensor parallel (GPU devices only).
+# per device, or tensor parallel (heads and FFN channels dealt over the devices; cuda:N or cpu:N).
 SPLIT_MODES = ("none", "layer", "tensor")
 MAX_DEVICES = 16
 ROLLBACK_MODES = ("fast", "replay")
@@ -51,7 +51,8 @@ class EngineConfig:
     Placement over several devices of one host: devices lists them ("cuda:0", "cuda:1", ...; also
     "cpu:N", a distinct CPU backend instance, for tests), split is "none" (one device), "layer"
     (contiguous layer ranges, one per device, sized by layer_proportions: one positive weight per
-    device, default even) or "tensor" (tensor parallel; GPUs only). draft_device: where the DFlash
+    device, default even) or "tensor" (tensor parallel: every layer's heads and FFN channels dealt over
+    the devices, through ggml's meta backend; cuda:N or cpu:N). draft_device: where the DFlash
     draft runs (default: the last device). Device presence is checked when the engine is built.
     """
 
@@ -139,9 +140,10 @@ class EngineConfig:
                 _check_float("layer_proportions entry", p, 0.0, math.inf, lo_open=True)
         if self.draft_device.lower() == "auto":
             raise ConfigError("draft_device must name a device ('auto' is not allowed)")
-        if self.split == "tensor":
-            raise ConfigError("split='tensor' (tensor parallel over the ggml meta backend) is not implemented yet; "
-                              "use split='layer' (docs/multi-gpu.md)")
+        n_cpu = sum(canonical_device(d).startswith("cpu:") for d in devices)
+        if self.split == "tensor" and 0 < n_cpu < len(devices):
+            raise ConfigError(f"split='tensor' cannot mix CPU backend instances and GPUs ({', '.join(devices)}): "
+                              "the devices of a tensor split all-reduce with each other")
 
     def to_core(self, model_path: str) -> "_core.EngineConfig":
         from lucebox import _core

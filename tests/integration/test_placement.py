@@ -58,9 +58,9 @@ BAD_PLACEMENTS: list[tuple[dict[str, Any], str]] = [
     (dict(split="layer", devices=("cpu:0", "auto")), "auto"),
     (dict(split="layer", devices=("cpu:0", "")), "non-empty"),
     (dict(device="cpu", devices=("cpu:0", "cpu:1"), split="layer"), "not both"),
-    (dict(split="tensor", devices=("cpu:0", "cpu:1")), "not implemented yet"),
-    (dict(split="tensor", devices=("cuda:0", "cuda:1")), "not implemented yet"),
     (dict(split="tensor", devices=("cuda:0", "cuda:1"), layer_proportions=(1.0, 1.0)), "split='layer' only"),
+    (dict(split="tensor", devices=("cuda:0", "cpu:1")), "cannot mix CPU backend instances and GPUs"),
+    (dict(split="tensor", devices=("cpu", "CUDA1", "cpu:2")), "cannot mix CPU backend instances and GPUs"),
     (dict(device="cpu", draft_device="cuda:0"), "needs split='layer'"),
     (dict(split="layer", devices=("cpu:x", "cpu:1")), "cpu:N"),
 ]

@@ -44,11 +44,13 @@ struct engine_config {
     //   fast   - the verify keeps every token's state (B checkpoints per layer); commit copies one
     //   replay - back up the state (one slot), verify normally, restore and re-run the kept tokens
     std::string rollback = "fast";
-    // Placement over several devices of one host (cpp/src/placement.h; docs/multi-gpu.md):
+    // Placement over several devices of one host (cpp/src/placement.h, cpp/src/tensor_parallel.h;
+    // docs/multi-gpu.md):
     //   none   - the target on `device` (or on the one entry of `devices`)
     //   layer  - contiguous layer ranges, one per entry of `devices` (>= 2, no duplicates, <= 16),
     //            sized by layer_proportions (one positive weight per device; empty: even)
-    //   tensor - tensor parallel over the ggml meta backend (GPU devices only)
+    //   tensor - tensor parallel over the ggml meta backend: every layer's heads and FFN channels
+    //            dealt over `devices` (cuda:N, or cpu:N for tests)
     // Device specs are those of `device`, plus cpu:N (a distinct CPU backend instance).
     std::vector<std::string> devices;
     std::string split = "none";

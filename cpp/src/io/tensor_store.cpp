@@ -104,7 +104,11 @@ tensor_store tensor_store::load(const gguf_file & file, const std::vector<std::s
     if (!fp) {
         throw gguf_error(file.where() + "cannot open for reading (" + std::strerror(errno) + ")");
     }
-    const bool host = ggml_backend_buffer_is_host(s.buffer_);
+    // A meta buffer (tensor parallel) may report host memory, but its tensors have no address of
+    // their own: each is set whole, so ggml can deal its slices to the devices.
+    ggml_backend_dev_t buft_dev = ggml_backend_buft_get_device(buft);
+    const bool meta = buft_dev != nullptr && ggml_backend_dev_type(buft_dev) == GGML_BACKEND_DEVICE_TYPE_META;
+    const bool host = !meta && ggml_backend_buffer_is_host(s.buffer_);
     std::vector<uint8_t> staging;
     uint64_t done = 0;
     for (const gguf_tensor_entry * e : entries) {
@@ -112,7 +116,7 @@ tensor_store tensor_store::load(const gguf_file & file, const std::vector<std::s
         if (fseeko(fp.get(), static_cast<off_t>(e->offset), SEEK_SET) != 0) {
             throw gguf_error(file.where() + "seek failed for tensor '" + e->name + "'");
         }
-        const size_t chunk = 64u << 20;
+        const size_t chunk = meta ? std::max<size_t>(e->nbytes, 1) : 64u << 20;
         for (uint64_t off = 0; off < e->nbytes; off += chunk) {
             const size_t n = static_cast<size_t>(std::min<uint64_t>(chunk, e->nbytes - off));
             uint8_t * dst = nullptr;

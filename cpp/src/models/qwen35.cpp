@@ -357,7 +357,8 @@ qwen35_state qwen35_state::allocate(const qwen35_hparams & hp, uint32_t kv_size,
             if (hp.is_recurrent[il]) {
                 s.conv[il] = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, hp.ssm_d_conv - 1, hp.conv_dim());
                 ggml_format_name(s.conv[il], "cache_conv-%u", il);
-                s.ssm[il] = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, hp.ssm_d_state, hp.ssm_d_state, hp.ssm_n_v_heads);
+                s.ssm[il] = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, int64_t(hp.ssm_d_state) * hp.ssm_d_state,
+                                               hp.ssm_n_v_heads);
                 ggml_format_name(s.ssm[il], "cache_ssm-%u", il);
                 if (n_checkpoints > 0) {
                     const int64_t d = int64_t(hp.ssm_d_state) * hp.ssm_d_state * hp.ssm_n_v_heads;

@@ -60,7 +60,8 @@ struct qwen35_state {
     std::vector<ggml_tensor *> k;     // [Hkv*hd, kv_size] of kv_type_k
     std::vector<ggml_tensor *> v;     // [Hkv*hd, kv_size] of kv_type_v
     std::vector<ggml_tensor *> conv;  // [d_conv-1, conv_dim] F32: the last d_conv-1 conv inputs
-    std::vector<ggml_tensor *> ssm;   // [dk, dk, Hv] F32: the recurrent state (k index fastest)
+    std::vector<ggml_tensor *> ssm;   // [dk*dk, Hv] F32: the recurrent state of each V head, [dk, dk] with
+                                      // the k index fastest (2-D so a tensor split deals it by V head)
     std::vector<int32_t> capture_layers;  // layer ids whose *input* is captured (n_layer: final hidden)
     std::vector<ggml_tensor *> ring;  // per capture layer: [E, ring_size] F32
     uint32_t ring_size = 0;

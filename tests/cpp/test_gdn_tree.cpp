@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "check.h"
+#include "gpu_backend.h"
 #include "ggml-alloc.h"
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
@@ -197,16 +198,10 @@ TEST_CASE(conv_rows_chain_and_tree) {
 // elsewhere): chain parents, trees, a star, scalar and KDA gates, and several head sizes' worth of
 // nodes (T up to 40, beyond one warp of rows per lane).
 TEST_CASE(gpu_matches_cpu) {
-    ggml_backend_dev_t gpu = nullptr;
-    for (size_t i = 0; i < ggml_backend_dev_count() && gpu == nullptr; ++i) {
-        ggml_backend_dev_t d = ggml_backend_dev_get(i);
-        if (ggml_backend_dev_type(d) == GGML_BACKEND_DEVICE_TYPE_GPU) gpu = d;
-    }
-    if (gpu == nullptr) {
-        std::printf("  (no GPU device in this build/machine: gpu_matches_cpu checks nothing)\n");
+    ggml_backend_t be = lucebox_test::first_gpu_backend("gpu_matches_cpu");
+    if (be == nullptr) {
         return;
     }
-    ggml_backend_t be = ggml_backend_dev_init(gpu, nullptr);
     std::vector<std::vector<int32_t>> trees{{-1, 0, 1, 2, 3, 4}, {-1, 0, 0, 1, 2, 1, 0, 3, 5, 2, 7}, {-1, 0, 0, 0}};
     std::vector<int32_t> big{-1};
     std::mt19937 rng(9);
@@ -358,16 +353,10 @@ TEST_CASE(tree_commit_reused_graph_equals_copies_bitwise) {
 
 // The same with the reused graph on a GPU (a CUDA build on a machine with a GPU; a note elsewhere).
 TEST_CASE(tree_commit_gpu_equals_cpu_copies) {
-    ggml_backend_dev_t gpu = nullptr;
-    for (size_t i = 0; i < ggml_backend_dev_count() && gpu == nullptr; ++i) {
-        ggml_backend_dev_t d = ggml_backend_dev_get(i);
-        if (ggml_backend_dev_type(d) == GGML_BACKEND_DEVICE_TYPE_GPU) gpu = d;
-    }
-    if (gpu == nullptr) {
-        std::printf("  (no GPU device in this build/machine: tree_commit_gpu_equals_cpu_copies checks nothing)\n");
+    ggml_backend_t be = lucebox_test::first_gpu_backend("tree_commit_gpu_equals_cpu_copies");
+    if (be == nullptr) {
         return;
     }
-    ggml_backend_t be = ggml_backend_dev_init(gpu, nullptr);
     for (ggml_type t : {GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_Q8_0, GGML_TYPE_Q4_0}) {
         check_tree_commit(t, be);
     }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "check.h"
+#include "gpu_backend.h"
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
 #include "ggml.h"
@@ -80,16 +81,10 @@ TEST_CASE(cpu_matches_sort) {
 }
 
 TEST_CASE(gpu_matches_sort) {
-    ggml_backend_dev_t gpu = nullptr;
-    for (size_t i = 0; i < ggml_backend_dev_count() && gpu == nullptr; ++i) {
-        ggml_backend_dev_t d = ggml_backend_dev_get(i);
-        if (ggml_backend_dev_type(d) == GGML_BACKEND_DEVICE_TYPE_GPU) gpu = d;
-    }
-    if (gpu == nullptr) {
-        std::printf("  (no GPU device in this build/machine: gpu_matches_sort checks nothing)\n");
+    ggml_backend_t be = lucebox_test::first_gpu_backend("gpu_matches_sort");
+    if (be == nullptr) {
         return;
     }
-    ggml_backend_t be = ggml_backend_dev_init(gpu, nullptr);
     for (const shape & s : SHAPES) {
         const std::vector<float> x = distinct_rows(s.cols, s.rows, uint32_t(s.cols + s.k));
         const bool ok = run_top_k(x, s.cols, s.rows, s.k, be) == reference(x, s.cols, s.rows, s.k);

@@ -7,7 +7,7 @@ the hidden state is copied between them."""
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -16,6 +16,7 @@ import lucebox
 from lucebox import _core, synth
 from lucebox.config import EngineConfig
 from lucebox.errors import ConfigError
+from forcing import forced
 
 BLOCK = 16
 
@@ -182,17 +183,6 @@ def test_layer_split_chain_speculation_is_lossless(files: dict[str, str], device
         s1 = single_spec.session()
         s1.append(p)
         assert s0._core.draft_proposals(ref.tokens[0]) == s1._core.draft_proposals(ref.tokens[0])
-
-
-def forced(reference: list[int], prompt_len: int, corrupt_at: int | None) -> Callable[[list[int], int, int], list[int]]:
-    def propose(context: list[int], last: int, n: int) -> list[int]:
-        start = len(context) - prompt_len + 1
-        out = [reference[start + i] if start + i < len(reference) else 0 for i in range(n)]
-        if corrupt_at is not None and corrupt_at < n:
-            out[corrupt_at] = (out[corrupt_at] + 1) % 1000
-        return out
-
-    return propose
 
 
 @pytest.mark.parametrize("rollback", ["fast", "replay"])

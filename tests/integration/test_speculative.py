@@ -4,13 +4,13 @@ decoding, for the real (tiny, random) draft and for forced proposals covering ev
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import pytest
 
 import lucebox
 from lucebox import synth
+from forcing import forced
 
 BLOCK = 16
 N_PROMPTS = 20
@@ -28,20 +28,6 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
 def prompts(n: int = N_PROMPTS) -> list[list[int]]:
     rng = np.random.default_rng(1234)
     return [[int(x) for x in rng.integers(0, 1000, int(rng.integers(5, 90)))] for _ in range(n)]
-
-
-def forced(reference: list[int], prompt_len: int, corrupt_at: int | None) -> Callable[[list[int], int, int], list[int]]:
-    """Proposals = the known greedy continuation, with the proposal at index `corrupt_at` changed,
-    so exactly `corrupt_at` proposals are accepted per step (all of them when None)."""
-
-    def propose(context: list[int], last: int, n: int) -> list[int]:
-        start = len(context) - prompt_len + 1  # index in `reference` of the token after `last`
-        out = [reference[start + i] if start + i < len(reference) else 0 for i in range(n)]
-        if corrupt_at is not None and corrupt_at < n:
-            out[corrupt_at] = (out[corrupt_at] + 1) % 1000
-        return out
-
-    return propose
 
 
 @pytest.mark.parametrize("kv", ["f16", "q8_0"])

@@ -10,7 +10,7 @@ verification. Logits agree within 1e-3 with F32 weights
 last-bit differences of the all-reduced sums into occasional one-step rounding differences)."""
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -19,6 +19,7 @@ import lucebox
 from lucebox import _core, synth
 from lucebox.config import EngineConfig
 from lucebox.errors import ConfigError
+from forcing import forced
 
 TWO = ["cpu:0", "cpu:1"]
 THREE = ["cpu:0", "cpu:1", "cpu:2"]
@@ -202,17 +203,6 @@ def test_chain_speculation_is_lossless_with_q8_0(files: dict[str, str]) -> None:
         got = spec.generate(p, max_tokens=40)
         assert got.tokens == plain.generate(p, max_tokens=40).tokens
         assert got.stats.spec["steps"] > 0
-
-
-def forced(reference: list[int], prompt_len: int, corrupt_at: int | None) -> Callable[[list[int], int, int], list[int]]:
-    def propose(context: list[int], last: int, n: int) -> list[int]:
-        start = len(context) - prompt_len + 1
-        out = [reference[start + i] if start + i < len(reference) else 0 for i in range(n)]
-        if corrupt_at is not None and corrupt_at < n:
-            out[corrupt_at] = (out[corrupt_at] + 1) % 1000
-        return out
-
-    return propose
 
 
 @pytest.mark.parametrize("rollback", ["fast", "replay"])

@@ -2,15 +2,16 @@
 """Where the GPU time of one decode step and of one 16-token verify goes, kernel by kernel.
 
 Uses PyTorch's profiler (CUPTI) to record every CUDA kernel launched in this process, including
-ggml's, over 33 generated tokens after a 256-token prompt: plain greedy decoding, then the same with
+ggml's, over 33 generated tokens after a prompt of --depth tokens (default 256): plain greedy decoding, then the same with
 16-token verify steps whose proposals are all rejected (each step = one 16-token target forward +
 commit). Prints the per-step kernel time and the 22 most expensive kernels of each.
 Needs torch with CUDA. Usage (repository root, GPU machine):
     lucebox synth qwen3.6-27b -o /tmp/t27.gguf --type q8_0
-    python bench/bench_kernels.py /tmp/t27.gguf
+    python bench/bench_kernels.py /tmp/t27.gguf [--depth 4096]
 """
 from __future__ import annotations
 
+import argparse
 import collections
 import sys
 
@@ -43,12 +44,13 @@ def profile_generation(engine: lucebox.Engine, prompt: list[int], label: str, **
 
 
 def main() -> int:
-    if len(sys.argv) != 2:
-        print(__doc__, file=sys.stderr)
-        return 2
-    engine = lucebox.Engine(sys.argv[1], ctx=4096, device="cuda:0")
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("model")
+    ap.add_argument("--depth", type=int, default=256, help="prompt tokens before the profiled steps")
+    args = ap.parse_args()
+    engine = lucebox.Engine(args.model, ctx=args.depth + 64, device="cuda:0")
     rng = np.random.default_rng(0)
-    prompt = [int(x) for x in rng.integers(10, engine.hparams.n_vocab, 256)]
+    prompt = [int(x) for x in rng.integers(10, engine.hparams.n_vocab, args.depth)]
     profile_generation(engine, prompt, "plain decode")
     profile_generation(engine, prompt, "16-token verify (forced, all rejected)", propose=lambda c, last, n: [0] * n)
     return 0

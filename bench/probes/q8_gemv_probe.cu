@@ -8,7 +8,9 @@
 // quantized to int8 per 32 values (scale d_x) as ggml's q8_1 does, and the dot products use dp4a:
 // y[r] = sum_b d_w[r,b] * d_x[b] * sum_{i<32} q_w[r,32b+i] * q_x[32b+i].
 //
-// A second kernel takes 16 activation columns at once (a 16-token verify) with dp4a and several
+// A second kernel reads ggml's own Q8_0 layout (34-byte blocks) the same way, staging 16-block
+// chunks of a row through shared memory with aligned 16-byte loads (no new tensor type needed).
+// A third kernel takes 16 activation columns at once (a 16-token verify) with dp4a and several
 // rows per warp, reading each weight once: its time relative to the 1-column kernel says what a
 // verify's matmuls could cost relative to a decode step's.
 //
@@ -19,6 +21,7 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <cstring>
 #include <cstdint>
 #include <cstdio>
 #include <random>
@@ -132,6 +135,67 @@ q8_gemm_skinny(const int8_t * __restrict__ qw, const half * __restrict__ dw, con
         }
 }
 
+// The same product over ggml's own Q8_0 layout (34-byte blocks: fp16 scale, 32 int8), so no new
+// tensor type would be needed: each warp copies 16 blocks of its row (544 bytes = 34 aligned
+// 16-byte loads; needs K % 512 == 0 so rows stay 16-byte aligned) into its shared-memory slot, two
+// chunks in flight, then each lane decodes half a block from shared memory (funnel shifts undo the
+// 2-byte offset of the quants). qx/dx as above, in shared memory.
+template <int WARPS>
+__global__ void __launch_bounds__(WARPS * WARP)
+q8_0_gemv_staged(const uint8_t * __restrict__ w, const int8_t * __restrict__ qx, const float * __restrict__ dx,
+                 float * __restrict__ y, int K, int n_rows) {
+    extern __shared__ int4 smem[];  // qx (K bytes), dx (K/32 floats), then per warp 2 x 544 (+16) bytes
+    int4 * sx = smem;
+    float * sdx = reinterpret_cast<float *>(reinterpret_cast<int8_t *>(smem) + K);
+    const int nb = K / 32;
+    int4 * stage_all = reinterpret_cast<int4 *>(sdx + nb);
+    for (int i = threadIdx.x; i < K / 16; i += blockDim.x) sx[i] = reinterpret_cast<const int4 *>(qx)[i];
+    for (int i = threadIdx.x; i < nb; i += blockDim.x) sdx[i] = dx[i];
+    __syncthreads();
+    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
+    const int row = blockIdx.x * WARPS + warp;
+    if (row >= n_rows) return;
+    int4 * stage = stage_all + warp * 69;  // two chunks of 34 x 16 bytes + 16 bytes the last funnel shift may read
+    const int4 * src = reinterpret_cast<const int4 *>(w + size_t(row) * nb * 34);
+    const int n_chunks = nb / 16;
+    float acc = 0.0f;
+    for (int c = 0; c < n_chunks; c += 2) {
+        const int nc = min(2, n_chunks - c);
+        int4 r0 = make_int4(0, 0, 0, 0), r1 = r0, r2 = r0;
+        // 68 loads for two chunks: lanes take 0..31, 32..63, 64..67
+        if (lane < 34 * nc) r0 = __ldg(src + c * 34 + lane);
+        if (lane + 32 < 34 * nc) r1 = __ldg(src + c * 34 + lane + 32);
+        if (lane + 64 < 34 * nc) r2 = __ldg(src + c * 34 + lane + 64);
+        __syncwarp();
+        stage[lane] = r0;
+        stage[lane + 32] = r1;
+        if (lane < 4) stage[lane + 64] = r2;
+        __syncwarp();
+        const uint8_t * bytes = reinterpret_cast<const uint8_t *>(stage);
+        for (int k = 0; k < nc; ++k) {
+            const int b = lane / 2, h = lane % 2;       // block in the chunk, half of the block
+            const int o = k * 544 + b * 34;             // block start (even)
+            const float d = __half2float(*reinterpret_cast<const half *>(bytes + o));
+            const int q = o + 2 + 16 * h;               // quants: 16 bytes at an even offset
+            const uint32_t * wv = reinterpret_cast<const uint32_t *>(bytes + (q & ~3));
+            const int sh = (q & 3) * 8;                 // 0 or 16
+            int v[4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) v[j] = int(__funnelshift_r(wv[j], wv[j + 1], sh));
+            const int gb = (c + k) * 16 + b;            // block index in the row
+            const int4 x = sx[gb * 2 + h];
+            int si = __dp4a(v[0], x.x, 0);
+            si = __dp4a(v[1], x.y, si);
+            si = __dp4a(v[2], x.z, si);
+            si = __dp4a(v[3], x.w, si);
+            acc += d * sdx[gb] * float(si);
+        }
+        __syncwarp();
+    }
+    for (int o = WARP / 2; o > 0; o /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    if (lane == 0) y[row] = acc;
+}
+
 int main() {
     struct shape { int K, N; const char * what; };
     const shape shapes[] = {{5120, 17408, "ffn_gate / ffn_up (5120 -> 17408)"},
@@ -202,6 +266,44 @@ int main() {
         const double q8_0_bytes = double(N) * nb * 34;  // what the same matrix costs as ggml Q8_0
         std::printf("%-46s %8.1f us  %5.2f TB/s of repacked bytes (%5.2f TB/s Q8_0-equivalent)  max rel err %.2e\n",
                     s.what, us, (wbytes + sbytes) / us / 1e6, q8_0_bytes / us / 1e6, err);
+        {  // ggml's Q8_0 layout, staged through shared memory (q8_0_gemv_staged)
+            std::vector<uint8_t> blocks(size_t(N) * nb * 34);
+            for (int r = 0; r < N; ++r)
+                for (int b = 0; b < nb; ++b) {
+                    uint8_t * dst = blocks.data() + (size_t(r) * nb + b) * 34;
+                    const half d = dw[size_t(r) * nb + b];
+                    std::memcpy(dst, &d, 2);
+                    std::memcpy(dst + 2, qw.data() + size_t(r) * K + b * 32, 32);
+                }
+            uint8_t * d_blocks;
+            const size_t bbytes = blocks.size();
+            CHECK_CUDA(cudaMalloc(&d_blocks, bbytes * copies));
+            for (int c = 0; c < copies; ++c)
+                CHECK_CUDA(cudaMemcpy(d_blocks + c * bbytes, blocks.data(), bbytes, cudaMemcpyHostToDevice));
+            constexpr int WARPS = 8;
+            const size_t smem_q = size_t(K) + nb * sizeof(float) + WARPS * 69 * sizeof(int4);
+            CHECK_CUDA(cudaFuncSetAttribute(q8_0_gemv_staged<WARPS>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_q)));
+            auto launch_q = [&](int c) {
+                q8_0_gemv_staged<WARPS><<<(N + WARPS - 1) / WARPS, WARPS * WARP, smem_q>>>(d_blocks + c * bbytes, d_qx, d_dx,
+                                                                                         d_y, K, N);
+            };
+            launch_q(0);
+            CHECK_CUDA(cudaDeviceSynchronize());
+            std::vector<float> yq(N);
+            CHECK_CUDA(cudaMemcpy(yq.data(), d_y, N * sizeof(float), cudaMemcpyDeviceToHost));
+            double errq = 0;
+            for (int r = 0; r < N; ++r) errq = std::max(errq, std::fabs(yq[r] - ref[r]) / (std::fabs(ref[r]) + 1e-3));
+            CHECK_CUDA(cudaEventRecord(t0));
+            for (int i = 0; i < reps; ++i) launch_q(i % copies);
+            CHECK_CUDA(cudaEventRecord(t1));
+            CHECK_CUDA(cudaEventSynchronize(t1));
+            float msq = 0;
+            CHECK_CUDA(cudaEventElapsedTime(&msq, t0, t1));
+            const double usq = 1e3 * msq / reps;
+            std::printf("%-46s %8.1f us  ggml Q8_0 layout, staged: %5.2f TB/s  max rel err %.2e\n", "", usq,
+                        double(bbytes) / usq / 1e6, errq);
+            cudaFree(d_blocks);
+        }
         {  // 16 columns: the same weights against 16 activation columns (column 0 = qx above)
             constexpr int NC = 16, R = 4, WARPS = 4, KC = 1024;
             std::vector<int8_t> qx16(size_t(NC) * K);

@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <thread>
 
@@ -339,11 +340,38 @@ struct tree_commit_cache {
         built = false;
     }
 };
+
+// A session's chain commit graphs (build_qwen35_commit_graph), one per (verified, kept) shape,
+// built on first use and kept: a commit then only computes. Every node is a view into the session's
+// state (checkpoint slot -> state, conv window -> conv state), so nothing is allocated, and each
+// shape keeps its own nodes, so the CUDA backend can capture and replay it (its CUDA-graph cache is
+// keyed by a graph's first node). One device only (a split commits through its own graphs).
+struct chain_commit_cache {
+    static constexpr size_t MAX_GRAPHS = 32;  // shapes seen: accept lengths of one block size; beyond: start over
+    std::vector<uint8_t> meta;
+    ggml_context * ctx = nullptr;
+    ggml_gallocr_t galloc = nullptr;  // sets the views' data pointers (allocates nothing)
+    std::map<uint64_t, ggml_cgraph *> graphs;
+
+    ~chain_commit_cache() { release(); }
+    void release() {
+        if (galloc) {
+            ggml_gallocr_free(galloc);
+            galloc = nullptr;
+        }
+        if (ctx) {
+            ggml_free(ctx);
+            ctx = nullptr;
+        }
+        graphs.clear();
+    }
+};
 }  // namespace
 
 struct session::state {
     graph_cache target_graph;
     tree_commit_cache tree_commit;
+    chain_commit_cache chain_commit;
     qwen35_state model_state;
     dflash_state draft_state;
     std::vector<ggml_tensor *> draft_rings;  // target feature rings in draft target_layers order
@@ -931,13 +959,43 @@ void session::commit(uint32_t n_verified, uint32_t last_kept) {
         e.split->commit(*st_->split, n_verified, last_kept);
         return;
     }
-    ctx_guard g_ctx(e.graph_meta);
-    ggml_cgraph * gf = build_qwen35_commit_graph(g_ctx.ctx, e.target.hparams, st_->model_state, n_verified, last_kept);
-    if (ggml_graph_n_nodes(gf) == 0) {
-        return;  // no DeltaNet layers
+    const qwen35_hparams & hp = e.target.hparams;
+    if (hp.n_recurrent_layers() == 0) {
+        return;  // nothing to roll back
     }
-    e.alloc(e.state_sched, gf, "the commit");
-    e.compute(e.state_sched, gf, "the commit");
+    if (e.tsplit) {  // the meta device: through its scheduler
+        ctx_guard g_ctx(e.graph_meta);
+        ggml_cgraph * gf = build_qwen35_commit_graph(g_ctx.ctx, hp, st_->model_state, n_verified, last_kept);
+        e.alloc(e.state_sched, gf, "the commit");
+        e.compute(e.state_sched, gf, "the commit");
+        return;
+    }
+    chain_commit_cache & c = st_->chain_commit;
+    const uint64_t key = (uint64_t(n_verified) << 32) | last_kept;
+    auto it = c.graphs.find(key);
+    if (it == c.graphs.end()) {
+        if (c.graphs.size() >= chain_commit_cache::MAX_GRAPHS || c.ctx == nullptr) {
+            c.release();
+            // per graph: 5 tensors (two views, a reshape, two copies) and 2 nodes per DeltaNet layer
+            const size_t per_graph = ggml_tensor_overhead() * (5 * size_t(hp.n_layer) + 4) +
+                                     ggml_graph_overhead_custom(4 * size_t(hp.n_layer) + 16, false);
+            c.meta.resize(per_graph * chain_commit_cache::MAX_GRAPHS);
+            ggml_init_params ip{c.meta.size(), c.meta.data(), /*no_alloc=*/true};
+            c.ctx = ggml_init(ip);
+            c.galloc = ggml_gallocr_new(ggml_backend_dev_buffer_type(e.dev));
+        }
+        ggml_cgraph * gf = build_qwen35_commit_graph(c.ctx, hp, st_->model_state, n_verified, last_kept);
+        if (!ggml_gallocr_alloc_graph(c.galloc, gf)) {
+            c.release();
+            throw out_of_memory_error(std::string("out of memory setting up the commit on ") + ggml_backend_dev_name(e.dev));
+        }
+        it = c.graphs.emplace(key, gf).first;
+    }
+    const ggml_status status = ggml_backend_graph_compute(e.backend, it->second);
+    if (status != GGML_STATUS_SUCCESS) {
+        throw error(std::string("the commit failed on ") + ggml_backend_dev_name(e.dev) + " (ggml status " +
+                    std::to_string(int(status)) + ")");
+    }
 }
 
 void session::commit_tree(uint32_t n_verified, const std::vector<int32_t> & path) {

@@ -67,6 +67,24 @@ def test_forced_proposals_every_accept_length(pair: tuple[str, str], kv: str, ro
                 assert got.stats.acceptance_length > 8
 
 
+def test_commit_shapes_beyond_the_commit_cache(pair: tuple[str, str]) -> None:
+    """A session keeps one commit graph per (verified, kept) shape, up to a bound, then starts over:
+    more block sizes x accept lengths than the bound, on one session and on two interleaved
+    sessions, still give greedy's tokens with a fast rollback every step."""
+    target, _ = pair
+    engine = lucebox.Engine(target, ctx=512, device="cpu")
+    p = prompts(1)[0]
+    ref = engine.generate(p, max_tokens=24).tokens
+    a, b = engine.session(), engine.session()
+    shapes = [(block, k) for block in (16, 11, 7, 4, 2) for k in range(block)]  # 40 shapes (bound: 32)
+    for n, (block, k) in enumerate(shapes):
+        s = a if n % 3 else b
+        s.reset()
+        got = s.generate(p, max_tokens=24, block_size=block, propose=forced(ref, len(p), k))
+        assert got.tokens == ref, (block, k)
+        assert got.stats.spec["fast_rollbacks"] == got.stats.spec["steps"] > 0
+
+
 def test_stop_tokens_and_budget_inside_a_step(pair: tuple[str, str]) -> None:
     target, _ = pair
     engine = lucebox.Engine(target, ctx=512, device="cpu")

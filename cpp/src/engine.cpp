@@ -85,8 +85,10 @@ struct engine::impl {
     ggml_backend_t backend = nullptr;      // the device's backend
     ggml_backend_t cpu_backend = nullptr;  // fallback for ops the device lacks (same as backend on CPU)
     ggml_backend_sched_t sched = nullptr;      // target forward passes (graph reused while shapes repeat)
-    ggml_backend_sched_t sched_aux = nullptr;  // draft, commit and state-backup graphs
+    ggml_backend_sched_t sched_aux = nullptr;  // draft context updates, commit and state-backup graphs
     uint64_t sched_graph_id = 0;               // id of the cached graph allocated in `sched` (0: none)
+    ggml_backend_sched_t sched_draft = nullptr;  // the draft's proposal block (graph reused while shapes repeat)
+    uint64_t sched_draft_graph_id = 0;           // id of the kept draft block graph allocated there (0: none)
     tensor_store weights;
     qwen35_weights w;
     std::unique_ptr<layer_split> split;    // split "layer": the target over several devices (dev: the draft's)
@@ -221,6 +223,10 @@ struct engine::impl {
                                        false, true);
         sched_aux = ggml_backend_sched_new(backends.data(), nullptr, static_cast<int>(backends.size()),
                                            MAX_GRAPH_NODES, false, true);
+        if (draft) {
+            sched_draft = ggml_backend_sched_new(backends.data(), nullptr, static_cast<int>(backends.size()),
+                                                 MAX_GRAPH_NODES, false, true);
+        }
         graph_meta.resize(ggml_tensor_overhead() * MAX_GRAPH_NODES + ggml_graph_overhead_custom(MAX_GRAPH_NODES, false));
         target_sched = tsplit ? tsplit->sched() : sched;
         state_sched = tsplit ? tsplit->sched_aux() : sched_aux;
@@ -232,6 +238,9 @@ struct engine::impl {
         }
         if (sched_aux) {
             ggml_backend_sched_free(sched_aux);
+        }
+        if (sched_draft) {
+            ggml_backend_sched_free(sched_draft);
         }
         draft_weights = tensor_store();
         weights = tensor_store();
@@ -286,16 +295,16 @@ namespace {
 // A target graph kept between calls: rebuilt only when its shape key changes, and re-allocated
 // only when another graph used the scheduler since. Repeating shapes (decode, verify) then cost
 // no graph construction or allocation, and backends can replay their own captured graphs.
-struct graph_cache {
+struct kept_graph {
     std::vector<uint8_t> meta;
     ggml_context * ctx = nullptr;
     std::array<uint32_t, 8> key{};
-    uint64_t id = 0;  // unique per build, 0 = empty
-    uint64_t meta_epoch = 0;  // tensor split: engine::impl::meta_epoch after this graph's allocation
-    qwen35_graph graph;
-    graph::candidate_outputs cand;  // sampling candidates of the output rows (when requested)
+    uint64_t id = 0;  // unique per build (over all kept graphs), 0 = empty
 
-    ~graph_cache() {
+    kept_graph() = default;
+    kept_graph(const kept_graph &) = delete;
+    kept_graph & operator=(const kept_graph &) = delete;
+    ~kept_graph() {
         if (ctx) {
             ggml_free(ctx);
         }
@@ -313,6 +322,19 @@ struct graph_cache {
         id = next_id++;
         return ctx;
     }
+};
+
+struct graph_cache : kept_graph {
+    uint64_t meta_epoch = 0;  // tensor split: engine::impl::meta_epoch after this graph's allocation
+    qwen35_graph graph;
+    graph::candidate_outputs cand;  // sampling candidates of the output rows (when requested)
+};
+
+// The draft's proposal-block graph (build_dflash_graph with no context rows), kept like the target's:
+// its shape is (block, n_kv, top_k), the same step after step, while the context update before it
+// varies with the accepted length and is built per step.
+struct draft_block_cache : kept_graph {
+    dflash_graph graph;
 };
 
 // A session's tree commit graph (build_qwen35_tree_commit_graph): built and allocated on its first
@@ -372,6 +394,7 @@ struct session::state {
     graph_cache target_graph;
     tree_commit_cache tree_commit;
     chain_commit_cache chain_commit;
+    draft_block_cache draft_block;
     qwen35_state model_state;
     dflash_state draft_state;
     std::vector<ggml_tensor *> draft_rings;  // target feature rings in draft target_layers order
@@ -654,12 +677,12 @@ std::vector<int32_t> session::run_draft(int32_t last, uint32_t block, spec::draf
         return {};
     }
     const uint32_t n_kv = std::min(e.kv_size, pad_to(n_past + block, KV_PAD));
-    ctx_guard g_ctx(e.graph_meta);
     const uint32_t top_k = topk != nullptr && block > 1 ? std::min(topk->k, e.target.hparams.n_vocab) : 0;
-    dflash_graph g = build_dflash_graph(g_ctx.ctx, dh, e.dw, st_->draft_state, st_->draft_rings, n_inject, block,
-                                        n_kv, e.target.hparams.n_ctx_train, top_k);
-    e.alloc(e.sched_aux, g.gf, "the draft");
-    if (n_inject > 0) {
+    if (n_inject > 0) {  // the context update: K/V of the newly committed positions (a graph per step)
+        ctx_guard g_ctx(e.graph_meta);
+        dflash_graph gc = build_dflash_graph(g_ctx.ctx, dh, e.dw, st_->draft_state, st_->draft_rings, n_inject, 0,
+                                             n_kv, e.target.hparams.n_ctx_train, 0);
+        e.alloc(e.sched_aux, gc.gf, "the draft context update");
         std::vector<int64_t> kv_rows(n_inject);
         std::vector<int32_t> pos(n_inject), ring_rows(n_inject);
         for (uint32_t i = 0; i < n_inject; ++i) {
@@ -668,11 +691,31 @@ std::vector<int32_t> session::run_draft(int32_t last, uint32_t block, spec::draf
             kv_rows[i] = p;
             pos[i] = static_cast<int32_t>(p);
         }
-        ggml_backend_tensor_set(g.in.ctx_ring_rows, ring_rows.data(), 0, sizeof(int32_t) * n_inject);
-        ggml_backend_tensor_set(g.in.ctx_kv_rows, kv_rows.data(), 0, sizeof(int64_t) * n_inject);
-        ggml_backend_tensor_set(g.in.ctx_pos, pos.data(), 0, sizeof(int32_t) * n_inject);
+        ggml_backend_tensor_set(gc.in.ctx_ring_rows, ring_rows.data(), 0, sizeof(int32_t) * n_inject);
+        ggml_backend_tensor_set(gc.in.ctx_kv_rows, kv_rows.data(), 0, sizeof(int64_t) * n_inject);
+        ggml_backend_tensor_set(gc.in.ctx_pos, pos.data(), 0, sizeof(int32_t) * n_inject);
+        e.compute(e.sched_aux, gc.gf, "the draft context update");
+        n_draft_ctx_ = n_past;
     }
-    if (block > 0) {
+    if (block == 0) {
+        return {};
+    }
+    // the proposal block [last, MASK x (block-1)] at positions n_past..: a kept graph (only its
+    // inputs change from step to step)
+    draft_block_cache & cache = st_->draft_block;
+    const std::array<uint32_t, 8> key{block, n_kv, top_k, 0, 0, 0, 0, 0};
+    if (cache.id == 0 || cache.key != key) {
+        ggml_context * ctx = cache.rebuild();
+        cache.graph = build_dflash_graph(ctx, dh, e.dw, st_->draft_state, st_->draft_rings, 0, block, n_kv,
+                                         e.target.hparams.n_ctx_train, top_k);
+        cache.key = key;
+    }
+    const dflash_graph & g = cache.graph;
+    if (e.sched_draft_graph_id != cache.id) {
+        e.alloc(e.sched_draft, g.gf, "the draft block");
+        e.sched_draft_graph_id = cache.id;
+    }
+    {
         std::vector<int32_t> toks(block, static_cast<int32_t>(dh.mask_token_id)), pos(block);
         std::vector<int64_t> rows(block);
         toks[0] = last;
@@ -693,13 +736,9 @@ std::vector<int32_t> session::run_draft(int32_t last, uint32_t block, spec::draf
             ggml_backend_tensor_set(g.in.kq_mask_swa, swa.data(), 0, sizeof(ggml_fp16_t) * swa.size());
         }
     }
-    e.compute(e.sched_aux, g.gf, "the draft forward pass");
-    n_draft_ctx_ = n_past;
-    std::vector<int32_t> proposals;
-    if (block > 0) {
-        proposals.resize(block - 1);
-        ggml_backend_tensor_get(g.argmax, proposals.data(), 0, sizeof(int32_t) * (block - 1));
-    }
+    e.compute(e.sched_draft, g.gf, "the draft forward pass");
+    std::vector<int32_t> proposals(block - 1);
+    ggml_backend_tensor_get(g.argmax, proposals.data(), 0, sizeof(int32_t) * (block - 1));
     if (top_k > 0) {  // per position: the top_k candidates sorted best first (ties: lower id), log-probs
         const size_t n = size_t(top_k) * (block - 1);
         std::vector<int32_t> ids(n);

@@ -20,6 +20,7 @@
 #include "lucebox/model_files.h"
 #include "models/dflash_model.h"
 #include "models/qwen35_model.h"
+#include "graph/builders.h"
 #include "graph/candidates.h"
 #include "placement.h"
 #include "tensor_parallel.h"
@@ -322,6 +323,8 @@ struct kept_graph {
         id = next_id++;
         return ctx;
     }
+    // before allocating it again where another graph was allocated since (see graph::forget_allocation)
+    void forget_allocation() { graph::forget_allocation(ctx); }
 };
 
 struct graph_cache : kept_graph {
@@ -547,6 +550,7 @@ std::vector<float> session::run_target(const int32_t * tokens, uint32_t T, bool 
     }
     const qwen35_graph & g = cache.graph;
     if (e.sched_graph_id != cache.id) {
+        cache.forget_allocation();
         e.alloc(e.target_sched, g.gf, "a batch of " + std::to_string(T) + " tokens");
         e.sched_graph_id = cache.id;
         cache.meta_epoch = e.meta_epoch;
@@ -712,6 +716,7 @@ std::vector<int32_t> session::run_draft(int32_t last, uint32_t block, spec::draf
     }
     const dflash_graph & g = cache.graph;
     if (e.sched_draft_graph_id != cache.id) {
+        cache.forget_allocation();
         e.alloc(e.sched_draft, g.gf, "the draft block");
         e.sched_draft_graph_id = cache.id;
     }

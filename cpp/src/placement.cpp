@@ -8,6 +8,7 @@
 #include <set>
 
 #include "ggml-cpu.h"
+#include "graph/builders.h"
 #include "lucebox/errors.h"
 #include "lucebox/tensor_spec.h"
 
@@ -571,6 +572,7 @@ std::vector<float> layer_split::forward(layer_split_session & ss, const int32_t 
         const std::string what = "layers " + std::to_string(sh.begin) + "-" + std::to_string(sh.end - 1) +
                                  " of a batch of " + std::to_string(T) + " tokens";
         if (sh.sched_graph_id != rg.id) {
+            graph::forget_allocation(rg.ctx);
             compute(sh, sh.sched, g.gf, /*alloc=*/true, what);
             sh.sched_graph_id = rg.id;
         }

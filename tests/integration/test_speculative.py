@@ -85,6 +85,45 @@ def test_commit_shapes_beyond_the_commit_cache(pair: tuple[str, str]) -> None:
         assert got.stats.spec["fast_rollbacks"] == got.stats.spec["steps"] > 0
 
 
+@pytest.mark.parametrize("with_draft", [False, True])
+def test_kept_graphs_survive_larger_graphs_in_between(pair: tuple[str, str], with_draft: bool) -> None:
+    """Graphs kept between steps (target forward, draft block) are allocated again after another
+    session ran larger graphs in the same schedulers (which replaces their buffers): a short session
+    continues after a long prefill of another one exactly like on its own."""
+    target, draft = pair
+    engine = (lucebox.Engine(target, draft, ctx=1024, device="cpu", spec="chain") if with_draft
+              else lucebox.Engine(target, ctx=1024, device="cpu"))
+    rng = np.random.default_rng(9)
+    short_p = [int(x) for x in rng.integers(0, 1000, 6)]
+    long_p = [int(x) for x in rng.integers(0, 1000, 700)]  # two micro-batches of 512 rows
+    ref = lucebox.Engine(target, ctx=1024, device="cpu").generate(short_p, max_tokens=30).tokens
+    a = engine.session()
+    got = a.generate(short_p, max_tokens=10).tokens
+    engine.session().generate(long_p, max_tokens=5)
+    got += a.generate(max_tokens=20).tokens
+    assert got == ref
+
+
+def test_kept_draft_graph_across_kv_windows_and_sessions(pair: tuple[str, str]) -> None:
+    """The draft's proposal-block graph is kept per (block, KV window) shape: generation that
+    crosses a 256-row KV window (a new shape), alternating with another session of the engine
+    (the draft scheduler switches graphs), with the draft's own proposals, is plain greedy."""
+    target, draft = pair
+    plain = lucebox.Engine(target, ctx=1024, device="cpu")
+    spec = lucebox.Engine(target, draft, ctx=1024, device="cpu", spec="chain")
+    rng = np.random.default_rng(5)
+    long_p = [int(x) for x in rng.integers(0, 1000, 230)]  # generation crosses position 256
+    short_p = prompts(1)[0]
+    a, b = spec.session(), spec.session()
+    ref_a = plain.generate(long_p, max_tokens=60).tokens
+    ref_b = plain.generate(short_p, max_tokens=60).tokens
+    got_a, got_b = [], []
+    for n in range(6):  # 10 tokens at a time from each, alternating
+        got_a += a.generate(long_p if n == 0 else [], max_tokens=10).tokens
+        got_b += b.generate(short_p if n == 0 else [], max_tokens=10).tokens
+    assert got_a == ref_a and got_b == ref_b
+
+
 def test_stop_tokens_and_budget_inside_a_step(pair: tuple[str, str]) -> None:
     target, _ = pair
     engine = lucebox.Engine(target, ctx=512, device="cpu")

@@ -21,4 +21,12 @@ ggml_tensor * l2_norm(ggml_context * ctx, ggml_tensor * x, float eps);
 ggml_tensor * swiglu_ffn(ggml_context * ctx, ggml_tensor * x, ggml_tensor * w_gate, ggml_tensor * w_up,
                          ggml_tensor * w_down, int layer);
 
+// For a graph kept between computes (engine graph caches, layer-split range graphs), before it is
+// allocated again in a scheduler that allocated another graph since: its compute tensors still
+// point into the scheduler's buffer of that time, which a larger graph may have replaced (freed),
+// and ggml's allocator leaves tensors that have data alone. Marks every tensor of `ctx` (the
+// graph's own context: compute tensors, inputs, views; weights and state live in other contexts)
+// unallocated, so the allocation gives each a fresh place (views are re-derived).
+void forget_allocation(ggml_context * ctx);
+
 }  // namespace lucebox::graph

@@ -340,19 +340,27 @@ struct draft_block_cache : kept_graph {
     dflash_graph graph;
 };
 
-// A session's tree commit graph (build_qwen35_tree_commit_graph): built and allocated on its first
-// tree commit, then reused by every commit, which only uploads the moves and computes. It runs on
-// the device backend alone (every op is a row gather/scatter or copy) with its own allocator, so
-// the draft and forward graphs sharing the schedulers never force a re-allocation.
-struct tree_commit_cache {
+// Metadata memory, context and allocator of graphs a session builds once and keeps (own allocator:
+// the shared schedulers never re-allocate them).
+struct own_graph_memory {
     std::vector<uint8_t> meta;
     ggml_context * ctx = nullptr;
     ggml_gallocr_t galloc = nullptr;
-    qwen35_tree_commit graph;  // graph.gf null after a build: the copy-graph fallback serves
-    bool built = false;
 
-    ~tree_commit_cache() { release(); }
-    void release() {
+    own_graph_memory() = default;
+    own_graph_memory(const own_graph_memory &) = delete;
+    own_graph_memory & operator=(const own_graph_memory &) = delete;
+    ~own_graph_memory() { free_memory(); }
+    // A fresh context of `meta_bytes` of tensor/graph metadata and an allocator for buffers of `dev`.
+    ggml_context * start(size_t meta_bytes, ggml_backend_dev_t dev) {
+        free_memory();
+        meta.resize(meta_bytes);
+        ggml_init_params ip{meta.size(), meta.data(), /*no_alloc=*/true};
+        ctx = ggml_init(ip);
+        galloc = ggml_gallocr_new(ggml_backend_dev_buffer_type(dev));
+        return ctx;
+    }
+    void free_memory() {
         if (galloc) {
             ggml_gallocr_free(galloc);
             galloc = nullptr;
@@ -361,6 +369,19 @@ struct tree_commit_cache {
             ggml_free(ctx);
             ctx = nullptr;
         }
+    }
+};
+
+// A session's tree commit graph (build_qwen35_tree_commit_graph): built and allocated on its first
+// tree commit, then reused by every commit, which only uploads the moves and computes. It runs on
+// the device backend alone (every op is a row gather/scatter or copy) with its own allocator, so
+// the draft and forward graphs sharing the schedulers never force a re-allocation.
+struct tree_commit_cache : own_graph_memory {
+    qwen35_tree_commit graph;  // graph.gf null after a build: the copy-graph fallback serves
+    bool built = false;
+
+    void release() {
+        free_memory();
         graph = {};
         built = false;
     }
@@ -371,23 +392,12 @@ struct tree_commit_cache {
 // state (checkpoint slot -> state, conv window -> conv state), so nothing is allocated, and each
 // shape keeps its own nodes, so the CUDA backend can capture and replay it (its CUDA-graph cache is
 // keyed by a graph's first node). One device only (a split commits through its own graphs).
-struct chain_commit_cache {
+struct chain_commit_cache : own_graph_memory {
     static constexpr size_t MAX_GRAPHS = 32;  // shapes seen: accept lengths of one block size; beyond: start over
-    std::vector<uint8_t> meta;
-    ggml_context * ctx = nullptr;
-    ggml_gallocr_t galloc = nullptr;  // sets the views' data pointers (allocates nothing)
-    std::map<uint64_t, ggml_cgraph *> graphs;
+    std::map<uint64_t, ggml_cgraph *> graphs;  // the allocator only sets the views' data pointers
 
-    ~chain_commit_cache() { release(); }
     void release() {
-        if (galloc) {
-            ggml_gallocr_free(galloc);
-            galloc = nullptr;
-        }
-        if (ctx) {
-            ggml_free(ctx);
-            ctx = nullptr;
-        }
+        free_memory();
         graphs.clear();
     }
 };
@@ -1023,10 +1033,7 @@ void session::commit(uint32_t n_verified, uint32_t last_kept) {
             // per graph: 5 tensors (two views, a reshape, two copies) and 2 nodes per DeltaNet layer
             const size_t per_graph = ggml_tensor_overhead() * (5 * size_t(hp.n_layer) + 4) +
                                      ggml_graph_overhead_custom(4 * size_t(hp.n_layer) + 16, false);
-            c.meta.resize(per_graph * chain_commit_cache::MAX_GRAPHS);
-            ggml_init_params ip{c.meta.size(), c.meta.data(), /*no_alloc=*/true};
-            c.ctx = ggml_init(ip);
-            c.galloc = ggml_gallocr_new(ggml_backend_dev_buffer_type(e.dev));
+            c.start(per_graph * chain_commit_cache::MAX_GRAPHS, e.dev);
         }
         ggml_cgraph * gf = build_qwen35_commit_graph(c.ctx, hp, st_->model_state, n_verified, last_kept);
         if (!ggml_gallocr_alloc_graph(c.galloc, gf)) {
@@ -1049,13 +1056,11 @@ void session::commit_tree(uint32_t n_verified, const std::vector<int32_t> & path
     tree_commit_cache & c = st_->tree_commit;
     if (!c.built) {
         c.release();  // what a build that threw left
-        c.meta.resize(ggml_tensor_overhead() * (32 * size_t(hp.n_layer) + 64) +
-                      ggml_graph_overhead_custom(16 * size_t(hp.n_layer) + 4 * st.ring.size() + 32, false));
-        ggml_init_params ip{c.meta.size(), c.meta.data(), /*no_alloc=*/true};
-        c.ctx = ggml_init(ip);
+        c.start(ggml_tensor_overhead() * (32 * size_t(hp.n_layer) + 64) +
+                    ggml_graph_overhead_custom(16 * size_t(hp.n_layer) + 4 * st.ring.size() + 32, false),
+                e.dev);
         c.graph = build_qwen35_tree_commit_graph(c.ctx, hp, st);
         if (c.graph.gf != nullptr) {
-            c.galloc = ggml_gallocr_new(ggml_backend_dev_buffer_type(e.dev));
             if (!ggml_gallocr_alloc_graph(c.galloc, c.graph.gf)) {
                 throw out_of_memory_error(std::string("out of memory allocating the tree commit on ") +
                                           ggml_backend_dev_name(e.dev));

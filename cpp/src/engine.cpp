@@ -34,10 +34,13 @@ namespace lucebox {
 namespace {
 
 constexpr uint32_t KV_PAD = 256;         // cache rows are viewed in multiples of this (FA kernels)
-constexpr size_t MAX_GRAPH_NODES = 16384;
+using graph::MAX_GRAPH_NODES;
 constexpr uint32_t MAX_FORCED_BLOCK = 16;  // verify width available to forced proposals without a draft
 
 uint32_t pad_to(uint32_t n, uint32_t m) { return (n + m - 1) / m * m; }
+
+using clock = std::chrono::steady_clock;
+double seconds_since(clock::time_point t) { return std::chrono::duration<double>(clock::now() - t).count(); }
 
 }  // namespace
 
@@ -139,7 +142,14 @@ struct engine::impl {
         }
     }
     void compute(ggml_backend_sched_t s, ggml_cgraph * gf, const std::string & what) {
-        const ggml_status status = ggml_backend_sched_graph_compute(s, gf);
+        check_status(ggml_backend_sched_graph_compute(s, gf), what);
+    }
+    // A graph allocated by its own allocator on this device (the kept commit graphs), computed
+    // straight on the device's backend.
+    void compute_on_device(ggml_cgraph * gf, const std::string & what) {
+        check_status(ggml_backend_graph_compute(backend, gf), what);
+    }
+    void check_status(ggml_status status, const std::string & what) const {
         if (status != GGML_STATUS_SUCCESS) {
             throw error(what + " failed on " + ggml_backend_dev_name(dev) + " (ggml status " +
                         std::to_string(int(status)) + ")");
@@ -228,7 +238,7 @@ struct engine::impl {
             sched_draft = ggml_backend_sched_new(backends.data(), nullptr, static_cast<int>(backends.size()),
                                                  MAX_GRAPH_NODES, false, true);
         }
-        graph_meta.resize(ggml_tensor_overhead() * MAX_GRAPH_NODES + ggml_graph_overhead_custom(MAX_GRAPH_NODES, false));
+        graph_meta.resize(graph::graph_meta_bytes());
         target_sched = tsplit ? tsplit->sched() : sched;
         state_sched = tsplit ? tsplit->sched_aux() : sched_aux;
     }
@@ -278,6 +288,16 @@ engine::engine(const engine_config & cfg, const progress_callback & progress)
 
 engine::~engine() = default;
 
+void generate_stats::count_step(uint32_t n_drafted, uint32_t n_accepted) {
+    ++steps;
+    drafted += n_drafted;
+    accepted += n_accepted;
+    if (accept_histogram.size() <= n_accepted) {
+        accept_histogram.resize(n_accepted + 1, 0);
+    }
+    accept_histogram[n_accepted] += 1;
+}
+
 const engine_config & engine::config() const { return impl_->cfg; }
 const qwen35_hparams & engine::hparams() const { return impl_->target.hparams; }
 memory_plan engine::plan() const { return impl_->plan(); }
@@ -316,7 +336,7 @@ struct kept_graph {
             ggml_free(ctx);
         }
         if (meta.empty()) {
-            meta.resize(ggml_tensor_overhead() * MAX_GRAPH_NODES + ggml_graph_overhead_custom(MAX_GRAPH_NODES, false));
+            meta.resize(graph::graph_meta_bytes());
         }
         ggml_init_params ip{meta.size(), meta.data(), /*no_alloc=*/true};
         ctx = ggml_init(ip);
@@ -1042,11 +1062,7 @@ void session::commit(uint32_t n_verified, uint32_t last_kept) {
         }
         it = c.graphs.emplace(key, gf).first;
     }
-    const ggml_status status = ggml_backend_graph_compute(e.backend, it->second);
-    if (status != GGML_STATUS_SUCCESS) {
-        throw error(std::string("the commit failed on ") + ggml_backend_dev_name(e.dev) + " (ggml status " +
-                    std::to_string(int(status)) + ")");
-    }
+    e.compute_on_device(it->second, "the commit");
 }
 
 void session::commit_tree(uint32_t n_verified, const std::vector<int32_t> & path) {
@@ -1079,11 +1095,7 @@ void session::commit_tree(uint32_t n_verified, const std::vector<int32_t> & path
     }
     const std::vector<int32_t> moves = qwen35_tree_commit_moves(c.graph, hp, st, n_verified, n_past(), path);
     ggml_backend_tensor_set(c.graph.moves, moves.data(), 0, sizeof(int32_t) * moves.size());
-    const ggml_status status = ggml_backend_graph_compute(e.backend, c.graph.gf);
-    if (status != GGML_STATUS_SUCCESS) {
-        throw error(std::string("the tree commit failed on ") + ggml_backend_dev_name(e.dev) + " (ggml status " +
-                    std::to_string(int(status)) + ")");
-    }
+    e.compute_on_device(c.graph.gf, "the tree commit");
 }
 
 void session::backup_state(bool backup) {
@@ -1152,7 +1164,6 @@ std::vector<float> session::eval(const std::vector<int32_t> & tokens, bool all_l
 
 generate_result session::generate(const std::vector<int32_t> & prompt, const generate_params & params,
                                   const token_callback & on_token) {
-    using clock = std::chrono::steady_clock;
     params.sampling.validate();
     if (prompt.empty() && pending_ < 0) {
         throw config_error("generate: the prompt is empty and the session has no pending token to continue from");
@@ -1221,7 +1232,7 @@ generate_result session::generate(const std::vector<int32_t> & prompt, const gen
     forward_and_pick(pending.data(), static_cast<uint32_t>(pending.size()), params.on_prefill);
     res.stats.n_prompt = static_cast<uint32_t>(pending.size());
     const auto t1 = clock::now();
-    res.stats.prefill_seconds = std::chrono::duration<double>(t1 - t0).count();
+    res.stats.prefill_seconds = seconds_since(t0);
 
     res.finish_reason = "length";
     while (res.tokens.size() < params.max_tokens) {
@@ -1249,13 +1260,12 @@ generate_result session::generate(const std::vector<int32_t> & prompt, const gen
         pending_ = res.tokens.back();  // emitted, evaluated by the next call
     }
     res.stats.n_generated = static_cast<uint32_t>(res.tokens.size());
-    res.stats.decode_seconds = std::chrono::duration<double>(clock::now() - t1).count();
+    res.stats.decode_seconds = seconds_since(t1);
     return res;
 }
 
 generate_result session::generate_speculative(const std::vector<int32_t> & pending, const generate_params & params,
                                               const token_callback & on_token) {
-    using clock = std::chrono::steady_clock;
     engine::impl & e = *eng_;
     generate_result res;
     generate_stats & stats = res.stats;
@@ -1265,7 +1275,6 @@ generate_result session::generate_speculative(const std::vector<int32_t> & pendi
     auto is_stop = [&](int32_t t) {
         return std::find(params.stop_tokens.begin(), params.stop_tokens.end(), t) != params.stop_tokens.end();
     };
-    auto since = [](clock::time_point t) { return std::chrono::duration<double>(clock::now() - t).count(); };
 
     const sampling_params & sp = params.sampling;
     const bool greedy = sp.is_greedy() && !sp.has_penalties();
@@ -1286,7 +1295,7 @@ generate_result session::generate_speculative(const std::vector<int32_t> & pendi
         }
     }
     stats.n_prompt = static_cast<uint32_t>(pending.size());
-    stats.prefill_seconds = since(t0);
+    stats.prefill_seconds = seconds_since(t0);
     const auto t1 = clock::now();
 
     res.finish_reason = "length";
@@ -1368,7 +1377,7 @@ generate_result session::generate_speculative(const std::vector<int32_t> & pendi
             }
         }
         if (params.phase_timings) {
-            stats.draft_seconds += since(tp);
+            stats.draft_seconds += seconds_since(tp);
         }
         tp = clock::now();
         std::vector<int32_t> target;
@@ -1388,16 +1397,13 @@ generate_result session::generate_speculative(const std::vector<int32_t> & pendi
             a = spec::accept_sampled(verified, rows, static_cast<int32_t>(n_vocab()), smp, tokens_, target);
         }
         if (params.phase_timings) {
-            stats.verify_seconds += since(tp);
+            stats.verify_seconds += seconds_since(tp);
         }
 
         const uint32_t budget = params.max_tokens - static_cast<uint32_t>(res.tokens.size());
         const spec::commit_plan plan = spec::plan_commit(verified, target, a, budget, is_stop, on_token);
         if (speculating) {
-            ++stats.steps;
-            stats.drafted += n - 1;
-            stats.accepted += a;
-            stats.accept_histogram[a] += 1;
+            stats.count_step(n - 1, a);
         } else {
             ++stats.plain_steps;
         }
@@ -1413,12 +1419,12 @@ generate_result session::generate_speculative(const std::vector<int32_t> & pendi
         }
         tokens_.insert(tokens_.end(), verified.begin(), verified.begin() + plan.last_kept + 1);
         if (params.phase_timings) {
-            stats.commit_seconds += since(tp);
+            stats.commit_seconds += seconds_since(tp);
         }
         if (adaptive && speculating) {
-            policy.record_spec(static_cast<uint32_t>(plan.emitted.size()), since(t_step));
+            policy.record_spec(static_cast<uint32_t>(plan.emitted.size()), seconds_since(t_step));
         } else if (adaptive) {
-            policy.record_plain(since(t_step));
+            policy.record_plain(seconds_since(t_step));
         }
         res.tokens.insert(res.tokens.end(), plan.emitted.begin(), plan.emitted.end());
         if (!next_step(plan)) {
@@ -1427,13 +1433,9 @@ generate_result session::generate_speculative(const std::vector<int32_t> & pendi
     }
     pending_ = last;
     stats.n_generated = static_cast<uint32_t>(res.tokens.size());
-    stats.decode_seconds = since(t1);
+    stats.decode_seconds = seconds_since(t1);
     return res;
 }
-
-}  // namespace lucebox
-
-namespace lucebox {
 
 // One DDTree step: draft a tree (or take the forced one), verify it in one target forward, accept
 // a root path (greedy: the longest the target agrees with; sampled: spec::accept_tree_sampled),
@@ -1442,8 +1444,6 @@ spec::commit_plan session::tree_step(int32_t last, uint32_t room, const generate
                                      generate_stats & stats, generate_result & res,
                                      const std::function<bool(int32_t)> & is_stop, const token_callback & on_token,
                                      sampler & smp, row_candidates & cands) {
-    using clock = std::chrono::steady_clock;
-    auto since = [](clock::time_point t) { return std::chrono::duration<double>(clock::now() - t).count(); };
     engine::impl & e = *eng_;
     const qwen35_state & st = st_->model_state;
     // nodes of one verify: checkpoint slots and feature-ring rows per node, and context room
@@ -1492,7 +1492,7 @@ spec::commit_plan session::tree_step(int32_t last, uint32_t room, const generate
     }
     spec::validate_tree(t, cap, max_depth, V);
     if (params.phase_timings) {
-        stats.draft_seconds += since(tp);
+        stats.draft_seconds += seconds_since(tp);
     }
 
     tp = clock::now();
@@ -1509,7 +1509,7 @@ spec::commit_plan session::tree_step(int32_t last, uint32_t room, const generate
     }
     const std::vector<int32_t> & path = acc.path;
     if (params.phase_timings) {
-        stats.verify_seconds += since(tp);
+        stats.verify_seconds += seconds_since(tp);
     }
     // the accepted path as a chain: verified = its tokens, chosen = the tokens emitted after each
     // (the next path token, then the bonus)
@@ -1521,13 +1521,7 @@ spec::commit_plan session::tree_step(int32_t last, uint32_t room, const generate
     const uint32_t a = static_cast<uint32_t>(path.size() - 1);
     const uint32_t budget = params.max_tokens - static_cast<uint32_t>(res.tokens.size());
     const spec::commit_plan plan = spec::plan_commit(verified, chosen, a, budget, is_stop, on_token);
-    ++stats.steps;
-    stats.drafted += n - 1;
-    stats.accepted += a;
-    if (stats.accept_histogram.size() <= a) {
-        stats.accept_histogram.resize(a + 1, 0);
-    }
-    stats.accept_histogram[a] += 1;
+    stats.count_step(n - 1, a);
 
     tp = clock::now();
     const std::vector<int32_t> kept(path.begin(), path.begin() + plan.last_kept + 1);
@@ -1535,7 +1529,7 @@ spec::commit_plan session::tree_step(int32_t last, uint32_t room, const generate
     stats.fast_rollbacks += 1;
     tokens_.insert(tokens_.end(), verified.begin(), verified.begin() + plan.last_kept + 1);
     if (params.phase_timings) {
-        stats.commit_seconds += since(tp);
+        stats.commit_seconds += seconds_since(tp);
     }
     res.tokens.insert(res.tokens.end(), plan.emitted.begin(), plan.emitted.end());
     return plan;

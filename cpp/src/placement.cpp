@@ -16,7 +16,7 @@ namespace lucebox {
 
 namespace {
 
-constexpr size_t MAX_GRAPH_NODES = 16384;
+using graph::MAX_GRAPH_NODES;
 
 std::string lower(std::string s) {
     std::transform(s.begin(), s.end(), s.begin(), ::tolower);
@@ -386,7 +386,7 @@ layer_split::layer_split(const engine_config & cfg, const target_model_file & ta
                 draft_w_.output = head_there ? w_.output : draft_side_store_.get("output.weight");
             }
         }
-        graph_meta_.resize(ggml_tensor_overhead() * MAX_GRAPH_NODES + ggml_graph_overhead_custom(MAX_GRAPH_NODES, false));
+        graph_meta_.resize(graph::graph_meta_bytes());
     } catch (...) {
         release();  // the destructor does not run for a constructor that throws
         throw;
@@ -559,7 +559,7 @@ std::vector<float> layer_split::forward(layer_split_session & ss, const int32_t 
                 ggml_free(rg.ctx);
             }
             if (rg.meta.empty()) {
-                rg.meta.resize(ggml_tensor_overhead() * MAX_GRAPH_NODES + ggml_graph_overhead_custom(MAX_GRAPH_NODES, false));
+                rg.meta.resize(graph::graph_meta_bytes());
             }
             ggml_init_params ip{rg.meta.size(), rg.meta.data(), /*no_alloc=*/true};
             rg.ctx = ggml_init(ip);

@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "ggml-cpu.h"
+#include "graph/builders.h"
 #include "lucebox/errors.h"
 #include "lucebox/tensor_spec.h"
 #include "placement.h"
@@ -19,7 +20,7 @@ namespace lucebox {
 
 namespace {
 
-constexpr size_t MAX_GRAPH_NODES = 16384;
+using graph::MAX_GRAPH_NODES;
 
 // n units dealt over n_dev devices: the first (n % n_dev) devices get one more.
 std::vector<int64_t> deal(int64_t n, size_t n_dev) {
@@ -246,8 +247,8 @@ tensor_split::tensor_split(const engine_config & cfg, const target_model_file & 
         std::vector<ggml_backend_dev_t> devs;
         names_ = "Meta(";  // (the pinned ggml names a meta device "Meta()": it reads a moved-from list)
         for (const std::string & d : cfg.devices) {
-            names_ += (devs.empty() ? "" : ",") + std::string(ggml_backend_dev_name(resolve_device(d)));
             ggml_backend_dev_t dev = resolve_device(d);  // cpu:N are all the CPU device: one slice each
+            names_ += (devs.empty() ? "" : ",") + std::string(ggml_backend_dev_name(dev));
             devs.push_back(ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU ? cpu_slice_device() : dev);
         }
         names_ += ")";

@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 
 import lucebox
-from lucebox import synth
 
 pytestmark = pytest.mark.gpu
 
@@ -15,15 +14,6 @@ pytestmark = pytest.mark.gpu
 # logits of the two paths differ by rounding noise, which also accumulates in the recurrent state.
 # A greedy path may therefore part only where the two tokens' logits are closer than twice that
 # noise, measured at the parting row as the largest |CUDA - CPU| logit difference.
-
-
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
-    d = tmp_path_factory.mktemp("gpu-spec")
-    t, dr = str(d / "t.gguf"), str(d / "d.gguf")
-    synth.write_target(t, "tiny", type="q8_0", seed=5)
-    synth.write_draft(dr, "tiny", type="q8_0", seed=6)
-    return t, dr
 
 
 def _check_same_or_tie(engine: lucebox.Engine, cpu: lucebox.Engine, prompt: list[int], ref: list[int],

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 import lucebox
-from lucebox import synth
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
@@ -21,15 +20,6 @@ from test_cuda_speculative import _check_same_or_tie  # noqa: E402
 from test_tree import forced_tree  # noqa: E402
 
 pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
-    d = tmp_path_factory.mktemp("gpu-tree")
-    t, dr = str(d / "t.gguf"), str(d / "d.gguf")
-    synth.write_target(t, "tiny", type="q8_0", seed=5)
-    synth.write_draft(dr, "tiny", type="q8_0", seed=6)
-    return t, dr
 
 
 def test_real_draft_tree_on_cuda(pair: tuple[str, str]) -> None:

@@ -17,15 +17,6 @@ from lucebox import _core, synth
 BUDGET = 48  # forced trees: nodes besides the root
 
 
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
-    d = tmp_path_factory.mktemp("tree")
-    target, draft = d / "target.gguf", d / "draft.gguf"
-    synth.write_target(str(target), "tiny", type="q8_0", seed=5)
-    synth.write_draft(str(draft), "tiny", type="q8_0", seed=6)
-    return str(target), str(draft)
-
-
 def prompts(n: int, seed: int = 4321) -> list[list[int]]:
     rng = np.random.default_rng(seed)
     return [[int(x) for x in rng.integers(0, 1000, int(rng.integers(5, 90)))] for _ in range(n)]

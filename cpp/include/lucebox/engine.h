@@ -93,6 +93,9 @@ struct generate_stats {
     uint32_t fast_rollbacks = 0;   // steps whose state was set from a verify checkpoint
     uint32_t replays = 0;          // steps that restored and replayed instead (none yet)
     double draft_seconds = 0, verify_seconds = 0, commit_seconds = 0;  // with phase_timings
+
+    // one speculative step that verified `n_drafted` proposals and accepted `n_accepted` of them
+    void count_step(uint32_t n_drafted, uint32_t n_accepted);
 };
 
 struct generate_result {

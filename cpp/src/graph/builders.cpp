@@ -33,6 +33,10 @@ ggml_tensor * swiglu_ffn(ggml_context * ctx, ggml_tensor * x, ggml_tensor * w_ga
     return named(ggml_mul_mat(ctx, w_down, act), "ffn_out", layer);
 }
 
+size_t graph_meta_bytes() {
+    return ggml_tensor_overhead() * MAX_GRAPH_NODES + ggml_graph_overhead_custom(MAX_GRAPH_NODES, false);
+}
+
 void forget_allocation(ggml_context * ctx) {
     for (ggml_tensor * t = ctx ? ggml_get_first_tensor(ctx) : nullptr; t != nullptr; t = ggml_get_next_tensor(ctx, t)) {
         t->data = nullptr;

@@ -2,11 +2,18 @@
 // T = tokens in the batch, E = hidden size. Every intermediate gets a name (layer-suffixed).
 #pragma once
 
+#include <cstddef>
 #include <string>
 
 #include "ggml.h"
 
 namespace lucebox::graph {
+
+// Nodes one forward graph may hold: the schedulers and graph contexts are sized for it.
+constexpr size_t MAX_GRAPH_NODES = 16384;
+
+// Bytes of tensor and graph metadata for a no-alloc context that holds one graph of MAX_GRAPH_NODES.
+size_t graph_meta_bytes();
 
 // Names a tensor "<name>-<layer>" (layer < 0: just "<name>") and returns it.
 ggml_tensor * named(ggml_tensor * t, const char * name, int layer = -1);

@@ -46,8 +46,14 @@ def profile_generation(engine: lucebox.Engine, prompt: list[int], label: str, **
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model")
+    ap.add_argument("--ggml-kernels", action="store_true",
+                    help="run every matmul on ggml's own CUDA kernels, not lucebox's (A/B comparison)")
     ap.add_argument("--depth", type=int, default=256, help="prompt tokens before the profiled steps")
     args = ap.parse_args()
+    if args.ggml_kernels:
+        from lucebox import _core as core
+
+        core.set_own_cuda_kernels(False)
     engine = lucebox.Engine(args.model, ctx=args.depth + 64, device="cuda:0")
     rng = np.random.default_rng(0)
     prompt = [int(x) for x in rng.integers(10, engine.hparams.n_vocab, args.depth)]

@@ -40,8 +40,14 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=96, help="tokens generated per run")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--accept", default="1,4,6,8,16", help="acceptance lengths to force")
+    ap.add_argument("--ggml-kernels", action="store_true",
+                    help="run every matmul on ggml's own CUDA kernels, not lucebox's (A/B comparison)")
     ap.add_argument("--tree-budgets", default="", help="tree sizes whose verify cost to measure (e.g. 22,64)")
     args = ap.parse_args()
+    if args.ggml_kernels:
+        from lucebox import _core as core
+
+        core.set_own_cuda_kernels(False)
 
     placement = dict(device=args.device, devices=[d for d in args.devices.split(",") if d], split=args.split)
     engine = lucebox.Engine(args.model, args.draft, ctx=args.ctx, spec="chain" if args.draft else "off",

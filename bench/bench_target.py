@@ -146,8 +146,14 @@ def main() -> int:
     ap.add_argument("--depths", type=lambda s: [int(x) for x in s.split(",")], default=[0, 4096])
     ap.add_argument("--n-decode", type=int, default=64)
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--ggml-kernels", action="store_true",
+                    help="run every matmul on ggml's own CUDA kernels, not lucebox's (A/B comparison)")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
+    if args.ggml_kernels:
+        from lucebox import _core as core
+
+        core.set_own_cuda_kernels(False)
 
     bw = copy_bandwidth()
     bpt = decode_bytes_per_token(args.model)

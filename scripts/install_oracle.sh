@@ -56,7 +56,14 @@ fi
 #   CPU flags in the cache key below.
 HOOK_DIR="$CACHE/oracle"
 HOOK="$HOOK_DIR/no-common.cmake"
-HOOK_TEXT='set(LLAMA_BUILD_COMMON OFF CACHE BOOL "lucebox oracle: libllama only" FORCE)'
+#   AMX off: with GGML_NATIVE on an AMX CPU, upstream runs its matmuls on AMX tiles in the OpenMP
+#   workers, and some sandboxed machines (the 2-core development VM, 2026-12) kill those threads
+#   with SIGILL at the first tile instruction; the oracle needs no AMX.
+HOOK_TEXT='set(LLAMA_BUILD_COMMON OFF CACHE BOOL "lucebox oracle: libllama only" FORCE)
+if(CMAKE_SYSTEM_PROCESSOR MATCHES "x86_64|AMD64" AND CMAKE_C_COMPILER_ID MATCHES "GNU|Clang")
+    string(APPEND CMAKE_C_FLAGS " -mno-amx-tile -mno-amx-int8 -mno-amx-bf16")
+    string(APPEND CMAKE_CXX_FLAGS " -mno-amx-tile -mno-amx-int8 -mno-amx-bf16")
+endif()'
 ORACLE_CMAKE_ARGS="-DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DGGML_BUILD_TESTS=OFF -DGGML_BUILD_EXAMPLES=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF -DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_VULKAN=OFF -DGGML_BLAS=OFF"
 
 cc_version="$( (${CC:-cc} --version 2>/dev/null || true) | head -n1)"

@@ -1,6 +1,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include "cuda_kernels.h"
 #include "lucebox/system.h"
 #include "module.h"
 
@@ -18,6 +19,13 @@ void register_system(py::module_ & m) {
         d["cuda_architectures"] = b.cuda_architectures;
         return d;
     }, "Version, pinned ggml, compiled backends and CUDA architectures of this build.");
+
+    m.def("set_own_cuda_kernels", &kernels::set_cuda_kernels_enabled, py::arg("enabled"),
+          "Whether lucebox's own CUDA kernels take the products they support (default True) or ggml's "
+          "run everything; for A/B benchmarks. Set it before creating an Engine (ggml replays CUDA graphs "
+          "it captured earlier). No effect in a build without CUDA.");
+    m.def("own_cuda_kernels", &kernels::cuda_kernels_enabled,
+          "True when this is a CUDA build and lucebox's own CUDA kernels are enabled.");
 
     m.def("devices", [] {
         py::list out;

@@ -8,6 +8,7 @@
 #include <set>
 
 #include "ggml-cpu.h"
+#include "cuda_kernels.h"
 #include "graph/builders.h"
 #include "lucebox/errors.h"
 #include "lucebox/tensor_spec.h"
@@ -91,6 +92,7 @@ std::string canonical_device(const std::string & spec) {
 }
 
 ggml_backend_dev_t resolve_device(const std::string & spec) {
+    kernels::install_cuda_kernels();  // before any CUDA backend computes (a no-op without CUDA)
     std::vector<ggml_backend_dev_t> gpus = gpu_devices();
     ggml_backend_dev_t cpu = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
     const std::string s = lower(spec);

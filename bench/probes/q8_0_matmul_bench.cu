@@ -1,0 +1,139 @@
+// Speed of lucebox's Q8_0 few-column matmul kernel (cpp/kernels/q8_0_matmul.cuh) on the
+// Qwen3.6-27B matrix shapes, for 1..64 activation columns: kernel time (activation quantization
+// included), Q8_0 bytes streamed per second, and that as a fraction of the device-to-device copy
+// bandwidth measured in the same run. Several copies of each matrix rotate so the timed loop reads
+// from HBM, not from L2. Correctness is tests/cpp/test_q8_0_matmul.cu; this only times.
+// Standalone (no ggml); on the GPU machine:
+//     nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Icpp/kernels \
+//          -o /tmp/q8mm bench/probes/q8_0_matmul_bench.cu && /tmp/q8mm
+#include "q8_0_matmul.cuh"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <vector>
+
+namespace q8 = lucebox::kernels::q8_0;
+
+#define CHECK_CUDA(x)                                                                        \
+    do {                                                                                     \
+        cudaError_t e_ = (x);                                                                \
+        if (e_ != cudaSuccess) {                                                             \
+            std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); \
+            std::exit(1);                                                                    \
+        }                                                                                    \
+    } while (0)
+
+static float time_ms(cudaEvent_t a, cudaEvent_t b) {
+    float ms = 0;
+    CHECK_CUDA(cudaEventElapsedTime(&ms, a, b));
+    return ms;
+}
+
+// With arguments `K M N gated(0|1)`: that one product only (e.g. under ncu).
+int main(int argc, char ** argv) {
+    cudaEvent_t t0, t1;
+    CHECK_CUDA(cudaEventCreate(&t0));
+    CHECK_CUDA(cudaEventCreate(&t1));
+    double copy_tbs = 0;
+    {  // device-to-device copy bandwidth (bytes read + written)
+        const size_t bytes = size_t(2) << 30;
+        void *a, *b;
+        CHECK_CUDA(cudaMalloc(&a, bytes));
+        CHECK_CUDA(cudaMalloc(&b, bytes));
+        CHECK_CUDA(cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice));
+        CHECK_CUDA(cudaEventRecord(t0));
+        for (int i = 0; i < 10; ++i) CHECK_CUDA(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice));
+        CHECK_CUDA(cudaEventRecord(t1));
+        CHECK_CUDA(cudaEventSynchronize(t1));
+        copy_tbs = 2.0 * bytes * 10 / (time_ms(t0, t1) * 1e-3) / 1e12;
+        cudaFree(a);
+        cudaFree(b);
+        std::printf("device copy bandwidth: %.2f TB/s (read + write)\n", copy_tbs);
+    }
+    struct shape { int K, M; bool gated; const char * what; };
+    const shape shapes[] = {{5120, 17408, true, "ffn gate+up fused (5120 -> 2x17408)"},
+                            {5120, 17408, false, "ffn_up alone (5120 -> 17408)"},
+                            {17408, 5120, false, "ffn_down (17408 -> 5120)"},
+                            {5120, 10240, false, "DeltaNet attn_qkv (5120 -> 10240)"},
+                            {5120, 6144, false, "DeltaNet attn_gate (5120 -> 6144)"},
+                            {6144, 5120, false, "ssm_out / attn_output (6144 -> 5120)"},
+                            {5120, 1024, false, "attn_k / attn_v (5120 -> 1024)"}};
+    std::vector<shape> chosen(std::begin(shapes), std::end(shapes));
+    std::vector<int> cols = {1, 2, 4, 8, 16, 32, 64};
+    if (argc == 5) {
+        chosen = {{std::atoi(argv[1]), std::atoi(argv[2]), std::atoi(argv[4]) != 0, "given"}};
+        cols = {std::atoi(argv[3])};
+    }
+    std::mt19937 rng(3);
+    std::printf("%-38s %5s %10s %9s %8s\n", "matrix", "N", "us", "TB/s", "of copy");
+    for (const shape & s : chosen) {
+        const int64_t row_bytes = int64_t(s.K) / 32 * 34;
+        const size_t mat = size_t(s.M) * row_bytes;
+        const int copies = std::max(2, int((size_t(1) << 30) / mat));  // ~1 GB of weights rotating
+        uint8_t * w;
+        CHECK_CUDA(cudaMalloc(&w, mat * copies * (s.gated ? 2 : 1)));
+        {
+            std::vector<uint8_t> host(mat);
+            for (size_t i = 0; i < mat; ++i) host[i] = uint8_t(rng());
+            for (size_t r = 0; r < size_t(s.M); ++r)
+                for (int b = 0; b < s.K / 32; ++b) {  // sane fp16 scales (random bytes may be inf/nan)
+                    const __half d = __float2half(0.01f);
+                    std::memcpy(host.data() + r * row_bytes + b * 34, &d, 2);
+                }
+            for (int c = 0; c < copies * (s.gated ? 2 : 1); ++c)
+                CHECK_CUDA(cudaMemcpy(w + c * mat, host.data(), mat, cudaMemcpyHostToDevice));
+        }
+        float *x, *y;
+        void * scratch;
+        CHECK_CUDA(cudaMalloc(&x, size_t(64) * s.K * 4));
+        CHECK_CUDA(cudaMalloc(&y, size_t(64) * s.M * 4));
+        {
+            q8::matmul_args biggest;  // the scratch grows with N
+            biggest.gate = s.gated ? w : nullptr;
+            biggest.K = s.K;
+            biggest.M = s.M;
+            biggest.N = 64;
+            CHECK_CUDA(cudaMalloc(&scratch, q8::scratch_bytes(biggest)));
+        }
+        {
+            std::vector<float> hx(size_t(64) * s.K);
+            std::normal_distribution<float> nd;
+            for (auto & v : hx) v = nd(rng);
+            CHECK_CUDA(cudaMemcpy(x, hx.data(), hx.size() * 4, cudaMemcpyHostToDevice));
+        }
+        for (int N : cols) {
+            auto launch = [&](int c) {
+                q8::matmul_args a;
+                a.w = w + size_t(c) * mat * (s.gated ? 2 : 1);
+                a.gate = s.gated ? a.w + mat : nullptr;
+                a.row_bytes = row_bytes;
+                a.K = s.K;
+                a.M = s.M;
+                a.N = N;
+                a.x = x;
+                a.x_stride = s.K;
+                a.y = y;
+                a.y_stride = s.M;
+                CHECK_CUDA(q8::matmul(a, scratch, nullptr));
+            };
+            for (int c = 0; c < copies; ++c) launch(c);  // warm-up
+            CHECK_CUDA(cudaDeviceSynchronize());
+            const int reps = std::max(20, copies * 2);
+            CHECK_CUDA(cudaEventRecord(t0));
+            for (int i = 0; i < reps; ++i) launch(i % copies);
+            CHECK_CUDA(cudaEventRecord(t1));
+            CHECK_CUDA(cudaEventSynchronize(t1));
+            const double us = 1e3 * time_ms(t0, t1) / reps;
+            const double tbs = double(mat) * (s.gated ? 2 : 1) / (us * 1e-6) / 1e12;
+            std::printf("%-38s %5d %10.1f %9.2f %7.0f%%\n", s.what, N, us, tbs, 100.0 * tbs / copy_tbs);
+        }
+        cudaFree(w);
+        cudaFree(x);
+        cudaFree(y);
+        cudaFree(scratch);
+    }
+    return 0;
+}

@@ -1,0 +1,10 @@
+// CPU-only build: no CUDA kernels to install (see cuda_kernels.h).
+#include "cuda_kernels.h"
+
+namespace lucebox::kernels {
+
+void install_cuda_kernels() {}
+void set_cuda_kernels_enabled(bool) {}
+bool cuda_kernels_enabled() { return false; }
+
+}  // namespace lucebox::kernels

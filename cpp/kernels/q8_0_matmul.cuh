@@ -1,0 +1,330 @@
+// Q8_0 matrix products with few activation columns (decode: 1 column; a DFlash verify: 16; a
+// DDTree verify: up to 64) on the int8 tensor cores, reading each weight byte once.
+//
+//     y[n, m] = sum_k W[m, k] * x[n, k]                      (plain)
+//     y[n, m] = (U x_n)[m] * silu((G x_n)[m])                (gated: the SwiGLU FFN's up and gate)
+//
+// W: [M rows][K] in ggml's Q8_0 layout (blocks of 34 bytes: fp16 scale d, 32 int8 q; value d*q),
+// rows row_bytes apart. x: [N][K] float; y: [N][M] float. The activations are first quantized to
+// int8 per 32 values (scale amax/127, round to nearest: the rounding of ggml's q8_1) into
+// [K/32][8*NG][32] (NG groups of 8 columns). Each CTA then takes TILE_ROWS weight rows (gated: 16
+// rows of U and the same 16 rows of G) and its WARPS warps split K between them: each warp streams
+// 8-block chunks of its rows, and the same blocks of the quantized activations, into shared memory
+// with 16-byte cp.async (STAGES deep), and multiplies them with mma.m16n8k32 (A = 16 weight rows,
+// B = 8 activation columns, one Q8_0 block per instruction). The warps' partial sums are added in a
+// fixed order, so the result of column n does not depend on N or on the other columns: a decode
+// step and a verify of the same token compute bit-identical products.
+//
+// Requirements (checked by check_args): K % 256 == 0; 1 <= N <= MAX_COLS; W (and G) 16-byte
+// aligned with row_bytes % 16 == 0. Header-only so that tests/cpp/test_q8_0_matmul.cu can build it
+// without ggml; the ggml hook that routes MUL_MAT nodes here is q8_0_matmul.cu.
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace lucebox::kernels::q8_0 {
+
+constexpr int QK = 32;                                 // values per Q8_0 block
+constexpr int BLOCK_BYTES = 34;                        // fp16 scale + 32 int8
+constexpr int CHUNK_BLOCKS = 8;                        // blocks of one row staged at a time
+constexpr int CHUNK_BYTES = CHUNK_BLOCKS * BLOCK_BYTES;  // 272 = 17 x 16 bytes
+constexpr int CHUNK_VECS = CHUNK_BYTES / 16;
+constexpr int TILE_ROWS = 32;                          // staged weight rows per warp (two m16 tiles)
+constexpr int WARPS = 4;                               // per CTA, splitting K
+constexpr int STAGES = 2;                              // chunks in flight per warp
+constexpr int COL_GROUP = 8;                           // activation columns per mma (its N)
+constexpr int MAX_COLS = 64;
+constexpr int K_ALIGN = QK * CHUNK_BLOCKS;             // 256
+
+static_assert(CHUNK_BYTES % 16 == 0, "a staged row chunk must be whole 16-byte vectors");
+
+// One stage of a warp: the weight chunk [TILE_ROWS][272], the activations' int8 [8][cols][32]
+// and their scales [8][cols] (cols = 8 * column groups).
+__host__ __device__ constexpr int stage_bytes(int cols) { return TILE_ROWS * CHUNK_BYTES + CHUNK_BLOCKS * cols * (QK + 4); }
+__host__ __device__ constexpr int smem_bytes(int cols) { return WARPS * STAGES * stage_bytes(cols); }  // 88 KB at 8 columns
+
+struct matmul_args {
+    const uint8_t * w = nullptr;     // [M][row_bytes] Q8_0 (U when gated)
+    const uint8_t * gate = nullptr;  // [M][row_bytes] Q8_0 (G) or null
+    int64_t row_bytes = 0;
+    int K = 0, M = 0, N = 0;
+    const float * x = nullptr;       // x[n * x_stride + k]
+    int64_t x_stride = 0;
+    float * y = nullptr;             // y[n * y_stride + m]
+    int64_t y_stride = 0;
+};
+
+// Column groups of 8 the kernel is instantiated for: 1, 2, 4 or 8 (N <= 8, 16, 32, 64).
+inline int col_groups(int N) { return N <= 8 ? 1 : N <= 16 ? 2 : N <= 32 ? 4 : 8; }
+
+
+// Scratch for the quantized activations: xq int8 [K/32][cols][32], then xd float [K/32][cols]
+// (cols = 8 * col_groups(N); columns >= N are zeros).
+inline size_t scratch_bytes(const matmul_args & a) {
+    const size_t cols = size_t(COL_GROUP) * col_groups(a.N);
+    const size_t nb = size_t(a.K) / QK;
+    return nb * cols * QK + nb * cols * sizeof(float);
+}
+
+// Null when the product fits this kernel, else why not.
+inline const char * check_args(const matmul_args & a) {
+    if (a.K <= 0 || a.K % K_ALIGN != 0) return "K must be a positive multiple of 256";
+    if (a.M <= 0) return "M must be positive";
+    if (a.N < 1 || a.N > MAX_COLS) return "N must be 1..64";
+    if (a.row_bytes < int64_t(a.K) / QK * BLOCK_BYTES || a.row_bytes % 16 != 0) return "row stride";
+    if (reinterpret_cast<uintptr_t>(a.w) % 16 != 0) return "weights not 16-byte aligned";
+    if (a.gate != nullptr && reinterpret_cast<uintptr_t>(a.gate) % 16 != 0) return "gate not 16-byte aligned";
+    if (a.x_stride < a.K || a.y_stride < a.M) return "column strides";
+    return nullptr;
+}
+
+namespace detail {
+
+// 16 bytes global -> shared; src_bytes < 16 fills the rest with zeros (0: reads nothing).
+__device__ __forceinline__ void cp_async16(void * smem_dst, const void * global_src, int src_bytes = 16) {
+    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(global_src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int PENDING>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING));
+}
+
+// c += A (16x32 s8, row-major) * B (32x8 s8, column-major), int32 accumulators.
+__device__ __forceinline__ void mma_s8(int (&c)[4], const int (&a)[4], int b0, int b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+    __trap();  // the host side only launches on compute capability >= 8.0
+#endif
+}
+
+__device__ __forceinline__ float silu(float v) { return v / (1.0f + expf(-v)); }  // as ggml's CUDA swiglu
+
+// One warp per (block b, column n): xq[b][n][0..31], xd[b][n].
+__global__ void quantize_columns(const float * __restrict__ x, int64_t x_stride, int K, int N, int cols,
+                                 int8_t * __restrict__ xq, float * __restrict__ xd) {
+    const int64_t wid = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+    const int lane = threadIdx.x % 32;
+    const int nb = K / QK;
+    if (wid >= int64_t(nb) * cols) return;
+    const int b = int(wid / cols), n = int(wid % cols);
+    const float v = n < N ? x[int64_t(n) * x_stride + int64_t(b) * QK + lane] : 0.0f;
+    float amax = fabsf(v);
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float d = amax / 127;
+    xq[wid * QK + lane] = int8_t(amax == 0.0f ? 0.0f : roundf(v / d));
+    if (lane == 0) xd[wid] = d;
+}
+
+// 8 bytes at p + 2 (a Q8_0 block's quants 8t..8t+7 when p = block + 8t): p is 4-byte aligned when
+// odd_block is false (the quants then sit 2 bytes off a word), p + 2 is when it is true. Called
+// from fully unrolled loops, so odd_block is a constant there.
+__device__ __forceinline__ void load_quants(bool odd_block, const uint8_t * p, int & lo, int & hi) {
+    if (odd_block) {
+        const uint32_t * q = reinterpret_cast<const uint32_t *>(p + 2);
+        lo = int(q[0]);
+        hi = int(q[1]);
+    } else {
+        const uint32_t * q = reinterpret_cast<const uint32_t *>(p);
+        const uint32_t w0 = q[0], w1 = q[1], w2 = q[2];
+        lo = int(__funnelshift_r(w0, w1, 16));
+        hi = int(__funnelshift_r(w1, w2, 16));
+    }
+}
+
+// Fragments of m16n8k32 (lane = 4g + t): A a0 = row g, k 4t..4t+3; a1 = row g+8, same k; a2 = row
+// g, k 16+4t..; a3 = row g+8, k 16+4t..; B b0 = k 4t..4t+3 of column g, b1 = k 16+4t.. of column g;
+// C c0, c1 = row g, columns 2t, 2t+1; c2, c3 = row g+8. The k order inside a block is ours to choose
+// as long as A and B agree: lane t holds the block's values 8t..8t+3 in its first slot and
+// 8t+4..8t+7 in its second, so each lane reads 8 consecutive bytes of a weight row and of a column.
+template <int NG, bool GATED>
+__global__ void __launch_bounds__(WARPS * 32)
+matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__ xd) {
+    extern __shared__ __align__(16) uint8_t smem[];
+    constexpr int COLS = COL_GROUP * NG;
+    constexpr int STAGE = stage_bytes(COLS);
+    constexpr int W_BYTES = TILE_ROWS * CHUNK_BYTES;
+    constexpr int X_BYTES = CHUNK_BLOCKS * COLS * QK;
+    constexpr int X_VECS = X_BYTES / 16, D_VECS = CHUNK_BLOCKS * COLS * 4 / 16;
+    constexpr int OUT_ROWS = GATED ? TILE_ROWS / 2 : TILE_ROWS;
+    constexpr int M_TILES = TILE_ROWS / 16;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int g = lane / 4, t = lane % 4;
+    const int r0 = blockIdx.x * OUT_ROWS;
+    const int n_chunks = a.K / K_ALIGN;
+    const int n_mine = n_chunks > warp ? (n_chunks - warp + WARPS - 1) / WARPS : 0;
+    uint8_t * stages = smem + warp * STAGES * STAGE;
+
+    // The i-th chunk of this warp (chunk warp + i*WARPS) into stage i % STAGES. Staged row s comes
+    // from global row r0 + s (gated: rows 16..31 are the gate's rows r0..r0+15); rows past M repeat
+    // row M-1 (their sums are never written). Activation columns >= N are zero-filled, not read.
+    auto issue = [&](int i) {
+        if (i < n_mine) {
+            const int chunk = warp + i * WARPS;
+            uint8_t * st = stages + (i % STAGES) * STAGE;
+#pragma unroll
+            for (int c = 0; c < CHUNK_VECS; ++c) {
+                const int idx = lane + 32 * c;  // < TILE_ROWS * CHUNK_VECS = 544
+                const int s = idx / CHUNK_VECS, v = idx - s * CHUNK_VECS;
+                const bool from_gate = GATED && s >= TILE_ROWS / 2;
+                const int row = min(r0 + (GATED ? s % (TILE_ROWS / 2) : s), a.M - 1);
+                const uint8_t * src = (from_gate ? a.gate : a.w) + int64_t(row) * a.row_bytes +
+                                      int64_t(chunk) * CHUNK_BYTES + 16 * v;
+                cp_async16(st + 16 * idx, src);
+            }
+            const int8_t * xsrc = xq + int64_t(chunk) * X_BYTES;
+#pragma unroll
+            for (int c = 0; c < X_VECS / 32; ++c) {
+                const int idx = lane + 32 * c;
+                const int col = (idx / 2) % COLS;
+                cp_async16(st + W_BYTES + 16 * idx, xsrc + 16 * idx, col < a.N ? 16 : 0);
+            }
+            const float * dsrc = xd + int64_t(chunk) * CHUNK_BLOCKS * COLS;
+            for (int idx = lane; idx < D_VECS; idx += 32) cp_async16(st + W_BYTES + X_BYTES + 16 * idx, dsrc + 4 * idx);
+        }
+        cp_async_commit();
+    };
+
+    float acc[M_TILES][NG][4];
+#pragma unroll
+    for (int mt = 0; mt < M_TILES; ++mt)
+#pragma unroll
+        for (int j = 0; j < NG; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[mt][j][e] = 0.0f;
+
+#pragma unroll
+    for (int i = 0; i < STAGES - 1; ++i) issue(i);
+    for (int i = 0; i < n_mine; ++i) {
+        cp_async_wait<STAGES - 2>();
+        __syncwarp();  // chunk i visible to the whole warp; everyone is done with chunk i-1's stage
+        issue(i + STAGES - 1);
+        const uint8_t * st = stages + (i % STAGES) * STAGE;
+        const int8_t * sx = reinterpret_cast<const int8_t *>(st + W_BYTES);
+        const float * sd = reinterpret_cast<const float *>(st + W_BYTES + X_BYTES);
+#pragma unroll
+        for (int jb = 0; jb < CHUNK_BLOCKS; ++jb) {
+            int bf[NG][2];
+            float2 dx[NG];
+#pragma unroll
+            for (int j = 0; j < NG; ++j) {
+                const int2 v = *reinterpret_cast<const int2 *>(sx + (jb * COLS + COL_GROUP * j + g) * QK + 8 * t);
+                bf[j][0] = v.x;
+                bf[j][1] = v.y;
+                dx[j] = *reinterpret_cast<const float2 *>(sd + jb * COLS + COL_GROUP * j + 2 * t);
+            }
+#pragma unroll
+            for (int mt = 0; mt < M_TILES; ++mt) {
+                const uint8_t * lo_row = st + (16 * mt + g) * CHUNK_BYTES + jb * BLOCK_BYTES;
+                const uint8_t * hi_row = lo_row + 8 * CHUNK_BYTES;
+                int af[4];
+                load_quants(jb % 2 == 1, lo_row + 8 * t, af[0], af[2]);
+                load_quants(jb % 2 == 1, hi_row + 8 * t, af[1], af[3]);
+                const float dw_lo = __half2float(*reinterpret_cast<const __half *>(lo_row));
+                const float dw_hi = __half2float(*reinterpret_cast<const __half *>(hi_row));
+#pragma unroll
+                for (int j = 0; j < NG; ++j) {
+                    int c[4] = {0, 0, 0, 0};
+                    mma_s8(c, af, bf[j][0], bf[j][1]);
+                    acc[mt][j][0] = __fmaf_rn(__fmul_rn(dw_lo, dx[j].x), float(c[0]), acc[mt][j][0]);
+                    acc[mt][j][1] = __fmaf_rn(__fmul_rn(dw_lo, dx[j].y), float(c[1]), acc[mt][j][1]);
+                    acc[mt][j][2] = __fmaf_rn(__fmul_rn(dw_hi, dx[j].x), float(c[2]), acc[mt][j][2]);
+                    acc[mt][j][3] = __fmaf_rn(__fmul_rn(dw_hi, dx[j].y), float(c[3]), acc[mt][j][3]);
+                }
+            }
+        }
+    }
+    cp_async_wait<0>();
+    __syncthreads();  // every warp is done with its stages: reuse them for the partial sums
+
+    // red[w][mt][j][lane][e]: accumulator e of lane 4g+t in tile (mt, j) is staged row
+    // 16mt + g + 8*(e/2), column 8j + 2t + e%2
+    float * red = reinterpret_cast<float *>(smem);
+    constexpr int PER_WARP = M_TILES * NG * 32 * 4;
+#pragma unroll
+    for (int mt = 0; mt < M_TILES; ++mt)
+#pragma unroll
+        for (int j = 0; j < NG; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) red[warp * PER_WARP + ((mt * NG + j) * 32 + lane) * 4 + e] = acc[mt][j][e];
+    __syncthreads();
+    constexpr int OUT_TILES = GATED ? M_TILES / 2 : M_TILES;
+    for (int idx = threadIdx.x; idx < OUT_TILES * NG * 128; idx += WARPS * 32) {
+        const int e = idx % 4, l = (idx / 4) % 32, j = (idx / 128) % NG, mt = idx / (128 * NG);
+        const int m = r0 + 16 * mt + l / 4 + 8 * (e / 2);
+        const int n = COL_GROUP * j + 2 * (l % 4) + e % 2;
+        float v = red[idx];
+#pragma unroll
+        for (int w = 1; w < WARPS; ++w) v += red[w * PER_WARP + idx];
+        if (GATED) {
+            const int at_gate = idx + NG * 128;  // m tile 1: the gate's same row
+            float gv = red[at_gate];
+#pragma unroll
+            for (int w = 1; w < WARPS; ++w) gv += red[w * PER_WARP + at_gate];
+            v *= silu(gv);
+        }
+        if (n < a.N && m < a.M) a.y[int64_t(n) * a.y_stride + m] = v;
+    }
+}
+
+template <int NG, bool GATED>
+cudaError_t launch_groups(const matmul_args & a, const int8_t * xq, const float * xd, cudaStream_t stream) {
+    constexpr int SMEM = smem_bytes(COL_GROUP * NG);
+    // the shared-memory limit is a per-device attribute of the function: raise it once per device
+    static unsigned long long configured = 0;  // bit d: device d done (devices 0..63)
+    int dev = 0;
+    cudaError_t err = cudaGetDevice(&dev);
+    if (err != cudaSuccess) return err;
+    if (dev >= 64) return cudaErrorInvalidDevice;
+    if (!(__atomic_load_n(&configured, __ATOMIC_ACQUIRE) & (1ull << dev))) {
+        err = cudaFuncSetAttribute(matmul<NG, GATED>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
+        if (err != cudaSuccess) return err;
+        __atomic_fetch_or(&configured, 1ull << dev, __ATOMIC_ACQ_REL);
+    }
+    constexpr int OUT_ROWS = GATED ? TILE_ROWS / 2 : TILE_ROWS;
+    const dim3 grid((a.M + OUT_ROWS - 1) / OUT_ROWS);
+    matmul<NG, GATED><<<grid, WARPS * 32, SMEM, stream>>>(a, xq, xd);
+    return cudaGetLastError();
+}
+
+template <bool GATED>
+cudaError_t launch_gated(const matmul_args & a, const int8_t * xq, const float * xd, cudaStream_t stream) {
+    switch (col_groups(a.N)) {
+        case 1: return launch_groups<1, GATED>(a, xq, xd, stream);
+        case 2: return launch_groups<2, GATED>(a, xq, xd, stream);
+        case 4: return launch_groups<4, GATED>(a, xq, xd, stream);
+        default: return launch_groups<8, GATED>(a, xq, xd, stream);
+    }
+}
+
+}  // namespace detail
+
+// Runs the product on `stream` (activation quantization, then the product); scratch holds
+// scratch_bytes(a) bytes, 16-byte aligned. check_args(a) must have returned null.
+inline cudaError_t matmul(const matmul_args & a, void * scratch, cudaStream_t stream) {
+    const int cols = COL_GROUP * col_groups(a.N);
+    const int nb = a.K / QK;
+    int8_t * xq = static_cast<int8_t *>(scratch);
+    float * xd = reinterpret_cast<float *>(xq + size_t(nb) * cols * QK);
+    const int64_t warps = int64_t(nb) * cols;
+    const int threads = 256;
+    detail::quantize_columns<<<unsigned((warps * 32 + threads - 1) / threads), threads, 0, stream>>>(
+        a.x, a.x_stride, a.K, a.N, cols, xq, xd);
+    cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+    return a.gate != nullptr ? detail::launch_gated<true>(a, xq, xd, stream)
+                             : detail::launch_gated<false>(a, xq, xd, stream);
+}
+
+}  // namespace lucebox::kernels::q8_0

@@ -1,0 +1,258 @@
+// cpp/kernels/q8_0_matmul.cuh against a CPU reference: random Q8_0 weights (ggml's block layout)
+// and activations, plain and gated (SwiGLU) products, 1..64 columns, padded strides, M not a
+// multiple of the row tile. The reference quantizes the activations exactly as the kernel does
+// (per 32 values, scale amax/127, round to nearest) and sums the exact integer block dot products in
+// double, so the only difference left is float rounding: |gpu - ref| <= 4e-5 * sum |terms|.
+// Also checks that column 0 is bit-identical whatever N is (a decode step and a verify agree).
+// Without a GPU at run time it says so and checks nothing (exit 0), like the other GPU tests.
+#include "q8_0_matmul.cuh"
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace q8 = lucebox::kernels::q8_0;
+
+namespace {
+
+int failures = 0;
+
+#define CHECK_CUDA(x)                                                                        \
+    do {                                                                                     \
+        cudaError_t e_ = (x);                                                                \
+        if (e_ != cudaSuccess) {                                                             \
+            std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); \
+            std::exit(1);                                                                    \
+        }                                                                                    \
+    } while (0)
+
+struct weights {
+    int K = 0, M = 0;
+    int64_t row_bytes = 0;
+    std::vector<uint8_t> bytes;  // [M][row_bytes]
+    float scale(int m, int b) const {
+        __half h;
+        std::memcpy(&h, bytes.data() + m * row_bytes + b * q8::BLOCK_BYTES, 2);
+        return __half2float(h);
+    }
+    int q(int m, int k) const {
+        return int(int8_t(bytes[m * row_bytes + (k / q8::QK) * q8::BLOCK_BYTES + 2 + k % q8::QK]));
+    }
+};
+
+weights random_weights(std::mt19937 & rng, int K, int M, int64_t pad) {
+    weights w;
+    w.K = K;
+    w.M = M;
+    w.row_bytes = int64_t(K) / q8::QK * q8::BLOCK_BYTES + pad;
+    w.bytes.assign(size_t(M) * w.row_bytes, 0xAB);  // padding bytes are garbage the kernel must skip
+    std::uniform_int_distribution<int> qd(-127, 127);
+    std::uniform_real_distribution<float> sd(1e-3f, 2e-2f);
+    for (int m = 0; m < M; ++m)
+        for (int b = 0; b < K / q8::QK; ++b) {
+            uint8_t * blk = w.bytes.data() + m * w.row_bytes + b * q8::BLOCK_BYTES;
+            const __half d = __float2half(sd(rng) * (rng() % 2 ? 1.0f : -1.0f));
+            std::memcpy(blk, &d, 2);
+            for (int i = 0; i < q8::QK; ++i) blk[2 + i] = uint8_t(int8_t(qd(rng)));
+        }
+    return w;
+}
+
+// x quantized per 32 values as the kernel does; returns the exact integer block sums in double.
+void reference(const weights & w, const std::vector<float> & x, int64_t x_stride, int N, std::vector<double> & y,
+               std::vector<double> & mag) {
+    const int nb = w.K / q8::QK;
+    std::vector<int> xq(size_t(N) * w.K);
+    std::vector<float> xd(size_t(N) * nb);
+    for (int n = 0; n < N; ++n)
+        for (int b = 0; b < nb; ++b) {
+            float amax = 0;
+            for (int i = 0; i < q8::QK; ++i) amax = std::fmax(amax, std::fabs(x[n * x_stride + b * q8::QK + i]));
+            const float d = amax / 127;
+            xd[n * nb + b] = d;
+            for (int i = 0; i < q8::QK; ++i)
+                xq[size_t(n) * w.K + b * q8::QK + i] = amax == 0.0f ? 0 : int(std::round(x[n * x_stride + b * q8::QK + i] / d));
+        }
+    y.assign(size_t(N) * w.M, 0.0);
+    mag.assign(size_t(N) * w.M, 0.0);
+    for (int n = 0; n < N; ++n)
+        for (int m = 0; m < w.M; ++m) {
+            double s = 0, a = 0;
+            for (int b = 0; b < nb; ++b) {
+                long long dot = 0;
+                for (int i = 0; i < q8::QK; ++i) dot += (long long)w.q(m, b * q8::QK + i) * xq[size_t(n) * w.K + b * q8::QK + i];
+                const double term = double(w.scale(m, b)) * xd[n * nb + b] * double(dot);
+                s += term;
+                a += std::fabs(term);
+            }
+            y[size_t(n) * w.M + m] = s;
+            mag[size_t(n) * w.M + m] = a;
+        }
+}
+
+struct device_buffer {
+    void * p = nullptr;
+    explicit device_buffer(size_t bytes) { CHECK_CUDA(cudaMalloc(&p, bytes == 0 ? 16 : bytes)); }
+    ~device_buffer() { cudaFree(p); }
+    template <class T>
+    T * as() const { return static_cast<T *>(p); }
+};
+
+// Runs one product on the GPU; returns y [N][y_stride] (columns past M hold the sentinel).
+std::vector<float> run(const weights & w, const weights * gate, const std::vector<float> & x, int64_t x_stride, int N,
+                       int64_t y_stride) {
+    device_buffer dw(w.bytes.size()), dg(gate ? gate->bytes.size() : 0), dx(x.size() * 4),
+        dy(size_t(N) * y_stride * 4);
+    CHECK_CUDA(cudaMemcpy(dw.p, w.bytes.data(), w.bytes.size(), cudaMemcpyHostToDevice));
+    if (gate) CHECK_CUDA(cudaMemcpy(dg.p, gate->bytes.data(), gate->bytes.size(), cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemcpy(dx.p, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
+    std::vector<float> y(size_t(N) * y_stride, -12345.0f);
+    CHECK_CUDA(cudaMemcpy(dy.p, y.data(), y.size() * 4, cudaMemcpyHostToDevice));
+    q8::matmul_args a;
+    a.w = dw.as<uint8_t>();
+    a.gate = gate ? dg.as<uint8_t>() : nullptr;
+    a.row_bytes = w.row_bytes;
+    a.K = w.K;
+    a.M = w.M;
+    a.N = N;
+    a.x = dx.as<float>();
+    a.x_stride = x_stride;
+    a.y = dy.as<float>();
+    a.y_stride = y_stride;
+    if (const char * why = q8::check_args(a)) {
+        std::printf("FAIL: check_args refused a valid product: %s\n", why);
+        ++failures;
+        return y;
+    }
+    device_buffer ds(q8::scratch_bytes(a));
+    CHECK_CUDA(cudaMemset(ds.p, 0x7f, q8::scratch_bytes(a)));  // garbage: the kernels must not rely on zeros
+    CHECK_CUDA(q8::matmul(a, ds.p, nullptr));
+    CHECK_CUDA(q8::matmul(a, ds.p, nullptr));  // again, on the used scratch
+    CHECK_CUDA(cudaDeviceSynchronize());
+    CHECK_CUDA(cudaMemcpy(y.data(), dy.p, y.size() * 4, cudaMemcpyDeviceToHost));
+    return y;
+}
+
+double silu(double v) { return v / (1.0 + std::exp(-v)); }
+
+void check_case(std::mt19937 & rng, int K, int M, int N, bool gated, int64_t w_pad, int64_t x_pad, int64_t y_pad) {
+    const weights w = random_weights(rng, K, M, w_pad);
+    const weights g = gated ? random_weights(rng, K, M, w_pad) : weights{};
+    const int64_t x_stride = K + x_pad, y_stride = M + y_pad;
+    std::vector<float> x(size_t(N) * x_stride);
+    std::normal_distribution<float> xd(0.0f, 1.0f);
+    for (auto & v : x) v = xd(rng);
+    if (N > 1)
+        for (int k = 0; k < 32; ++k) x[x_stride + k] = 0.0f;  // an all-zero block (scale 0)
+    const std::vector<float> y = run(w, gated ? &g : nullptr, x, x_stride, N, y_stride);
+    std::vector<double> ry, rm, gy, gm;
+    reference(w, x, x_stride, N, ry, rm);
+    if (gated) reference(g, x, x_stride, N, gy, gm);
+    double worst = 0;
+    int bad = 0;
+    for (int n = 0; n < N; ++n) {
+        for (int m = 0; m < M; ++m) {
+            const size_t i = size_t(n) * M + m;
+            double want = ry[i], tol = 4e-5 * rm[i] + 1e-30;
+            if (gated) {
+                want = ry[i] * silu(gy[i]);
+                // d(u*silu(g)) = silu(g) du + u silu'(g) dg, |silu'| <= 1.1
+                tol = std::fabs(silu(gy[i])) * 4e-5 * rm[i] + std::fabs(ry[i]) * 1.1 * 4e-5 * gm[i] + 1e-30;
+            }
+            const double got = y[size_t(n) * y_stride + m];
+            const double err = std::fabs(got - want) / tol;
+            worst = std::fmax(worst, err);
+            if (!(err <= 1.0)) ++bad;
+        }
+        for (int64_t m = M; m < y_stride; ++m)
+            if (y[size_t(n) * y_stride + m] != -12345.0f) ++bad;  // wrote past M
+    }
+    std::printf("%s K=%d M=%d N=%d %s pads (w %lld, x %lld, y %lld): worst err/tol %.3f\n", bad ? "FAIL" : "ok  ", K,
+                M, N, gated ? "gated" : "plain", (long long)w_pad, (long long)x_pad, (long long)y_pad, worst);
+    if (bad) ++failures;
+}
+
+// Column 0 of a product is the same bits for every N (no dependence on the other columns).
+void check_column_independence(std::mt19937 & rng, bool gated) {
+    const int K = 8192, M = 200;
+    const weights w = random_weights(rng, K, M, 0);
+    const weights g = random_weights(rng, K, M, 0);
+    std::vector<float> x(size_t(64) * K);
+    std::normal_distribution<float> xd(0.0f, 1.0f);
+    for (auto & v : x) v = xd(rng);
+    const std::vector<float> one = run(w, gated ? &g : nullptr, x, K, 1, M);
+    for (int N : {2, 8, 16, 17, 33, 64}) {
+        const std::vector<float> many = run(w, gated ? &g : nullptr, x, K, N, M);
+        const bool same = std::memcmp(one.data(), many.data(), size_t(M) * 4) == 0;
+        std::printf("%s column 0 of N=%d equals N=1 bit for bit (%s)\n", same ? "ok  " : "FAIL", N,
+                    gated ? "gated" : "plain");
+        if (!same) ++failures;
+    }
+}
+
+void check_refusals() {
+    q8::matmul_args a;
+    alignas(16) static uint8_t buf[64];
+    a.w = buf;
+    a.row_bytes = 272;
+    a.K = 256;
+    a.M = 4;
+    a.N = 1;
+    a.x_stride = 256;
+    a.y_stride = 4;
+    const bool base_ok = q8::check_args(a) == nullptr;
+    q8::matmul_args b = a;
+    b.K = 128;
+    const bool k_refused = q8::check_args(b) != nullptr;
+    b = a;
+    b.N = 65;
+    const bool n_refused = q8::check_args(b) != nullptr;
+    b = a;
+    b.w = buf + 2;
+    const bool align_refused = q8::check_args(b) != nullptr;
+    b = a;
+    b.row_bytes = 280;
+    const bool stride_refused = q8::check_args(b) != nullptr;
+    const bool ok = base_ok && k_refused && n_refused && align_refused && stride_refused;
+    std::printf("%s check_args accepts a valid product and refuses K %% 256, N > 64, misalignment, row stride\n",
+                ok ? "ok  " : "FAIL");
+    if (!ok) ++failures;
+}
+
+}  // namespace
+
+int main() {
+    int n_dev = 0;
+    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
+        std::printf("  (no CUDA device at run time: test_q8_0_matmul checks nothing)\n");
+        return 0;
+    }
+    cudaDeviceProp prop{};
+    CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+    if (prop.major < 8) {
+        std::printf("  (compute capability %d.%d < 8.0: the kernel is not used here; nothing checked)\n", prop.major,
+                    prop.minor);
+        return 0;
+    }
+    std::mt19937 rng(7);
+    check_refusals();
+    for (bool gated : {false, true}) {
+        check_case(rng, 256, 1, 1, gated, 0, 0, 0);
+        check_case(rng, 512, 17, 3, gated, 16, 5, 3);
+        check_case(rng, 768, 48, 16, gated, 0, 0, 0);
+        check_case(rng, 5120, 100, 1, gated, 0, 0, 0);
+        check_case(rng, 5120, 100, 8, gated, 32, 0, 0);
+        check_case(rng, 1280, 333, 17, gated, 0, 1, 7);
+        check_case(rng, 2048, 64, 40, gated, 0, 0, 0);
+        check_case(rng, 4352, 1024, 64, gated, 0, 0, 0);
+        check_case(rng, 17408, 64, 16, gated, 0, 0, 0);
+        check_case(rng, 17408, 40, 1, gated, 16, 0, 2);
+        check_column_independence(rng, gated);
+    }
+    std::printf(failures ? "%d FAILED\n" : "all passed\n", failures);
+    return failures ? 1 : 0;
+}

@@ -1,17 +1,18 @@
 // Q8_0 matrix products with few activation columns (decode: 1 column; a DFlash verify: 16; a
 // DDTree verify: up to 64) on the int8 tensor cores, reading each weight byte once.
 //
-//     y[n, m] = sum_k W[m, k] * x[n, k]                      (plain)
+//     y[n, m] = sum_k W[m, k] * x[n, k] (+ bias[m])          (plain)
 //     y[n, m] = (U x_n)[m] * silu((G x_n)[m])                (gated: the SwiGLU FFN's up and gate)
 //
 // W: [M rows][K] in ggml's Q8_0 layout (blocks of 34 bytes: fp16 scale d, 32 int8 q; value d*q),
 // rows row_bytes apart. x: [N][K] float; y: [N][M] float. The activations are first quantized to
 // int8 per 32 values (scale amax/127, round to nearest: the rounding of ggml's q8_1) into
-// [K/32][8*NG][32] (NG groups of 8 columns). Each CTA then takes TILE_ROWS weight rows (gated: 16
-// rows of U and the same 16 rows of G) and its WARPS warps split K between them: each warp streams
-// 8-block chunks of its rows, and the same blocks of the quantized activations, into shared memory
-// with 16-byte cp.async (STAGES deep), and multiplies them with mma.m16n8k32 (A = 16 weight rows,
-// B = 8 activation columns, one Q8_0 block per instruction). The warps' partial sums are added in a
+// [K/32][8*NG][32] (NG groups of 8 columns). Each CTA then takes 16 or 32 weight rows (gated: 16
+// rows of U and the same 16 rows of G; see stage_bytes) and its WARPS warps split K between them:
+// each warp streams 8-block chunks of its rows, and the same blocks of the quantized activations,
+// into shared memory with 16-byte cp.async (STAGES deep), and multiplies them with mma.m16n8k32
+// (A = 16 weight rows, B = 8 activation columns, one Q8_0 block per instruction). The warps'
+// partial sums are added in a
 // fixed order, so the result of column n does not depend on N or on the other columns: a decode
 // step and a verify of the same token compute bit-identical products.
 //
@@ -33,7 +34,6 @@ constexpr int BLOCK_BYTES = 34;                        // fp16 scale + 32 int8
 constexpr int CHUNK_BLOCKS = 8;                        // blocks of one row staged at a time
 constexpr int CHUNK_BYTES = CHUNK_BLOCKS * BLOCK_BYTES;  // 272 = 17 x 16 bytes
 constexpr int CHUNK_VECS = CHUNK_BYTES / 16;
-constexpr int TILE_ROWS = 32;                          // staged weight rows per warp (two m16 tiles)
 constexpr int WARPS = 4;                               // per CTA, splitting K
 constexpr int STAGES = 2;                              // chunks in flight per warp
 constexpr int COL_GROUP = 8;                           // activation columns per mma (its N)
@@ -42,10 +42,15 @@ constexpr int K_ALIGN = QK * CHUNK_BLOCKS;             // 256
 
 static_assert(CHUNK_BYTES % 16 == 0, "a staged row chunk must be whole 16-byte vectors");
 
-// One stage of a warp: the weight chunk [TILE_ROWS][272], the activations' int8 [8][cols][32]
-// and their scales [8][cols] (cols = 8 * column groups).
-__host__ __device__ constexpr int stage_bytes(int cols) { return TILE_ROWS * CHUNK_BYTES + CHUNK_BLOCKS * cols * (QK + 4); }
-__host__ __device__ constexpr int smem_bytes(int cols) { return WARPS * STAGES * stage_bytes(cols); }  // 88 KB at 8 columns
+// One stage of a warp: the weight chunk [16 * m_tiles rows][272], the activations' int8
+// [8][cols][32] and their scales [8][cols] (cols = 8 * column groups). A warp takes one m16 tile
+// of rows for a plain product of <= 8 columns (more CTAs, more chunks in flight per multiprocessor:
+// 4 CTAs of 53 KB), else two (a gated product: U's and G's; 9..64 columns: each activation chunk
+// serves 32 rows, halving its shared-memory and L2 traffic).
+__host__ __device__ constexpr int stage_bytes(int cols, int m_tiles) {
+    return 16 * m_tiles * CHUNK_BYTES + CHUNK_BLOCKS * cols * (QK + 4);
+}
+__host__ __device__ constexpr int smem_bytes(int cols, int m_tiles) { return WARPS * STAGES * stage_bytes(cols, m_tiles); }
 
 struct matmul_args {
     const uint8_t * w = nullptr;     // [M][row_bytes] Q8_0 (U when gated)
@@ -56,6 +61,7 @@ struct matmul_args {
     int64_t x_stride = 0;
     float * y = nullptr;             // y[n * y_stride + m]
     int64_t y_stride = 0;
+    const float * bias = nullptr;    // [M] added to every column's result, or null (plain only)
 };
 
 // Column groups of 8 the kernel is instantiated for: 1, 2, 4 or 8 (N <= 8, 16, 32, 64).
@@ -79,6 +85,7 @@ inline const char * check_args(const matmul_args & a) {
     if (reinterpret_cast<uintptr_t>(a.w) % 16 != 0) return "weights not 16-byte aligned";
     if (a.gate != nullptr && reinterpret_cast<uintptr_t>(a.gate) % 16 != 0) return "gate not 16-byte aligned";
     if (a.x_stride < a.K || a.y_stride < a.M) return "column strides";
+    if (a.bias != nullptr && a.gate != nullptr) return "a bias with a gated product";
     return nullptr;
 }
 
@@ -148,17 +155,18 @@ __device__ __forceinline__ void load_quants(bool odd_block, const uint8_t * p, i
 // C c0, c1 = row g, columns 2t, 2t+1; c2, c3 = row g+8. The k order inside a block is ours to choose
 // as long as A and B agree: lane t holds the block's values 8t..8t+3 in its first slot and
 // 8t+4..8t+7 in its second, so each lane reads 8 consecutive bytes of a weight row and of a column.
-template <int NG, bool GATED>
+template <int NG, bool GATED, int M_TILES>
 __global__ void __launch_bounds__(WARPS * 32)
 matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__ xd) {
     extern __shared__ __align__(16) uint8_t smem[];
     constexpr int COLS = COL_GROUP * NG;
-    constexpr int STAGE = stage_bytes(COLS);
+    static_assert(!GATED || M_TILES == 2, "a gated warp takes 16 rows of U and the same 16 of G");
+    constexpr int TILE_ROWS = 16 * M_TILES;
+    constexpr int STAGE = stage_bytes(COLS, M_TILES);
     constexpr int W_BYTES = TILE_ROWS * CHUNK_BYTES;
     constexpr int X_BYTES = CHUNK_BLOCKS * COLS * QK;
     constexpr int X_VECS = X_BYTES / 16, D_VECS = CHUNK_BLOCKS * COLS * 4 / 16;
     constexpr int OUT_ROWS = GATED ? TILE_ROWS / 2 : TILE_ROWS;
-    constexpr int M_TILES = TILE_ROWS / 16;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int g = lane / 4, t = lane % 4;
     const int r0 = blockIdx.x * OUT_ROWS;
@@ -174,8 +182,9 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
             const int chunk = warp + i * WARPS;
             uint8_t * st = stages + (i % STAGES) * STAGE;
 #pragma unroll
-            for (int c = 0; c < CHUNK_VECS; ++c) {
-                const int idx = lane + 32 * c;  // < TILE_ROWS * CHUNK_VECS = 544
+            for (int c = 0; c < (TILE_ROWS * CHUNK_VECS + 31) / 32; ++c) {
+                const int idx = lane + 32 * c;
+                if (TILE_ROWS * CHUNK_VECS % 32 != 0 && idx >= TILE_ROWS * CHUNK_VECS) break;
                 const int s = idx / CHUNK_VECS, v = idx - s * CHUNK_VECS;
                 const bool from_gate = GATED && s >= TILE_ROWS / 2;
                 const int row = min(r0 + (GATED ? s % (TILE_ROWS / 2) : s), a.M - 1);
@@ -274,13 +283,14 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
             for (int w = 1; w < WARPS; ++w) gv += red[w * PER_WARP + at_gate];
             v *= silu(gv);
         }
-        if (n < a.N && m < a.M) a.y[int64_t(n) * a.y_stride + m] = v;
+        if (n < a.N && m < a.M) a.y[int64_t(n) * a.y_stride + m] = a.bias != nullptr ? v + a.bias[m] : v;
     }
 }
 
 template <int NG, bool GATED>
 cudaError_t launch_groups(const matmul_args & a, const int8_t * xq, const float * xd, cudaStream_t stream) {
-    constexpr int SMEM = smem_bytes(COL_GROUP * NG);
+    constexpr int M_TILES = GATED || NG > 1 ? 2 : 1;
+    constexpr int SMEM = smem_bytes(COL_GROUP * NG, M_TILES);
     // the shared-memory limit is a per-device attribute of the function: raise it once per device
     static unsigned long long configured = 0;  // bit d: device d done (devices 0..63)
     int dev = 0;
@@ -288,13 +298,13 @@ cudaError_t launch_groups(const matmul_args & a, const int8_t * xq, const float 
     if (err != cudaSuccess) return err;
     if (dev >= 64) return cudaErrorInvalidDevice;
     if (!(__atomic_load_n(&configured, __ATOMIC_ACQUIRE) & (1ull << dev))) {
-        err = cudaFuncSetAttribute(matmul<NG, GATED>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
+        err = cudaFuncSetAttribute(matmul<NG, GATED, M_TILES>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
         if (err != cudaSuccess) return err;
         __atomic_fetch_or(&configured, 1ull << dev, __ATOMIC_ACQ_REL);
     }
-    constexpr int OUT_ROWS = GATED ? TILE_ROWS / 2 : TILE_ROWS;
+    constexpr int OUT_ROWS = GATED ? 16 : 16 * M_TILES;
     const dim3 grid((a.M + OUT_ROWS - 1) / OUT_ROWS);
-    matmul<NG, GATED><<<grid, WARPS * 32, SMEM, stream>>>(a, xq, xd);
+    matmul<NG, GATED, M_TILES><<<grid, WARPS * 32, SMEM, stream>>>(a, xq, xd);
     return cudaGetLastError();
 }
 

@@ -104,12 +104,14 @@ struct device_buffer {
 
 // Runs one product on the GPU; returns y [N][y_stride] (columns past M hold the sentinel).
 std::vector<float> run(const weights & w, const weights * gate, const std::vector<float> & x, int64_t x_stride, int N,
-                       int64_t y_stride) {
+                       int64_t y_stride, const std::vector<float> * bias = nullptr) {
     device_buffer dw(w.bytes.size()), dg(gate ? gate->bytes.size() : 0), dx(x.size() * 4),
         dy(size_t(N) * y_stride * 4);
     CHECK_CUDA(cudaMemcpy(dw.p, w.bytes.data(), w.bytes.size(), cudaMemcpyHostToDevice));
     if (gate) CHECK_CUDA(cudaMemcpy(dg.p, gate->bytes.data(), gate->bytes.size(), cudaMemcpyHostToDevice));
     CHECK_CUDA(cudaMemcpy(dx.p, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
+    device_buffer db(bias ? bias->size() * 4 : 0);
+    if (bias) CHECK_CUDA(cudaMemcpy(db.p, bias->data(), bias->size() * 4, cudaMemcpyHostToDevice));
     std::vector<float> y(size_t(N) * y_stride, -12345.0f);
     CHECK_CUDA(cudaMemcpy(dy.p, y.data(), y.size() * 4, cudaMemcpyHostToDevice));
     q8::matmul_args a;
@@ -123,6 +125,7 @@ std::vector<float> run(const weights & w, const weights * gate, const std::vecto
     a.x_stride = x_stride;
     a.y = dy.as<float>();
     a.y_stride = y_stride;
+    a.bias = bias ? db.as<float>() : nullptr;
     if (const char * why = q8::check_args(a)) {
         std::printf("FAIL: check_args refused a valid product: %s\n", why);
         ++failures;
@@ -139,7 +142,8 @@ std::vector<float> run(const weights & w, const weights * gate, const std::vecto
 
 double silu(double v) { return v / (1.0 + std::exp(-v)); }
 
-void check_case(std::mt19937 & rng, int K, int M, int N, bool gated, int64_t w_pad, int64_t x_pad, int64_t y_pad) {
+void check_case(std::mt19937 & rng, int K, int M, int N, bool gated, int64_t w_pad, int64_t x_pad, int64_t y_pad,
+                bool with_bias = false) {
     const weights w = random_weights(rng, K, M, w_pad);
     const weights g = gated ? random_weights(rng, K, M, w_pad) : weights{};
     const int64_t x_stride = K + x_pad, y_stride = M + y_pad;
@@ -148,7 +152,9 @@ void check_case(std::mt19937 & rng, int K, int M, int N, bool gated, int64_t w_p
     for (auto & v : x) v = xd(rng);
     if (N > 1)
         for (int k = 0; k < 32; ++k) x[x_stride + k] = 0.0f;  // an all-zero block (scale 0)
-    const std::vector<float> y = run(w, gated ? &g : nullptr, x, x_stride, N, y_stride);
+    std::vector<float> bias(M);
+    for (auto & v : bias) v = xd(rng);
+    const std::vector<float> y = run(w, gated ? &g : nullptr, x, x_stride, N, y_stride, with_bias ? &bias : nullptr);
     std::vector<double> ry, rm, gy, gm;
     reference(w, x, x_stride, N, ry, rm);
     if (gated) reference(g, x, x_stride, N, gy, gm);
@@ -157,7 +163,7 @@ void check_case(std::mt19937 & rng, int K, int M, int N, bool gated, int64_t w_p
     for (int n = 0; n < N; ++n) {
         for (int m = 0; m < M; ++m) {
             const size_t i = size_t(n) * M + m;
-            double want = ry[i], tol = 4e-5 * rm[i] + 1e-30;
+            double want = ry[i] + (with_bias ? bias[m] : 0.0), tol = 4e-5 * rm[i] + 1e-6 * std::fabs(want) + 1e-30;
             if (gated) {
                 want = ry[i] * silu(gy[i]);
                 // d(u*silu(g)) = silu(g) du + u silu'(g) dg, |silu'| <= 1.1
@@ -171,8 +177,9 @@ void check_case(std::mt19937 & rng, int K, int M, int N, bool gated, int64_t w_p
         for (int64_t m = M; m < y_stride; ++m)
             if (y[size_t(n) * y_stride + m] != -12345.0f) ++bad;  // wrote past M
     }
-    std::printf("%s K=%d M=%d N=%d %s pads (w %lld, x %lld, y %lld): worst err/tol %.3f\n", bad ? "FAIL" : "ok  ", K,
-                M, N, gated ? "gated" : "plain", (long long)w_pad, (long long)x_pad, (long long)y_pad, worst);
+    std::printf("%s K=%d M=%d N=%d %s%s pads (w %lld, x %lld, y %lld): worst err/tol %.3f\n", bad ? "FAIL" : "ok  ", K,
+                M, N, gated ? "gated" : "plain", with_bias ? "+bias" : "", (long long)w_pad, (long long)x_pad,
+                (long long)y_pad, worst);
     if (bad) ++failures;
 }
 
@@ -217,8 +224,12 @@ void check_refusals() {
     b = a;
     b.row_bytes = 280;
     const bool stride_refused = q8::check_args(b) != nullptr;
-    const bool ok = base_ok && k_refused && n_refused && align_refused && stride_refused;
-    std::printf("%s check_args accepts a valid product and refuses K %% 256, N > 64, misalignment, row stride\n",
+    b = a;
+    b.gate = buf;
+    b.bias = reinterpret_cast<const float *>(buf);
+    const bool gated_bias_refused = q8::check_args(b) != nullptr;
+    const bool ok = base_ok && k_refused && n_refused && align_refused && stride_refused && gated_bias_refused;
+    std::printf("%s check_args accepts a valid product and refuses K %% 256, N > 64, misalignment, row stride, gated + bias\n",
                 ok ? "ok  " : "FAIL");
     if (!ok) ++failures;
 }
@@ -253,6 +264,8 @@ int main() {
         check_case(rng, 17408, 40, 1, gated, 16, 0, 2);
         check_column_independence(rng, gated);
     }
+    check_case(rng, 5120, 333, 1, false, 0, 0, 0, true);  // the fused residual add of a decode step
+    check_case(rng, 1024, 40, 16, false, 16, 0, 3, true);
     std::printf(failures ? "%d FAILED\n" : "all passed\n", failures);
     return failures ? 1 : 0;
 }

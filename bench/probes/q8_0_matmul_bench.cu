@@ -4,8 +4,9 @@
 // bandwidth measured in the same run. Several copies of each matrix rotate so the timed loop reads
 // from HBM, not from L2. Correctness is tests/cpp/test_q8_0_matmul.cu; this only times.
 // Standalone (no ggml); on the GPU machine:
-//     nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Icpp/kernels \
+//     nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Icpp/kernels -Itests/cpp \
 //          -o /tmp/q8mm bench/probes/q8_0_matmul_bench.cu && /tmp/q8mm
+#include "cuda_check.h"
 #include "q8_0_matmul.cuh"
 
 #include <algorithm>
@@ -16,15 +17,6 @@
 #include <vector>
 
 namespace q8 = lucebox::kernels::q8_0;
-
-#define CHECK_CUDA(x)                                                                        \
-    do {                                                                                     \
-        cudaError_t e_ = (x);                                                                \
-        if (e_ != cudaSuccess) {                                                             \
-            std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); \
-            std::exit(1);                                                                    \
-        }                                                                                    \
-    } while (0)
 
 static float time_ms(cudaEvent_t a, cudaEvent_t b) {
     float ms = 0;

@@ -17,6 +17,8 @@
 // Prints, for the Qwen3.6-27B matrix shapes, the kernel time, the bytes read per second, and the
 // max relative error against a CPU reference. Not part of the build; run on the GPU machine:
 //     nvcc -O3 -arch=sm_90a -o /tmp/q8_gemv_probe bench/probes/q8_gemv_probe.cu && /tmp/q8_gemv_probe
+#include "../../tests/cpp/cuda_check.h"
+
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -27,14 +29,6 @@
 #include <random>
 #include <vector>
 
-#define CHECK_CUDA(x)                                                                   \
-    do {                                                                                \
-        cudaError_t e_ = (x);                                                           \
-        if (e_ != cudaSuccess) {                                                        \
-            std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); \
-            std::exit(1);                                                               \
-        }                                                                               \
-    } while (0)
 
 constexpr int WARP = 32;
 

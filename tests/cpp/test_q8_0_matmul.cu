@@ -5,6 +5,7 @@
 // double, so the only difference left is float rounding: |gpu - ref| <= 4e-5 * sum |terms|.
 // Also checks that column 0 is bit-identical whatever N is (a decode step and a verify agree).
 // Without a GPU at run time it says so and checks nothing (exit 0), like the other GPU tests.
+#include "cuda_check.h"
 #include "q8_0_matmul.cuh"
 
 #include <cmath>
@@ -20,15 +21,6 @@ namespace q8 = lucebox::kernels::q8_0;
 namespace {
 
 int failures = 0;
-
-#define CHECK_CUDA(x)                                                                        \
-    do {                                                                                     \
-        cudaError_t e_ = (x);                                                                \
-        if (e_ != cudaSuccess) {                                                             \
-            std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); \
-            std::exit(1);                                                                    \
-        }                                                                                    \
-    } while (0)
 
 struct weights {
     int K = 0, M = 0;

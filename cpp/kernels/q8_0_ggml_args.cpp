@@ -1,0 +1,48 @@
+// ggml's MUL_MAT operands -> the Q8_0 few-column matmul's arguments (see q8_0_ggml_args.h).
+#include "q8_0_ggml_args.h"
+
+#include <cstdint>
+#include <initializer_list>
+
+namespace lucebox::kernels::q8_0 {
+
+bool args_from_ggml(const ggml_tensor * w, const ggml_tensor * gate, int glu_op, const ggml_tensor * bias,
+                    const ggml_tensor * x, const ggml_tensor * dst, matmul_args & a) {
+    if (w->type != GGML_TYPE_Q8_0 || x->type != GGML_TYPE_F32 || dst->type != GGML_TYPE_F32) return false;
+    // 2-D operands only: [K, M] weights with contiguous blocks, [K, N] activations, [M, N] result
+    for (const ggml_tensor * t : {w, x, dst}) {
+        if (t->ne[2] != 1 || t->ne[3] != 1) return false;
+    }
+    if (w->nb[0] != ggml_type_size(GGML_TYPE_Q8_0) || x->nb[0] != sizeof(float) || dst->nb[0] != sizeof(float)) {
+        return false;
+    }
+    if (x->ne[0] != w->ne[0] || dst->ne[0] != w->ne[1] || dst->ne[1] != x->ne[1]) return false;
+    if (x->nb[1] % sizeof(float) != 0 || dst->nb[1] % sizeof(float) != 0) return false;
+    if (gate != nullptr) {
+        if (glu_op != GGML_GLU_OP_SWIGLU || gate->type != w->type) return false;
+        for (int d = 0; d < 4; ++d) {
+            if (gate->ne[d] != w->ne[d] || gate->nb[d] != w->nb[d]) return false;
+        }
+    }
+    if (bias != nullptr) {  // F32 [M], contiguous, one column (ggml fuses the ADD for one column only)
+        if (bias->type != GGML_TYPE_F32 || bias->ne[0] != w->ne[1] || ggml_nelements(bias) != w->ne[1] ||
+            !ggml_is_contiguous(bias) || x->ne[1] != 1) {
+            return false;
+        }
+    }
+    if (w->ne[0] > INT32_MAX || w->ne[1] > INT32_MAX || x->ne[1] > INT32_MAX) return false;
+    a.w = static_cast<const uint8_t *>(w->data);
+    a.gate = gate != nullptr ? static_cast<const uint8_t *>(gate->data) : nullptr;
+    a.row_bytes = int64_t(w->nb[1]);
+    a.K = int(w->ne[0]);
+    a.M = int(w->ne[1]);
+    a.N = int(x->ne[1]);
+    a.x = static_cast<const float *>(x->data);
+    a.x_stride = int64_t(x->nb[1] / sizeof(float));
+    a.y = static_cast<float *>(dst->data);
+    a.y_stride = int64_t(dst->nb[1] / sizeof(float));
+    a.bias = bias != nullptr ? static_cast<const float *>(bias->data) : nullptr;
+    return check_args(a) == nullptr;
+}
+
+}  // namespace lucebox::kernels::q8_0

@@ -1,0 +1,18 @@
+// ggml's MUL_MAT operands -> the arguments of the Q8_0 few-column matmul (q8_0_matmul_args.h), for
+// the MUL_MAT hook of ggml patch 0003. Plain C++ (no CUDA) so CPU tests check what it takes.
+#pragma once
+
+#include "ggml.h"
+#include "q8_0_matmul_args.h"
+
+namespace lucebox::kernels::q8_0 {
+
+// Fills `a` and returns true when the kernel takes the product dst = w x (+ bias), or with gate,
+// dst = (w x) * silu(gate x): Q8_0 weights [K, M] with whole blocks per row, F32 activations
+// [K, N] and result [M, N] (2-D, contiguous rows, any row strides), gate of w's type and strides
+// with glu_op GGML_GLU_OP_SWIGLU, bias F32 [M] for one column only (a fused residual ADD), and
+// check_args satisfied (K % 256, N <= 64, 16-byte alignment). False otherwise: ggml's kernels run.
+bool args_from_ggml(const ggml_tensor * w, const ggml_tensor * gate, int glu_op, const ggml_tensor * bias,
+                    const ggml_tensor * x, const ggml_tensor * dst, matmul_args & a);
+
+}  // namespace lucebox::kernels::q8_0

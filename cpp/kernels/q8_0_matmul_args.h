@@ -1,0 +1,53 @@
+// The arguments of the Q8_0 few-column matmul (q8_0_matmul.cuh) and their checks, in plain C++ so
+// that CPU builds and CPU tests see them too. A product the checks refuse stays with ggml.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace lucebox::kernels::q8_0 {
+
+constexpr int QK = 32;                      // values per Q8_0 block
+constexpr int BLOCK_BYTES = 34;             // fp16 scale + 32 int8
+constexpr int CHUNK_BLOCKS = 8;             // blocks of one row the kernel stages at a time
+constexpr int COL_GROUP = 8;                // activation columns per mma (its N)
+constexpr int MAX_COLS = 64;
+constexpr int K_ALIGN = QK * CHUNK_BLOCKS;  // 256: a chunk of a row is whole 16-byte vectors
+
+struct matmul_args {
+    const uint8_t * w = nullptr;     // [M][row_bytes] Q8_0 (U when gated)
+    const uint8_t * gate = nullptr;  // [M][row_bytes] Q8_0 (G) or null
+    int64_t row_bytes = 0;
+    int K = 0, M = 0, N = 0;
+    const float * x = nullptr;       // x[n * x_stride + k]
+    int64_t x_stride = 0;
+    float * y = nullptr;             // y[n * y_stride + m]
+    int64_t y_stride = 0;
+    const float * bias = nullptr;    // [M] added to every column's result, or null (plain only)
+};
+
+// Column groups of 8 the kernel is instantiated for: 1, 2, 4 or 8 (N <= 8, 16, 32, 64).
+inline int col_groups(int N) { return N <= 8 ? 1 : N <= 16 ? 2 : N <= 32 ? 4 : 8; }
+
+// Scratch for the quantized activations: xq int8 [K/32][cols][32], then xd float [K/32][cols]
+// (cols = 8 * col_groups(N); columns >= N are zeros).
+inline size_t scratch_bytes(const matmul_args & a) {
+    const size_t cols = size_t(COL_GROUP) * col_groups(a.N);
+    const size_t nb = size_t(a.K) / QK;
+    return nb * cols * QK + nb * cols * sizeof(float);
+}
+
+// Null when the product fits this kernel, else why not.
+inline const char * check_args(const matmul_args & a) {
+    if (a.K <= 0 || a.K % K_ALIGN != 0) return "K must be a positive multiple of 256";
+    if (a.M <= 0) return "M must be positive";
+    if (a.N < 1 || a.N > MAX_COLS) return "N must be 1..64";
+    if (a.row_bytes < int64_t(a.K) / QK * BLOCK_BYTES || a.row_bytes % 16 != 0) return "row stride";
+    if (reinterpret_cast<uintptr_t>(a.w) % 16 != 0) return "weights not 16-byte aligned";
+    if (a.gate != nullptr && reinterpret_cast<uintptr_t>(a.gate) % 16 != 0) return "gate not 16-byte aligned";
+    if (a.x_stride < a.K || a.y_stride < a.M) return "column strides";
+    if (a.bias != nullptr && a.gate != nullptr) return "a bias with a gated product";
+    return nullptr;
+}
+
+}  // namespace lucebox::kernels::q8_0

@@ -1,0 +1,129 @@
+// Which ggml MUL_MAT products the Q8_0 few-column CUDA kernel takes (cpp/kernels/q8_0_ggml_args.h):
+// every refusal leaves the product to ggml's own kernels, so a wrong "yes" is a wrong result and a
+// wrong "no" only a slower one. Plain C++: runs in every build (CI has no GPU).
+#include <cstdint>
+
+#include "check.h"
+#include "ggml.h"
+#include "q8_0_ggml_args.h"
+
+using lucebox::kernels::q8_0::args_from_ggml;
+using lucebox::kernels::q8_0::matmul_args;
+
+namespace {
+
+// Tensors of a product, metadata only, with 16-byte aligned fake data pointers.
+struct operands {
+    ggml_context * ctx = nullptr;
+    alignas(64) static inline uint8_t arena[64];
+    operands() {
+        ggml_init_params p = {64 * ggml_tensor_overhead(), nullptr, true};
+        ctx = ggml_init(p);
+    }
+    ~operands() { ggml_free(ctx); }
+    ggml_tensor * t(ggml_type type, int64_t ne0, int64_t ne1, int64_t ne2 = 1) {
+        ggml_tensor * r = ggml_new_tensor_3d(ctx, type, ne0, ne1, ne2);
+        r->data = arena;
+        return r;
+    }
+};
+
+bool takes(const ggml_tensor * w, const ggml_tensor * gate, int glu, const ggml_tensor * bias, const ggml_tensor * x,
+           const ggml_tensor * dst, matmul_args * out = nullptr) {
+    matmul_args a;
+    const bool ok = args_from_ggml(w, gate, glu, bias, x, dst, a);
+    if (out) *out = a;
+    return ok;
+}
+
+}  // namespace
+
+TEST_CASE(plain_q8_0_product_is_taken_and_mapped) {
+    operands o;
+    ggml_tensor * w = o.t(GGML_TYPE_Q8_0, 5120, 1024);
+    ggml_tensor * x = o.t(GGML_TYPE_F32, 5120, 16);
+    ggml_tensor * y = o.t(GGML_TYPE_F32, 1024, 16);
+    matmul_args a;
+    CHECK(takes(w, nullptr, -1, nullptr, x, y, &a));
+    CHECK(a.K == 5120 && a.M == 1024 && a.N == 16);
+    CHECK(a.row_bytes == 5120 / 32 * 34);
+    CHECK(a.x_stride == 5120 && a.y_stride == 1024);
+    CHECK(a.gate == nullptr && a.bias == nullptr);
+}
+
+TEST_CASE(strided_columns_are_mapped) {
+    operands o;
+    ggml_tensor * w = o.t(GGML_TYPE_Q8_0, 256, 8);
+    ggml_tensor * xbig = o.t(GGML_TYPE_F32, 512, 4);
+    ggml_tensor * x = ggml_view_2d(o.ctx, xbig, 256, 4, xbig->nb[1], 0);  // every column 512 floats apart
+    x->data = xbig->data;
+    ggml_tensor * y = o.t(GGML_TYPE_F32, 8, 4);
+    matmul_args a;
+    CHECK(takes(w, nullptr, -1, nullptr, x, y, &a));
+    CHECK(a.x_stride == 512);
+}
+
+TEST_CASE(other_types_and_shapes_stay_with_ggml) {
+    operands o;
+    ggml_tensor * x = o.t(GGML_TYPE_F32, 512, 4);
+    ggml_tensor * y = o.t(GGML_TYPE_F32, 64, 4);
+    CHECK(!takes(o.t(GGML_TYPE_F16, 512, 64), nullptr, -1, nullptr, x, y));   // not Q8_0
+    CHECK(!takes(o.t(GGML_TYPE_Q4_0, 512, 64), nullptr, -1, nullptr, x, y));
+    CHECK(!takes(o.t(GGML_TYPE_Q8_0, 512, 64), nullptr, -1, nullptr, o.t(GGML_TYPE_F16, 512, 4), y));  // x not F32
+    ggml_tensor * w = o.t(GGML_TYPE_Q8_0, 512, 64);
+    CHECK(takes(w, nullptr, -1, nullptr, x, y));
+    // K not a multiple of 256 (rows would not be whole 16-byte vectors)
+    CHECK(!takes(o.t(GGML_TYPE_Q8_0, 288, 64), nullptr, -1, nullptr, o.t(GGML_TYPE_F32, 288, 4), y));
+    // more than 64 columns (a prefill micro-batch): ggml's mmq
+    CHECK(!takes(w, nullptr, -1, nullptr, o.t(GGML_TYPE_F32, 512, 65), o.t(GGML_TYPE_F32, 64, 65)));
+    CHECK(takes(w, nullptr, -1, nullptr, o.t(GGML_TYPE_F32, 512, 64), o.t(GGML_TYPE_F32, 64, 64)));
+    // batched (3-D) operands
+    CHECK(!takes(w, nullptr, -1, nullptr, o.t(GGML_TYPE_F32, 512, 4, 2), o.t(GGML_TYPE_F32, 64, 4, 2)));
+    // shapes that do not chain
+    CHECK(!takes(w, nullptr, -1, nullptr, o.t(GGML_TYPE_F32, 256, 4), y));
+    CHECK(!takes(w, nullptr, -1, nullptr, x, o.t(GGML_TYPE_F32, 32, 4)));
+    // a transposed (permuted) activation
+    ggml_tensor * xt = ggml_transpose(o.ctx, o.t(GGML_TYPE_F32, 4, 512));
+    xt->data = x->data;
+    CHECK(!takes(w, nullptr, -1, nullptr, xt, y));
+}
+
+TEST_CASE(misaligned_weights_stay_with_ggml) {
+    operands o;
+    ggml_tensor * w = o.t(GGML_TYPE_Q8_0, 512, 64);
+    w->data = static_cast<uint8_t *>(w->data) + 2;
+    CHECK(!takes(w, nullptr, -1, nullptr, o.t(GGML_TYPE_F32, 512, 1), o.t(GGML_TYPE_F32, 64, 1)));
+}
+
+TEST_CASE(gated_products_need_swiglu_and_matching_gate) {
+    operands o;
+    ggml_tensor * up = o.t(GGML_TYPE_Q8_0, 512, 64);
+    ggml_tensor * gate = o.t(GGML_TYPE_Q8_0, 512, 64);
+    ggml_tensor * x = o.t(GGML_TYPE_F32, 512, 1);
+    ggml_tensor * y = o.t(GGML_TYPE_F32, 64, 1);
+    matmul_args a;
+    CHECK(takes(up, gate, GGML_GLU_OP_SWIGLU, nullptr, x, y, &a));
+    CHECK(a.gate != nullptr);
+    CHECK(!takes(up, gate, GGML_GLU_OP_GEGLU, nullptr, x, y));
+    CHECK(!takes(up, gate, GGML_GLU_OP_SWIGLU_OAI, nullptr, x, y));
+    CHECK(!takes(up, o.t(GGML_TYPE_Q8_0, 512, 32), GGML_GLU_OP_SWIGLU, nullptr, x, y));  // other shape
+    CHECK(!takes(up, o.t(GGML_TYPE_Q4_0, 512, 64), GGML_GLU_OP_SWIGLU, nullptr, x, y));  // other type
+    CHECK(!takes(up, gate, GGML_GLU_OP_SWIGLU, o.t(GGML_TYPE_F32, 64, 1), x, y));  // bias with a GLU
+}
+
+TEST_CASE(a_fused_residual_add_is_one_column_f32) {
+    operands o;
+    ggml_tensor * w = o.t(GGML_TYPE_Q8_0, 512, 64);
+    ggml_tensor * x = o.t(GGML_TYPE_F32, 512, 1);
+    ggml_tensor * y = o.t(GGML_TYPE_F32, 64, 1);
+    matmul_args a;
+    CHECK(takes(w, nullptr, -1, o.t(GGML_TYPE_F32, 64, 1), x, y, &a));
+    CHECK(a.bias != nullptr);
+    CHECK(!takes(w, nullptr, -1, o.t(GGML_TYPE_F16, 64, 1), x, y));  // not F32
+    CHECK(!takes(w, nullptr, -1, o.t(GGML_TYPE_F32, 32, 1), x, y));  // not [M]
+    CHECK(!takes(w, nullptr, -1, o.t(GGML_TYPE_F32, 64, 1), o.t(GGML_TYPE_F32, 512, 2),
+                 o.t(GGML_TYPE_F32, 64, 2)));  // more than one column
+    CHECK(!takes(w, nullptr, -1, o.t(GGML_TYPE_F32, 64, 2), o.t(GGML_TYPE_F32, 512, 1), y));  // not [M]
+}
+
+TEST_MAIN()

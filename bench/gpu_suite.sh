@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# One pass over a single-GPU machine: builds lucebox for CUDA with its C++ tests, builds the
+# llama-bench anchor (bench/llama_anchor) in the background meanwhile, runs the GPU CTest cases and
+# tests/gpu, writes the qwen3.6-27b synthetic pair, then bench_spec.py and bench_target.py.
+# About 10 minutes on one H200 with 16 cores (build 4 min, tests 3 min, benches 2-3 min).
+#
+# Usage: bash bench/gpu_suite.sh OUT_DIR [REPS]
+#   OUT_DIR   logs: build.log, ctest.log, pytest_gpu.log, spec.log, target.log
+#   REPS      repetitions of bench_target.py (default 2)
+#   CUDA architectures: LUCEBOX_CUDA_ARCHS (default 90a). Offline machines: LUCEBOX_GGML_SOURCE (the
+#   archive or an extracted tree, see README.md); the builds go to $TMPDIR (default /tmp).
+set -uo pipefail
+OUT="${1:?usage: bash bench/gpu_suite.sh OUT_DIR [REPS]}"
+REPS="${2:-2}"
+ARCHS="${LUCEBOX_CUDA_ARCHS:-90a}"
+TMP="${TMPDIR:-/tmp}"
+mkdir -p "$OUT"
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1
+t0=$(date +%s)
+ROOT=$(python3 ggml/fetch.py) || exit 1
+python3 -m pip install --no-build-isolation --no-deps -q -C build-dir="$TMP/lucebox-cuda" \
+    -C cmake.define.LUCEBOX_CUDA=ON -C cmake.define.CMAKE_CUDA_ARCHITECTURES="$ARCHS" \
+    -C cmake.define.LUCEBOX_BUILD_TESTS=ON . > "$OUT/build.log" 2>&1 || { tail -60 "$OUT/build.log"; exit 1; }
+echo "lucebox build: $(( $(date +%s) - t0 )) s"
+rm -f "$TMP/anchor.done"
+( cmake -S bench/llama_anchor -B "$TMP/anchor" -G Ninja -DLLAMA_CPP_ROOT="$ROOT" -DGGML_CUDA=ON \
+      -DCMAKE_CUDA_ARCHITECTURES="$ARCHS" -DCMAKE_BUILD_TYPE=Release > "$OUT/anchor.log" 2>&1 &&
+  ninja -C "$TMP/anchor" llama-bench >> "$OUT/anchor.log" 2>&1; echo $? > "$TMP/anchor.done" ) &
+( lucebox synth qwen3.6-27b -o "$TMP/t27.gguf" --draft-out "$TMP/d27.gguf" --type q8_0 > "$OUT/synth.log" 2>&1
+  echo $? > "$TMP/synth.done" ) &
+ctest --test-dir "$TMP/lucebox-cuda" -R "q8_0|gpu|top_k" --output-on-failure 2>&1 | tee "$OUT/ctest.log" | tail -4
+python3 -m pytest tests/gpu -q -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu.log" | tail -3
+wait
+[ "$(cat "$TMP/synth.done" 2>/dev/null)" = 0 ] || { echo "synth failed: $OUT/synth.log"; exit 1; }
+python3 bench/bench_spec.py --model "$TMP/t27.gguf" --draft "$TMP/d27.gguf" --device cuda --tokens 64 --reps 2 \
+    --accept 1,6,16 2>&1 | tee "$OUT/spec.log" | tail -8
+if [ "$(cat "$TMP/anchor.done" 2>/dev/null)" = 0 ]; then
+    python3 bench/bench_target.py --model "$TMP/t27.gguf" --device cuda \
+        --llama-bench "$TMP/anchor/llama-bench/llama-bench" --reps "$REPS" 2>&1 | tee "$OUT/target.log" | tail -10
+else
+    echo "anchor build failed: $OUT/anchor.log"
+fi
+echo "total: $(( $(date +%s) - t0 )) s"

@@ -151,9 +151,7 @@ def main() -> int:
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
     if args.ggml_kernels:
-        from lucebox import _core as core
-
-        core.set_own_cuda_kernels(False)
+        _core.set_own_cuda_kernels(False)
 
     bw = copy_bandwidth()
     bpt = decode_bytes_per_token(args.model)

@@ -24,8 +24,6 @@ void register_system(py::module_ & m) {
           "Whether lucebox's own CUDA kernels take the products they support (default True) or ggml's "
           "run everything; for A/B benchmarks. Set it before creating an Engine (ggml replays CUDA graphs "
           "it captured earlier). No effect in a build without CUDA.");
-    m.def("own_cuda_kernels", &kernels::cuda_kernels_enabled,
-          "True when this is a CUDA build and lucebox's own CUDA kernels are enabled.");
 
     m.def("devices", [] {
         py::list out;

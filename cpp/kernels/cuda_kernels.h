@@ -1,6 +1,7 @@
 // lucebox's own CUDA kernels inside ggml's CUDA backend (through ggml patch 0003's MUL_MAT hook):
-// Q8_0 products of 1..64 activation columns, plain and fused gate/up SwiGLU (q8_0_matmul.cuh).
-// In a build without CUDA these do nothing and report false.
+// Q8_0 products of 1..64 activation columns, plain, fused gate/up SwiGLU and fused residual ADD
+// (q8_0_matmul.cuh).
+// In a build without CUDA these do nothing.
 #pragma once
 
 namespace lucebox::kernels {
@@ -13,6 +14,5 @@ void install_cuda_kernels();
 // for A/B benchmarks and tests; takes effect at the next graph computed (a CUDA graph captured
 // before keeps the kernels it captured until ggml captures again).
 void set_cuda_kernels_enabled(bool enabled);
-bool cuda_kernels_enabled();
 
 }  // namespace lucebox::kernels

@@ -5,6 +5,5 @@ namespace lucebox::kernels {
 
 void install_cuda_kernels() {}
 void set_cuda_kernels_enabled(bool) {}
-bool cuda_kernels_enabled() { return false; }
 
 }  // namespace lucebox::kernels

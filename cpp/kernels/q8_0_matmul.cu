@@ -17,19 +17,27 @@ namespace {
 
 std::atomic<bool> g_enabled{true};
 
+// mma.m16n8k32 needs compute capability 8.0: asked of the driver once per device (this runs for
+// every MUL_MAT node ggml dispatches).
+bool device_supported() {
+    static std::atomic<int> known[64] = {};  // 0: not asked yet, 1: yes, -1: no
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
+    int k = known[dev].load(std::memory_order_relaxed);
+    if (k == 0) {
+        int major = 0;
+        k = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 8 ? 1 : -1;
+        known[dev].store(k, std::memory_order_relaxed);
+    }
+    return k == 1;
+}
+
 size_t mul_mat_hook(const ggml_tensor * w, const ggml_tensor * gate, int glu_op, const ggml_tensor * bias,
                     const ggml_tensor * x, ggml_tensor * dst, void * scratch, void * stream) {
     if (!g_enabled.load(std::memory_order_relaxed)) return 0;
     q8_0::matmul_args a;
     if (!q8_0::args_from_ggml(w, gate, glu_op, bias, x, dst, a)) return 0;
-    if (scratch == nullptr) {
-        int dev = 0, major = 0;
-        if (cudaGetDevice(&dev) != cudaSuccess ||
-            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess || major < 8) {
-            return 0;  // mma.m16n8k32 needs compute capability 8.0
-        }
-        return q8_0::scratch_bytes(a);
-    }
+    if (scratch == nullptr) return device_supported() ? q8_0::scratch_bytes(a) : 0;
     const cudaError_t err = q8_0::matmul(a, scratch, static_cast<cudaStream_t>(stream));
     if (err != cudaSuccess) {
         // ggml's own error path: it names the error and aborts, as for its kernels' launch failures
@@ -46,6 +54,5 @@ void install_cuda_kernels() {
 }
 
 void set_cuda_kernels_enabled(bool enabled) { g_enabled.store(enabled); }
-bool cuda_kernels_enabled() { return g_enabled.load(); }
 
 }  // namespace lucebox::kernels

@@ -9,12 +9,16 @@ a 16-token verify and a 1-token decode use different GPU kernels, and on a deep 
 model the last-bit differences flip near-tied argmaxes, after which a plain-decode reference would
 no longer be the target's choice. Whether the two references agree is printed as information.
 Prints tok/s per AL, the ratio to plain decoding measured in the same run, and one step's phase
-costs (draft, verify, commit) relative to one plain decode step. With --draft, also the real
+costs (draft, verify, commit) relative to one plain decode step. Two ratios: "x plain" divides the
+generations' tok/s (both count the token sampled from the prompt, and a speculative run's last step
+commits only what the budget has left: the ratio depends on --tokens), "x step" divides the
+steady-state rates, committed tokens per speculative step time over tokens per plain decode step
+time (the first, prompt-sampled token excluded from the plain steps). With --draft, also the real
 draft's full step (draft forward + verify + commit) at its natural acceptance. --tree-budgets:
 the cost of one DDTree verify (spec "tree") of a forced tree of that many nodes (a balanced tree,
 8 children per node; its tokens are never accepted, so each step verifies a whole tree), relative
 to one plain decode step.
-    python bench/bench_spec.py --model t27-q8_0.gguf --draft d27-q8_0.gguf --tokens 96 --tree-budgets 22,64
+    python bench/bench_spec.py --model t27-q8_0.gguf --draft d27-q8_0.gguf --tokens 97 --tree-budgets 22,64
 """
 from __future__ import annotations
 
@@ -37,7 +41,9 @@ def main() -> int:
     ap.add_argument("--draft-device", default="", help="the draft's device on a split placement")
     ap.add_argument("--ctx", type=int, default=4096)
     ap.add_argument("--prompt", type=int, default=256, help="prompt tokens (random ids)")
-    ap.add_argument("--tokens", type=int, default=96, help="tokens generated per run")
+    ap.add_argument("--tokens", type=int, default=97,
+                    help="tokens generated per run (97: the 96 after the prompt-sampled one split evenly into steps "
+                         "of 1, 4, 6, 8 and 16)")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--accept", default="1,4,6,8,16", help="acceptance lengths to force")
     ap.add_argument("--ggml-kernels", action="store_true",
@@ -67,14 +73,16 @@ def main() -> int:
     def med(xs: list[float]) -> str:
         return f"{statistics.median(xs):.1f} ({min(xs):.1f}..{max(xs):.1f})"
 
-    plain_tps = []
+    plain_tps, plain_steps = [], []
     for i in range(args.reps + 1):
         r = plain.generate(prompt, max_tokens=args.tokens)
         if i:
             plain_tps.append(r.stats.decode_tokens_per_second)
-    step_ms = 1e3 / statistics.median(plain_tps)
-    print(f"plain decode: {med(plain_tps)} tok/s ({step_ms:.2f} ms per token) on {engine.device}")
-    print(f"{'AL':>4} {'tok/s':>22} {'x plain':>8} {'step ms':>8} {'verify/decode':>14} {'draft ms':>9} {'commit ms':>10} {'AL seen':>8}")
+            plain_steps.append(1e3 * r.stats.decode_seconds / max(1, r.stats.n_generated - 1))
+    step_ms = statistics.median(plain_steps)
+    print(f"plain decode: {med(plain_tps)} tok/s, {step_ms:.2f} ms per decode step on {engine.device}")
+    print(f"{'AL':>4} {'tok/s':>22} {'x plain':>8} {'x step':>7} {'step ms':>8} {'verify/decode':>14} "
+          f"{'draft ms':>9} {'commit ms':>10} {'AL seen':>8}")
 
     mismatches = 0
     for al in [int(x) for x in args.accept.split(",")]:
@@ -101,8 +109,10 @@ def main() -> int:
                 draft.append(1e3 * s["draft_seconds"] / s["steps"])
                 commit.append(1e3 * s["commit_seconds"] / s["steps"])
                 seen.append(r.stats.acceptance_length)
+        spec_step = statistics.median(steps)
         print(f"{al:>4} {med(tps):>22} {statistics.median(tps) / statistics.median(plain_tps):>7.2f}x "
-              f"{statistics.median(steps):>8.2f} {statistics.median(verify) / step_ms:>13.2f}x "
+              f"{statistics.median(seen) * step_ms / spec_step:>6.2f}x "
+              f"{spec_step:>8.2f} {statistics.median(verify) / step_ms:>13.2f}x "
               f"{statistics.median(draft):>9.2f} {statistics.median(commit):>10.2f} {statistics.median(seen):>8.2f}")
 
     if args.draft:

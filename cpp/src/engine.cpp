@@ -149,6 +149,12 @@ struct engine::impl {
     void compute_on_device(ggml_cgraph * gf, const std::string & what) {
         check_status(ggml_backend_graph_compute(backend, gf), what);
     }
+    // The same, queued on the backend's stream without waiting for it: the device runs it before
+    // whatever is queued there next (the next forward pass), while the host moves on. Whoever reads
+    // device memory outside that stream afterwards synchronizes the backend first.
+    void queue_on_device(ggml_cgraph * gf, const std::string & what) {
+        check_status(ggml_backend_graph_compute_async(backend, gf), what);
+    }
     void check_status(ggml_status status, const std::string & what) const {
         if (status != GGML_STATUS_SUCCESS) {
             throw error(what + " failed on " + ggml_backend_dev_name(dev) + " (ggml status " +
@@ -214,7 +220,7 @@ struct engine::impl {
             w = tsplit->weights();
         } else {
             weights = tensor_store::load(target.file, tensors_to_load(target.file, qwen35_tensor_specs(hp)),
-                                         ggml_backend_dev_buffer_type(dev), dev, progress);
+                                         ggml_backend_dev_buffer_type(dev), dev, progress, qwen35_projection_stacks(hp));
             w = bind_qwen35_weights(hp, weights);
         }
         if (draft) {
@@ -512,6 +518,14 @@ struct ctx_guard {
         ctx = ggml_init(ip);
     }
     ~ctx_guard() { ggml_free(ctx); }
+};
+
+// Waits for the backend's stream when it goes out of scope, however the scope is left: a
+// generation queues its commits (session::commit) without waiting, and no one may read the
+// session's state outside that stream before they have landed.
+struct stream_drain {
+    ggml_backend_t backend;
+    ~stream_drain() { ggml_backend_synchronize(backend); }
 };
 
 // Tensor split: the rows [n_past, n_past + T) mod ring_size that a forward wrote into the
@@ -1062,7 +1076,9 @@ void session::commit(uint32_t n_verified, uint32_t last_kept) {
         }
         it = c.graphs.emplace(key, gf).first;
     }
-    e.compute_on_device(it->second, "the commit");
+    // not waited for: the next forward pass (same stream) runs after it; generate() synchronizes
+    // before it returns
+    e.queue_on_device(it->second, "the commit");
 }
 
 void session::commit_tree(uint32_t n_verified, const std::vector<int32_t> & path) {
@@ -1278,6 +1294,7 @@ generate_result session::generate_speculative(const std::vector<int32_t> & pendi
 
     const sampling_params & sp = params.sampling;
     const bool greedy = sp.is_greedy() && !sp.has_penalties();
+    const stream_drain drain{e.backend};
     sampler smp(sp);
     // sampled steps read the device's candidates of each row (the full row only when they cannot decide)
     row_candidates cands = candidates_for(smp);
@@ -1432,6 +1449,7 @@ generate_result session::generate_speculative(const std::vector<int32_t> & pendi
         }
     }
     pending_ = last;
+    ggml_backend_synchronize(e.backend);  // the last queued commit counts in the decode time
     stats.n_generated = static_cast<uint32_t>(res.tokens.size());
     stats.decode_seconds = seconds_since(t1);
     return res;

@@ -330,7 +330,8 @@ layer_split::layer_split(const engine_config & cfg, const target_model_file & ta
             if (progress) {
                 p = [&, i](uint64_t done, uint64_t) { progress(std::min(total, done_before + done), total); };
             }
-            sh.weights = tensor_store::load(target.file, per_shard[i], ggml_backend_dev_buffer_type(sh.dev), sh.dev, p);
+            sh.weights = tensor_store::load(target.file, per_shard[i], ggml_backend_dev_buffer_type(sh.dev), sh.dev, p,
+                                            qwen35_projection_stacks(hp_));
             done_before += sh.weights.size_bytes();
             std::vector<ggml_backend_t> backends{sh.backend};
             if (ggml_backend_dev_type(sh.dev) != GGML_BACKEND_DEVICE_TYPE_CPU) {

@@ -22,7 +22,8 @@ using namespace lucebox;
 
 namespace {
 
-constexpr int64_t S = 16, HK = 2, HV = 4;  // V head h reads K/Q head h % HK (tiled)
+constexpr int64_t HK = 2, HV = 4;  // V head h reads K/Q head h % HK (tiled)
+int64_t S = 16;                    // head size (the GPU test also runs the model's 128)
 
 struct inputs {
     int64_t T = 0;
@@ -41,7 +42,8 @@ inputs random_inputs(int64_t T, bool kda, uint32_t seed) {
         for (float & e : x) e = lo + (hi - lo) * 0.5f * (u(rng) + 1.0f);
     };
     fill(in.q, S * HK * T, -1, 1);
-    fill(in.k, S * HK * T, -0.3f, 0.3f);
+    const float kr = 0.3f * std::sqrt(16.0f / float(S));  // |k|^2 beta < 1: the recurrence stays bounded
+    fill(in.k, S * HK * T, -kr, kr);
     fill(in.v, S * HV * T, -1, 1);
     fill(in.g, (kda ? S : 1) * HV * T, -0.5f, 0.0f);
     fill(in.beta, HV * T, 0.1f, 0.9f);
@@ -50,8 +52,10 @@ inputs random_inputs(int64_t T, bool kda, uint32_t seed) {
 }
 
 // Runs the op on `backend` (null: the CPU backend): parents empty = upstream
-// ggml_gated_delta_net(K = T), else the tree op. Returns the whole output (scores, then snapshots).
-std::vector<float> run_op(const inputs & in, const std::vector<int32_t> & parents, ggml_backend_t backend = nullptr) {
+// ggml_gated_delta_net(K snapshots; K 0 = T), else the tree op. Returns the whole output (scores,
+// then snapshots).
+std::vector<float> run_op(const inputs & in, const std::vector<int32_t> & parents, ggml_backend_t backend = nullptr,
+                          int64_t K = 0) {
     const int64_t T = in.T;
     ggml_backend_t cpu = backend == nullptr ? ggml_backend_cpu_init() : nullptr;
     ggml_backend_t be = backend != nullptr ? backend : cpu;
@@ -71,7 +75,7 @@ std::vector<float> run_op(const inputs & in, const std::vector<int32_t> & parent
     ggml_tensor * s0 = tensor(in.s0, S, S, HV);
     ggml_tensor * out = nullptr;
     if (parents.empty()) {
-        out = ggml_gated_delta_net(ctx, q, k, v, g, beta, s0, T);
+        out = ggml_gated_delta_net(ctx, q, k, v, g, beta, s0, K > 0 ? K : T);
     } else {
         ggml_tensor * p = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, T);
         uploads.emplace_back(p, parents.data());
@@ -195,8 +199,10 @@ TEST_CASE(conv_rows_chain_and_tree) {
 }
 
 // The GPU kernel against the CPU op (a CUDA build on a machine with a GPU; passes with a note
-// elsewhere): chain parents, trees, a star, scalar and KDA gates, and several head sizes' worth of
-// nodes (T up to 40, beyond one warp of rows per lane).
+// elsewhere): chain parents, trees, a star, scalar and KDA gates, T up to 40 (the CUDA kernel
+// stages its inputs 8 tokens at a time: several chunks and a partial one), head sizes 16 and the
+// model's 128, and the upstream op with K = T snapshots and with K = 1 (decode and prefill: only
+// the final state).
 TEST_CASE(gpu_matches_cpu) {
     ggml_backend_t be = lucebox_test::first_gpu_backend("gpu_matches_cpu");
     if (be == nullptr) {
@@ -207,20 +213,31 @@ TEST_CASE(gpu_matches_cpu) {
     std::mt19937 rng(9);
     for (int32_t i = 1; i < 40; ++i) big.push_back(int32_t(rng() % uint32_t(i)));
     trees.push_back(big);
-    for (bool kda : {false, true}) {
-        for (const auto & parents : trees) {
-            const inputs in = random_inputs(int64_t(parents.size()), kda, 21);
-            for (bool tree_op : {false, true}) {
-                if (!tree_op && parents != trees[0]) continue;  // the upstream op: chain only
-                const std::vector<int32_t> p = tree_op ? parents : std::vector<int32_t>{};
-                const std::vector<float> c = run_op(in, p), gres = run_op(in, p, be);
+    for (int64_t head : {16, 128}) {
+        S = head;
+        for (bool kda : {false, true}) {
+            auto compare = [&](const inputs & in, const std::vector<int32_t> & p, int64_t K, const char * what) {
+                const std::vector<float> c = run_op(in, p, nullptr, K), gres = run_op(in, p, be, K);
+                CHECK(c.size() == gres.size());
                 int bad = 0;
                 for (size_t e = 0; e < c.size(); ++e) bad += !close(gres[e], c[e]);
-                if (bad) std::fprintf(stderr, "  T %zu kda %d tree %d: %d mismatches\n", parents.size(), int(kda), int(tree_op), bad);
+                if (bad) {
+                    std::fprintf(stderr, "  S %lld T %lld kda %d %s K %lld: %d mismatches\n", (long long) S,
+                                 (long long) in.T, int(kda), what, (long long) K, bad);
+                }
                 CHECK(bad == 0);
+            };
+            for (const auto & parents : trees) {
+                compare(random_inputs(int64_t(parents.size()), kda, 21), parents, 0, "tree");
+            }
+            for (int64_t T : {1, 6, 8, 17, 40}) {  // the upstream op: chain only
+                const inputs in = random_inputs(T, kda, 22 + uint32_t(T));
+                compare(in, {}, 0, "chain");
+                compare(in, {}, 1, "chain");
             }
         }
     }
+    S = 16;
     ggml_backend_free(be);
 }
 

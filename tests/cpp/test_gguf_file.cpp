@@ -1,13 +1,21 @@
 // GGUF reading: typed accessors, truncation and malformed headers raise gguf_error with the
-// file, key or tensor named; qwen35 hparams and tensor checks on a minimal file written here.
+// file, key or tensor named; qwen35 hparams and tensor checks on a minimal file written here;
+// tensor_store's stacks (the file's bytes, members as views of one tensor, which groups stack).
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
 
+#include <cstring>
+#include <vector>
+
 #include "check.h"
+#include "ggml-backend.h"
+#include "ggml-cpu.h"
 #include "ggml.h"
 #include "gguf.h"
+#include "lucebox/backend_buffers.h"
+#include "graph/builders.h"
 #include "lucebox/errors.h"
 #include "lucebox/gguf_file.h"
 #include "lucebox/models.h"
@@ -119,6 +127,111 @@ TEST_CASE(qwen35_spec_counts) {
     CHECK(hp.conv_dim() == 2 * 16 + 32);
     hp.ssm_n_v_heads = 3;
     CHECK_THROWS(hp.validate(), config_error, "multiple of ssm.group_count");
+}
+
+namespace {
+
+// A GGUF of Q8_0 matrices a [64, 3], b [64, 5], c [64, 2], an F16 matrix d [64, 4] and a Q8_0
+// e [32, 2] (another row length), each byte pattern distinct; returns the bytes of each.
+std::string write_stackable(const std::string & name, std::vector<std::vector<uint8_t>> & bytes) {
+    gguf_context * ctx = gguf_init_empty();
+    gguf_set_val_str(ctx, "general.architecture", "test");
+    ggml_init_params ip{ggml_tensor_overhead() * 8, nullptr, true};
+    ggml_context * gctx = ggml_init(ip);
+    struct spec { const char * name; ggml_type type; int64_t ne0, ne1; };
+    const spec specs[] = {{"a", GGML_TYPE_Q8_0, 64, 3}, {"b", GGML_TYPE_Q8_0, 64, 5}, {"c", GGML_TYPE_Q8_0, 64, 2},
+                          {"d", GGML_TYPE_F16, 64, 4}, {"e", GGML_TYPE_Q8_0, 32, 2}};
+    bytes.clear();
+    for (const spec & sp : specs) {
+        ggml_tensor * t = ggml_new_tensor_2d(gctx, sp.type, sp.ne0, sp.ne1);
+        ggml_set_name(t, sp.name);
+        bytes.emplace_back(ggml_nbytes(t));
+        for (size_t i = 0; i < bytes.back().size(); ++i) {
+            bytes.back()[i] = uint8_t(i * 7 + bytes.size() * 31);
+        }
+        t->data = bytes.back().data();
+        gguf_add_tensor(ctx, t);
+    }
+    const std::string path = tmp_path(name);
+    CHECK(gguf_write_to_file(ctx, path.c_str(), false));
+    gguf_free(ctx);
+    ggml_free(gctx);
+    return path;
+}
+
+}  // namespace
+
+TEST_CASE(stacks_hold_the_files_bytes_as_views_of_one_tensor) {
+    std::vector<std::vector<uint8_t>> bytes;
+    const std::string path = write_stackable("stack.gguf", bytes);
+    gguf_file f = gguf_file::open(path);
+    ggml_backend_buffer_type_t buft = ggml_backend_cpu_buffer_type();
+    // {a, b, c, d}: the Q8_0 prefix a, b, c stacks, d (F16) stays alone; {e, a}: a is taken, and e
+    // alone is no stack
+    tensor_store s = tensor_store::load(f, {"a", "b", "c", "d", "e"}, buft, nullptr, {}, {{"a", "b", "c", "d"}, {"e", "a"}});
+    ggml_tensor * a = s.get("a");
+    ggml_tensor * b = s.get("b");
+    ggml_tensor * c = s.get("c");
+    CHECK(a->view_src != nullptr && a->view_src == b->view_src && b->view_src == c->view_src);
+    CHECK(a->view_src->ne[0] == 64 && a->view_src->ne[1] == 10 && a->view_src->type == GGML_TYPE_Q8_0);
+    CHECK(a->view_offs == 0 && b->view_offs == ggml_nbytes(a) && c->view_offs == ggml_nbytes(a) + ggml_nbytes(b));
+    CHECK(s.get("d")->view_src == nullptr && s.get("e")->view_src == nullptr);
+    const char * names[] = {"a", "b", "c", "d", "e"};
+    for (size_t i = 0; i < 5; ++i) {
+        ggml_tensor * t = s.get(names[i]);
+        CHECK(ggml_nbytes(t) == bytes[i].size());
+        CHECK(std::memcmp(t->data, bytes[i].data(), bytes[i].size()) == 0);
+    }
+    // no stacks asked: every tensor its own
+    tensor_store plain = tensor_store::load(f, {"a", "b", "c"}, buft, nullptr, {});
+    CHECK(plain.get("a")->view_src == nullptr && plain.get("b")->view_src == nullptr);
+    // a group whose members are not all wanted stacks the wanted prefix only
+    tensor_store part = tensor_store::load(f, {"a", "c"}, buft, nullptr, {}, {{"a", "b", "c"}});
+    CHECK(part.get("a")->view_src == nullptr && part.get("c")->view_src == nullptr);
+    std::filesystem::remove(path);
+}
+
+TEST_CASE(stacked_products_equal_separate_products) {
+    // weights W0 [32, 3], W1 [32, 2], W2 [32, 4] (F32) stacked, W3 alone; x [32, 2]
+    ggml_context * wctx = ggml_init({ggml_tensor_overhead() * 8 + 32 * 16 * 4 + 1024, nullptr, false});
+    ggml_tensor * stack = ggml_new_tensor_2d(wctx, GGML_TYPE_F32, 32, 9);
+    ggml_tensor * w3 = ggml_new_tensor_2d(wctx, GGML_TYPE_F32, 32, 2);
+    ggml_tensor * x = ggml_new_tensor_2d(wctx, GGML_TYPE_F32, 32, 2);
+    for (ggml_tensor * t : {stack, w3, x}) {
+        float * d = static_cast<float *>(t->data);
+        for (int64_t i = 0; i < ggml_nelements(t); ++i) d[i] = float((i * 37 + t->ne[1]) % 11) - 5.0f;
+    }
+    std::vector<ggml_tensor *> ws{ggml_view_2d(wctx, stack, 32, 3, stack->nb[1], 0),
+                                  ggml_view_2d(wctx, stack, 32, 2, stack->nb[1], 3 * stack->nb[1]),
+                                  ggml_view_2d(wctx, stack, 32, 4, stack->nb[1], 5 * stack->nb[1]), w3};
+    ggml_context * ctx = ggml_init({ggml_tensor_overhead() * 64 + ggml_graph_overhead() + (1 << 20), nullptr, false});
+    const std::vector<ggml_tensor *> stacked = graph::stacked_products(ctx, ws, x);
+    ggml_cgraph * gf = ggml_new_graph(ctx);
+    int products = 0;
+    for (size_t i = 0; i < ws.size(); ++i) {
+        ggml_build_forward_expand(gf, graph::contiguous(ctx, stacked[i]));
+        CHECK(stacked[i]->ne[0] == ws[i]->ne[1] && stacked[i]->ne[1] == 2);
+    }
+    for (int n = 0; n < ggml_graph_n_nodes(gf); ++n) products += ggml_graph_node(gf, n)->op == GGML_OP_MUL_MAT;
+    CHECK(products == 2);  // the stack and w3
+    std::vector<ggml_tensor *> separate;
+    for (ggml_tensor * w : ws) {
+        separate.push_back(ggml_mul_mat(ctx, w, x));
+        ggml_build_forward_expand(gf, separate.back());
+    }
+    ggml_graph_compute_with_ctx(ctx, gf, 1);
+    for (size_t i = 0; i < ws.size(); ++i) {
+        for (int64_t t = 0; t < 2; ++t) {
+            for (int64_t r = 0; r < ws[i]->ne[1]; ++r) {
+                const float a = *reinterpret_cast<const float *>(static_cast<const char *>(stacked[i]->data) +
+                                                                 t * stacked[i]->nb[1] + r * stacked[i]->nb[0]);
+                const float b = static_cast<const float *>(separate[i]->data)[t * ws[i]->ne[1] + r];
+                CHECK(a == b);
+            }
+        }
+    }
+    ggml_free(ctx);
+    ggml_free(wctx);
 }
 
 TEST_MAIN()

@@ -35,8 +35,16 @@ class tensor_store {
                                  const std::function<void(ggml_context *)> & define, const std::string & what);
 
     // Loads the named tensors of `file` (shapes and types as in the file) onto `buft`.
+    //
+    // stacks: groups of names (each group's members among `names`, in the order given) to store
+    // row after row in one tensor [ne0, sum of ne1], so that one product with the stack computes
+    // them all; each member is then a view of the stack (view_src = the stack, at its row offset).
+    // A group stacks the longest prefix of at least two members that are 2-D matrices of one type
+    // and one row length; the rest load on their own, as does everything on a meta (tensor
+    // parallel) buffer type. Values are the file's bytes either way.
     static tensor_store load(const gguf_file & file, const std::vector<std::string> & names,
-                             ggml_backend_buffer_type_t buft, ggml_backend_dev_t dev, const progress_callback & progress);
+                             ggml_backend_buffer_type_t buft, ggml_backend_dev_t dev, const progress_callback & progress,
+                             const std::vector<std::vector<std::string>> & stacks = {});
 
     ggml_tensor * get(const std::string & name) const;   // throws if absent
     ggml_tensor * find(const std::string & name) const;  // null if absent

@@ -126,6 +126,9 @@ dflash_hparams read_dflash(const gguf_file & file);
 
 // Expected tensors of an architecture at given hyperparameters.
 std::vector<tensor_spec> qwen35_tensor_specs(const qwen35_hparams & hp);
+// Weights that multiply one input, to store as stacks (tensor_store::load): per DeltaNet layer
+// attn_qkv, attn_gate, ssm_beta, ssm_alpha; per attention layer attn_q, attn_k, attn_v.
+std::vector<std::vector<std::string>> qwen35_projection_stacks(const qwen35_hparams & hp);
 std::vector<tensor_spec> dflash_tensor_specs(const dflash_hparams & hp);
 
 // Checks that a draft can serve a target: hidden size, target layer ids in range, vocabulary

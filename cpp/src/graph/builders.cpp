@@ -25,6 +25,40 @@ ggml_tensor * l2_norm(ggml_context * ctx, ggml_tensor * x, float eps) {
     return ggml_scale(ctx, ggml_rms_norm(ctx, x, eps / n), 1.0f / std::sqrt(n));
 }
 
+std::vector<ggml_tensor *> stacked_products(ggml_context * ctx, const std::vector<ggml_tensor *> & w, ggml_tensor * x) {
+    std::vector<ggml_tensor *> out(w.size());
+    for (size_t i = 0; i < w.size();) {
+        ggml_tensor * stack = w[i]->view_src;
+        size_t j = i + 1;  // w[i..j) continue each other in one stack
+        while (stack != nullptr && j < w.size() && w[j]->view_src == stack &&
+               w[j]->view_offs == w[j - 1]->view_offs + ggml_nbytes(w[j - 1])) {
+            ++j;
+        }
+        if (j == i + 1) {
+            out[i] = ggml_mul_mat(ctx, w[i], x);
+            ++i;
+            continue;
+        }
+        int64_t rows = 0;
+        for (size_t k = i; k < j; ++k) {
+            rows += w[k]->ne[1];
+        }
+        ggml_tensor * W = w[i]->view_offs == 0 && rows == stack->ne[1]
+                              ? stack
+                              : ggml_view_2d(ctx, stack, stack->ne[0], rows, stack->nb[1], w[i]->view_offs);
+        ggml_tensor * y = ggml_mul_mat(ctx, W, x);  // [rows, T]
+        int64_t row = 0;
+        for (size_t k = i; k < j; ++k) {
+            out[k] = ggml_view_2d(ctx, y, w[k]->ne[1], y->ne[1], y->nb[1], size_t(row) * y->nb[0]);
+            row += w[k]->ne[1];
+        }
+        i = j;
+    }
+    return out;
+}
+
+ggml_tensor * contiguous(ggml_context * ctx, ggml_tensor * x) { return ggml_is_contiguous(x) ? x : ggml_cont(ctx, x); }
+
 ggml_tensor * swiglu_ffn(ggml_context * ctx, ggml_tensor * x, ggml_tensor * w_gate, ggml_tensor * w_up,
                          ggml_tensor * w_down, int layer) {
     ggml_tensor * gate = named(ggml_mul_mat(ctx, w_gate, x), "ffn_gate", layer);

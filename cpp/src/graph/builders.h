@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <string>
+#include <vector>
 
 #include "ggml.h"
 
@@ -23,6 +24,16 @@ ggml_tensor * rms_norm(ggml_context * ctx, ggml_tensor * x, ggml_tensor * w, flo
 
 // x / sqrt(sum(x^2) + eps) over ne0 (the L2 norm Qwen's DeltaNet applies to q and k).
 ggml_tensor * l2_norm(ggml_context * ctx, ggml_tensor * x, float eps);
+
+// Products of one input x [K, T] with several weights w[i] [K, M_i]: result i is [M_i, T].
+// Consecutive weights that tensor_store stacked (views of one tensor at consecutive rows) run as
+// one product over their rows, each result then a view of its rows of that product (strided when
+// T > 1: see contiguous()); the others run on their own. Per row the values are those of separate
+// products.
+std::vector<ggml_tensor *> stacked_products(ggml_context * ctx, const std::vector<ggml_tensor *> & w, ggml_tensor * x);
+
+// x when it is contiguous, else a contiguous copy (reshapes and unary ops need one).
+ggml_tensor * contiguous(ggml_context * ctx, ggml_tensor * x);
 
 // SwiGLU FFN: down(silu(gate x) * up x). x [E, T] -> [E, T].
 ggml_tensor * swiglu_ffn(ggml_context * ctx, ggml_tensor * x, ggml_tensor * w_gate, ggml_tensor * w_up,

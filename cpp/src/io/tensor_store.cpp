@@ -61,7 +61,9 @@ tensor_store tensor_store::allocate(ggml_backend_buffer_type_t buft, ggml_backen
     define(s.ctx_);
     size_t needed = 0;
     for (ggml_tensor * t = ggml_get_first_tensor(s.ctx_); t != nullptr; t = ggml_get_next_tensor(s.ctx_, t)) {
-        needed += ggml_backend_buft_get_alloc_size(buft, t);
+        if (t->view_src == nullptr) {
+            needed += ggml_backend_buft_get_alloc_size(buft, t);
+        }
         s.by_name_[ggml_get_name(t)] = t;
     }
     if (needed == 0) {
@@ -81,22 +83,81 @@ tensor_store tensor_store::allocate(ggml_backend_buffer_type_t buft, ggml_backen
     return s;
 }
 
+namespace {
+// The members of `group` (found in the file and wanted) that lead the group with one type, one row
+// length and two dimensions: the part of the group that can be stored as one stack.
+std::vector<const gguf_tensor_entry *> stackable_prefix(const gguf_file & file, const std::vector<std::string> & group,
+                                                        const std::unordered_map<std::string, size_t> & wanted) {
+    std::vector<const gguf_tensor_entry *> out;
+    for (const std::string & n : group) {
+        const gguf_tensor_entry * e = wanted.count(n) ? file.find_tensor(n) : nullptr;
+        const bool matrix = e != nullptr && e->ne[2] == 1 && e->ne[3] == 1;
+        if (!matrix || (!out.empty() && (e->type != out[0]->type || e->ne[0] != out[0]->ne[0]))) {
+            break;
+        }
+        out.push_back(e);
+    }
+    if (out.size() < 2) {
+        out.clear();
+    }
+    return out;
+}
+}  // namespace
+
 tensor_store tensor_store::load(const gguf_file & file, const std::vector<std::string> & names,
-                                ggml_backend_buffer_type_t buft, ggml_backend_dev_t dev, const progress_callback & progress) {
+                                ggml_backend_buffer_type_t buft, ggml_backend_dev_t dev, const progress_callback & progress,
+                                const std::vector<std::vector<std::string>> & stacks) {
     std::vector<const gguf_tensor_entry *> entries;
+    std::unordered_map<std::string, size_t> wanted;
     uint64_t total = 0;
     for (const std::string & n : names) {
         const gguf_tensor_entry * e = file.find_tensor(n);
         if (e == nullptr) {
             throw gguf_error(file.where() + "missing tensor '" + n + "'");
         }
+        wanted.emplace(n, entries.size());
         entries.push_back(e);
         total += e->nbytes;
     }
-    tensor_store s = allocate(buft, dev, entries.size(), [&](ggml_context * ctx) {
+    // A meta buffer (tensor parallel) may report host memory, but its tensors have no address of
+    // their own: each is set whole, so ggml can deal its slices to the devices.
+    ggml_backend_dev_t buft_dev = ggml_backend_buft_get_device(buft);
+    const bool meta = buft_dev != nullptr && ggml_backend_dev_type(buft_dev) == GGML_BACKEND_DEVICE_TYPE_META;
+    std::vector<std::vector<const gguf_tensor_entry *>> stacked;
+    std::unordered_map<std::string, bool> in_stack;
+    for (const auto & group : meta ? std::vector<std::vector<std::string>>{} : stacks) {
+        std::vector<const gguf_tensor_entry *> members = stackable_prefix(file, group, wanted);
+        bool fresh = !members.empty();
+        for (const gguf_tensor_entry * e : members) {
+            fresh = fresh && !in_stack.count(e->name);
+        }
+        if (fresh) {
+            for (const gguf_tensor_entry * e : members) {
+                in_stack[e->name] = true;
+            }
+            stacked.push_back(std::move(members));
+        }
+    }
+    tensor_store s = allocate(buft, dev, entries.size() + stacked.size(), [&](ggml_context * ctx) {
+        for (const auto & members : stacked) {
+            int64_t rows = 0;
+            for (const gguf_tensor_entry * e : members) {
+                rows += e->ne[1];
+            }
+            ggml_tensor * stack = ggml_new_tensor_2d(ctx, members[0]->type, members[0]->ne[0], rows);
+            ggml_format_name(stack, "stack:%s", members[0]->name.c_str());
+            int64_t row = 0;
+            for (const gguf_tensor_entry * e : members) {
+                ggml_tensor * t = ggml_view_2d(ctx, stack, e->ne[0], e->ne[1], stack->nb[1], size_t(row) * stack->nb[1]);
+                ggml_set_name(t, e->name.c_str());
+                row += e->ne[1];
+            }
+        }
         for (const gguf_tensor_entry * e : entries) {
-            ggml_tensor * t = ggml_new_tensor(ctx, e->type, 4, e->ne.data());
-            ggml_set_name(t, e->name.c_str());
+            if (!in_stack.count(e->name)) {
+                ggml_tensor * t = ggml_new_tensor(ctx, e->type, 4, e->ne.data());
+                ggml_set_name(t, e->name.c_str());
+            }
         }
     }, "the weights of '" + file.path() + "'");
 
@@ -104,10 +165,6 @@ tensor_store tensor_store::load(const gguf_file & file, const std::vector<std::s
     if (!fp) {
         throw gguf_error(file.where() + "cannot open for reading (" + std::strerror(errno) + ")");
     }
-    // A meta buffer (tensor parallel) may report host memory, but its tensors have no address of
-    // their own: each is set whole, so ggml can deal its slices to the devices.
-    ggml_backend_dev_t buft_dev = ggml_backend_buft_get_device(buft);
-    const bool meta = buft_dev != nullptr && ggml_backend_dev_type(buft_dev) == GGML_BACKEND_DEVICE_TYPE_META;
     const bool host = !meta && ggml_backend_buffer_is_host(s.buffer_);
     std::vector<uint8_t> staging;
     uint64_t done = 0;

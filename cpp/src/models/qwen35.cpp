@@ -240,6 +240,19 @@ qwen35_hparams read_qwen35(const gguf_file & f) {
     return hp;
 }
 
+std::vector<std::vector<std::string>> qwen35_projection_stacks(const qwen35_hparams & hp) {
+    std::vector<std::vector<std::string>> stacks;
+    for (uint32_t il = 0; il < hp.n_layer; ++il) {
+        const std::string p = "blk." + std::to_string(il) + ".";
+        if (hp.is_recurrent[il]) {
+            stacks.push_back({p + "attn_qkv.weight", p + "attn_gate.weight", p + "ssm_beta.weight", p + "ssm_alpha.weight"});
+        } else {
+            stacks.push_back({p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"});
+        }
+    }
+    return stacks;
+}
+
 std::vector<tensor_spec> qwen35_tensor_specs(const qwen35_hparams & hp) {
     using R = tensor_role;
     const int64_t E = hp.n_embd, V = hp.n_vocab;
@@ -410,11 +423,14 @@ ggml_tensor * build_delta_net(ggml_context * ctx, ggml_cgraph * gf, const qwen35
     const int64_t dk = hp.ssm_d_state, Hk = hp.ssm_n_k_heads, Hv = hp.ssm_n_v_heads;
     const int64_t key_dim = hp.key_dim(), conv_dim = hp.conv_dim(), d_conv = hp.ssm_d_conv;
 
-    ggml_tensor * qkv = named(ggml_mul_mat(ctx, l.ssm_qkv, x), "gdn_qkv", il);  // [conv_dim, T]
-    ggml_tensor * z = named(ggml_mul_mat(ctx, l.ssm_gate, x), "gdn_z", il);     // [value_dim, T]
-    ggml_tensor * beta = ggml_sigmoid(ctx, ggml_mul_mat(ctx, l.ssm_beta, x));  // [Hv, T]
+    // one product when the four weights are stacked (qwen35_projection_stacks)
+    const std::vector<ggml_tensor *> proj =
+        graph::stacked_products(ctx, {l.ssm_qkv, l.ssm_gate, l.ssm_beta, l.ssm_alpha}, x);
+    ggml_tensor * qkv = named(proj[0], "gdn_qkv", il);                            // [conv_dim, T]
+    ggml_tensor * z = named(graph::contiguous(ctx, proj[1]), "gdn_z", il);         // [value_dim, T]
+    ggml_tensor * beta = ggml_sigmoid(ctx, graph::contiguous(ctx, proj[2]));       // [Hv, T]
     beta = named(ggml_reshape_4d(ctx, beta, 1, Hv, T, 1), "gdn_beta", il);
-    ggml_tensor * alpha = ggml_add(ctx, ggml_mul_mat(ctx, l.ssm_alpha, x), l.ssm_dt_bias);
+    ggml_tensor * alpha = ggml_add(ctx, proj[3], l.ssm_dt_bias);
     ggml_tensor * g = ggml_mul(ctx, ggml_softplus(ctx, alpha), l.ssm_a);  // log decay <= 0
     g = named(ggml_reshape_4d(ctx, g, 1, Hv, T, 1), "gdn_g", il);
 
@@ -493,16 +509,18 @@ ggml_tensor * build_gated_attention(ggml_context * ctx, ggml_cgraph * gf, const 
     const int64_t T = x->ne[1];
     const int64_t hd = hp.head_dim, H = hp.n_head, Hkv = hp.n_head_kv;
 
-    ggml_tensor * qg = named(ggml_mul_mat(ctx, l.wq, x), "attn_qg", il);  // [2*hd*H, T]
+    // one product when the three weights are stacked (qwen35_projection_stacks)
+    const std::vector<ggml_tensor *> proj = graph::stacked_products(ctx, {l.wq, l.wk, l.wv}, x);
+    ggml_tensor * qg = named(proj[0], "attn_qg", il);  // [2*hd*H, T]
     const size_t es = ggml_element_size(qg);
     ggml_tensor * q = ggml_view_3d(ctx, qg, hd, H, T, 2 * hd * es, qg->nb[1], 0);
     ggml_tensor * gate = ggml_view_3d(ctx, qg, hd, H, T, 2 * hd * es, qg->nb[1], hd * es);
     gate = named(ggml_cont_2d(ctx, gate, hd * H, T), "attn_gate", il);
     q = named(graph::rms_norm(ctx, q, l.q_norm, hp.rms_eps), "attn_q", il);  // [hd, H, T]
 
-    ggml_tensor * k = ggml_reshape_3d(ctx, ggml_mul_mat(ctx, l.wk, x), hd, Hkv, T);
+    ggml_tensor * k = ggml_view_3d(ctx, proj[1], hd, Hkv, T, hd * es, proj[1]->nb[1], 0);
     k = named(graph::rms_norm(ctx, k, l.k_norm, hp.rms_eps), "attn_k", il);
-    ggml_tensor * v = named(ggml_mul_mat(ctx, l.wv, x), "attn_v", il);  // [hd*Hkv, T]
+    ggml_tensor * v = named(proj[2], "attn_v", il);  // [hd*Hkv, T] (rows contiguous)
 
     int sections[GGML_MROPE_SECTIONS] = {hp.rope_sections[0], hp.rope_sections[1], hp.rope_sections[2],
                                          hp.rope_sections[3]};

@@ -199,10 +199,9 @@ TEST_CASE(conv_rows_chain_and_tree) {
 }
 
 // The GPU kernel against the CPU op (a CUDA build on a machine with a GPU; passes with a note
-// elsewhere): chain parents, trees, a star, scalar and KDA gates, T up to 40 (the CUDA kernel
-// stages its inputs 8 tokens at a time: several chunks and a partial one), head sizes 16 and the
-// model's 128, and the upstream op with K = T snapshots and with K = 1 (decode and prefill: only
-// the final state).
+// elsewhere): chain parents, trees, a star, scalar and KDA gates, T up to 40, head sizes 16 and
+// the model's 128, and the upstream op with K = T snapshots and with K = 1 (decode and prefill:
+// only the final state).
 TEST_CASE(gpu_matches_cpu) {
     ggml_backend_t be = lucebox_test::first_gpu_backend("gpu_matches_cpu");
     if (be == nullptr) {

@@ -33,7 +33,7 @@ ctest --test-dir "$TMP/lucebox-cuda" -R "q8_0|gpu|top_k" --output-on-failure 2>&
 python3 -m pytest tests/gpu -q -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu.log" | tail -3
 wait
 [ "$(cat "$TMP/synth.done" 2>/dev/null)" = 0 ] || { echo "synth failed: $OUT/synth.log"; exit 1; }
-python3 bench/bench_spec.py --model "$TMP/t27.gguf" --draft "$TMP/d27.gguf" --device cuda --tokens 64 --reps 2 \
+python3 bench/bench_spec.py --model "$TMP/t27.gguf" --draft "$TMP/d27.gguf" --device cuda --reps 3 \
     --accept 1,6,16 2>&1 | tee "$OUT/spec.log" | tail -8
 if [ "$(cat "$TMP/anchor.done" 2>/dev/null)" = 0 ]; then
     python3 bench/bench_target.py --model "$TMP/t27.gguf" --device cuda \

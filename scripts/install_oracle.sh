@@ -18,19 +18,9 @@ if [ $# -ne 1 ]; then
     echo "usage: $0 VENV_PYTHON" >&2
     exit 2
 fi
-PY="$1"
-if ! [ -x "$PY" ] && ! command -v "$PY" >/dev/null 2>&1; then
-    echo "install_oracle: $PY: no such interpreter" >&2
-    exit 2
-fi
-cd "$(dirname "$0")/.."
-ROOT="$(pwd)"
-CACHE="${LUCEBOX_CACHE_DIR:-$HOME/.cache/lucebox}"
-export LUCEBOX_CACHE_DIR="$CACHE"
-
-log() { echo "[install_oracle] $*" >&2; }
-
-pin() { "$PY" -c "import json,sys; print(json.load(open('$ROOT/ggml/pin.json'))[sys.argv[1]])" "$1"; }
+# shellcheck source=pinned_source.sh
+. "$(dirname "$0")/pinned_source.sh"
+pinned_setup install_oracle "$1"
 PACKAGE="$(pin package)"
 VERSION="$(pin version)"
 ARCHIVE_NAME="$(pin archive)"
@@ -81,18 +71,9 @@ fi
 
 wheel="$(ls "$WHEEL_DIR"/*.whl 2>/dev/null | head -n1 || true)"
 if [ -z "$wheel" ]; then
-    # 1. The pinned archive, as ggml/fetch.py caches it (fetch.py downloads and verifies it; it
-    #    skips the download when its extracted tree is already there, so ask for it explicitly).
-    ARCHIVE="$CACHE/$ARCHIVE_NAME"
+    # 1. The pinned archive, as ggml/fetch.py caches it.
     "$PY" "$ROOT/ggml/fetch.py" >/dev/null
-    if [ ! -f "$ARCHIVE" ]; then
-        (cd "$ROOT/ggml" && "$PY" -c "import fetch; fetch.download(fetch.cache_dir() / fetch.PIN['archive'])")
-    fi
-    got="$(sha256sum "$ARCHIVE" | cut -d' ' -f1)"
-    if [ "$got" != "$SHA256" ]; then
-        echo "install_oracle: $ARCHIVE: sha256 $got does not match the pinned $SHA256" >&2
-        exit 1
-    fi
+    pinned_archive
 
     # 2. Build the wheel once into the cache.
     printf '%s\n' "$HOOK_TEXT" > "$HOOK"

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds lucebox (CPU) with its C++ tests into a virtual environment, then runs CTest and pytest.
+# Builds lucebox (CPU) with its C++ tests into a virtual environment, and upstream llama.cpp at the
+# same pin (the llama-cpp-python oracle, the DFlash speculative example), then runs CTest and pytest.
 # Usage: bash scripts/test.sh [extra pytest args]
 #   LUCEBOX_VENV       virtual environment to use/create (default: .venv in the checkout)
 #   LUCEBOX_BUILD_DIR  CMake build directory, reused between runs (default: under ~/.cache/lucebox)
@@ -23,6 +24,12 @@ start=$(date +%s)
 echo "build+install: $(( $(date +%s) - start )) s"
 # upstream llama.cpp at the same pin, the oracle of tests/integration (built once, cached)
 bash scripts/install_oracle.sh "$VENV/bin/python"
+# upstream llama.cpp's own DFlash speculative decoding (its llama-speculative-simple example, CPU,
+# same pin), the oracle of tests/integration/test_upstream_dflash.py (built once, cached)
+start=$(date +%s)
+LUCEBOX_UPSTREAM_SPEC="$(PATH="$VENV/bin:$PATH" bash scripts/build_upstream_spec.sh "$VENV/bin/python")"
+export LUCEBOX_UPSTREAM_SPEC
+echo "upstream DFlash example: $LUCEBOX_UPSTREAM_SPEC ($(( $(date +%s) - start )) s)"
 PATH="$VENV/bin:$PATH" ctest --test-dir "$BUILD_DIR" --output-on-failure
 cd "$ROOT"
 "$VENV/bin/python" -m pytest "$@"

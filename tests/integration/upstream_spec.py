@@ -1,0 +1,198 @@
+"""Upstream llama.cpp's own DFlash speculative decoding, run as a program: the oracle of
+tests/integration/test_upstream_dflash.py and the other side of bench/bench_upstream_dflash.py.
+
+The program is upstream's ``llama-speculative-simple`` example (examples/speculative-simple at the
+pin), built for the CPU from the pinned, hash-checked sdist by ``scripts/build_upstream_spec.sh``
+(``scripts/test.sh`` builds it and exports its path as ``LUCEBOX_UPSTREAM_SPEC``). `find_binary`
+takes that variable, else asks the script for an already built binary (``--find``, no build), so
+callers skip with `find_binary`'s reason when there is none.
+
+How upstream is invoked (`command`), all from common/arg.cpp at the pin:
+
+- ``-m TARGET -md DRAFT --spec-type draft-dflash``: the target and the DFlash draft (upstream's
+  ``dflash`` GGUF architecture; block size from ``dflash.block_size``, mask token from the vocab);
+- ``--spec-draft-n-max 15 --spec-draft-n-min 0 --spec-draft-p-min 0``: the whole 16-token block
+  (anchor + 15 masks, lucebox's chain), never truncated by draft confidence (upstream clamps
+  n-max to block_size - 1);
+- ``--temp 0 --top-k 1 --seed 0``: greedy (the sampler keeps the argmax);
+- ``-n N -c CTX -t T -tb T`` (the draft context takes the same thread counts);
+- ``--no-escape -p PROMPT``: the prompt verbatim (escapes such as ``\\n`` are otherwise
+  processed), tokenized by upstream with ``add_special = parse_special = true``.
+
+Output, from examples/speculative-simple/speculative-simple.cpp: stdout is ``"\\n\\n"``, the
+pieces of the prompt tokens, the pieces of every generated token up to (not including) the first
+end-of-generation token, then ``"\\n\\n\\n\\n"``; each piece is printed with ``%s``, so a piece
+holding a NUL byte is cut there (`printed_bytes`). stderr carries the counters: ``encoded N
+tokens in S seconds`` (N: the prompt's tokens; S covers all but the last, which the first verify
+batch evaluates), ``decoded N tokens in S seconds`` (from then to the end), ``n_predict``,
+``n_drafted``, ``n_accept``, ``accept`` (percent). Upstream has no token-id output, so callers
+compare bytes of text. Its generation budget is loose: a draft is truncated to the budget left
+only while that is > 0, and the loop ends once more than ``-n`` tokens were produced, so
+``n_predict`` (all produced tokens, printed or after an end-of-generation token) can exceed ``-n``
+by up to a block; callers generate ``n_predict`` tokens on their side.
+Upstream counts ``n_drafted`` and ``n_accept`` over its steps (the anchor/bonus token excluded),
+the same definitions as lucebox's ``stats.spec["drafted"]`` / ``["accepted"]``, but its last steps
+draft full blocks where lucebox drafts only the budget left.
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+ENV = "LUCEBOX_UPSTREAM_SPEC"
+ROOT = Path(__file__).resolve().parents[2]
+BUILD_SCRIPT = ROOT / "scripts" / "build_upstream_spec.sh"
+#: lucebox's DFlash block: the anchor token and 15 proposals.
+N_DRAFT = 15
+#: OpenMP threads sleep instead of spinning when idle (see `run`)
+PASSIVE = {"OMP_WAIT_POLICY": "passive"}
+
+_STDOUT_HEAD = b"\n\n"
+_STDOUT_TAIL = b"\n\n\n\n"
+#: the counters on stderr, and its last line (common_perf_print of the target context)
+_FIELDS = {
+    "encoded": r"encoded\s+(\d+) tokens in\s+([0-9.]+) seconds",
+    "decoded": r"decoded\s+(\d+) tokens in\s+([0-9.]+) seconds",
+    "n_predict": r"n_predict\s*=\s*(\d+)",
+    "n_drafted": r"n_drafted\s*=\s*(\d+)",
+    "n_accept": r"n_accept\s*=\s*(\d+)",
+}
+_LAST_STDERR = "graphs reused"
+
+
+def find_binary() -> tuple[str | None, str]:
+    """(path, "") of upstream's llama-speculative-simple, or (None, why there is none)."""
+    env = os.environ.get(ENV)
+    if env:
+        if os.path.isfile(env) and os.access(env, os.X_OK):
+            return env, ""
+        return None, f"{ENV}={env} is not an executable file"
+    try:
+        proc = subprocess.run(["bash", str(BUILD_SCRIPT), "--find", sys.executable],
+                              capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, f"{BUILD_SCRIPT.name} --find failed: {exc}"
+    path = proc.stdout.strip()
+    if proc.returncode == 0 and path and os.access(path, os.X_OK):
+        return path, ""
+    return None, (f"upstream llama-speculative-simple not built ({ENV} unset and no cached binary): "
+                  f"run `bash scripts/build_upstream_spec.sh` (scripts/test.sh does)")
+
+
+def command(binary: str, target: str | os.PathLike[str], draft: str | os.PathLike[str], prompt: str,
+            n_predict: int, *, ctx: int = 512, threads: int = 2, n_draft: int = N_DRAFT) -> list[str]:
+    """The argument vector of one greedy DFlash generation (see the module docstring)."""
+    return [
+        str(binary), "-m", os.fspath(target), "-md", os.fspath(draft),
+        "--spec-type", "draft-dflash",
+        "--spec-draft-n-max", str(n_draft), "--spec-draft-n-min", "0", "--spec-draft-p-min", "0",
+        "--temp", "0", "--top-k", "1", "--seed", "0",
+        "-n", str(n_predict), "-c", str(ctx), "-t", str(threads), "-tb", str(threads),
+        "--no-escape", "-p", prompt,
+    ]
+
+
+@dataclass
+class UpstreamRun:
+    command: list[str]
+    #: bytes printed for the generated tokens (after the prompt echo, before the closing newlines)
+    generated: bytes
+    n_input: int        # prompt tokens, as upstream tokenized the prompt
+    n_predict: int      # tokens produced (may exceed -n, see the module docstring)
+    n_drafted: int
+    n_accept: int
+    encode_seconds: float
+    decode_seconds: float
+    wall_seconds: float  # the whole process: loading, warm-up, generation
+    stderr: str
+
+    @property
+    def decode_tokens_per_second(self) -> float:
+        return self.n_predict / self.decode_seconds if self.decode_seconds > 0 else 0.0
+
+    @property
+    def acceptance(self) -> float:
+        """Accepted / drafted proposals (0 when nothing was drafted)."""
+        return self.n_accept / self.n_drafted if self.n_drafted else 0.0
+
+
+def _parse(cmd: list[str], out: bytes, err: str, head: bytes, wall: float) -> UpstreamRun | None:
+    """The run's fields, or None when its output is incomplete (see `run`)."""
+    if not out.startswith(head):
+        if head.startswith(out):
+            return None  # cut before the end of the prompt echo
+        raise RuntimeError(f"unexpected upstream stdout (expected it to start with {head!r}): {out[:400]!r}\n"
+                           f"command: {cmd}")
+    fields = {}
+    for name, pattern in _FIELDS.items():
+        m = re.search(pattern, err)
+        if m is None:
+            return None
+        fields[name] = m
+    if not out.endswith(_STDOUT_TAIL) or len(out) < len(head) + len(_STDOUT_TAIL) or _LAST_STDERR not in err:
+        return None
+    enc, dec = fields["encoded"], fields["decoded"]
+    return UpstreamRun(
+        command=cmd,
+        generated=out[len(head):len(out) - len(_STDOUT_TAIL)],
+        n_input=int(enc.group(1)),
+        n_predict=int(fields["n_predict"].group(1)),
+        n_drafted=int(fields["n_drafted"].group(1)),
+        n_accept=int(fields["n_accept"].group(1)),
+        encode_seconds=float(enc.group(2)),
+        decode_seconds=float(dec.group(2)),
+        wall_seconds=wall,
+        stderr=err,
+    )
+
+
+def run(binary: str, target: str | os.PathLike[str], draft: str | os.PathLike[str], prompt: str,
+        n_predict: int, *, echo: bytes | None = None, ctx: int = 512, threads: int = 2,
+        n_draft: int = N_DRAFT, timeout: float = 300.0, attempts: int = 6,
+        extra_env: Mapping[str, str] | None = None) -> UpstreamRun:
+    """Run upstream's DFlash example and parse what it printed.
+
+    `echo` is what upstream prints for the prompt tokens (default: the prompt's UTF-8 bytes,
+    which is right for a vocabulary without BOS whose pieces concatenate to the text); stdout
+    must start with it, else RuntimeError.
+
+    Upstream's logger (common/log.cpp) prints from a worker thread and is deliberately never
+    joined at exit (llama.cpp issue 22142), so on a busy machine the last lines of a run can be
+    lost: the closing newlines of stdout, the counters on stderr. A run counts only when its stdout
+    ends with the closing newlines and its stderr holds every counter and the last line the
+    example prints there; otherwise it is run again, up to `attempts` times in all (its output is
+    deterministic: greedy on the CPU), then RuntimeError. On the 2-core development VM about 1 run
+    in 13 loses its end with OpenMP's default wait policy (the pool's threads spin after the last
+    graph and the logger thread does not get a core before the process exits), none in 40 with
+    ``extra_env={"OMP_WAIT_POLICY": "passive"}`` (`PASSIVE`; same output, threads sleep between
+    graphs, which costs upstream some speed: the tests use it, the benchmark does not).
+    `extra_env` is added to the environment, from which ``LLAMA_ARG_*`` options are removed.
+    """
+    cmd = command(binary, target, draft, prompt, n_predict, ctx=ctx, threads=threads, n_draft=n_draft)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_ARG_")}  # no ambient options
+    env.update(extra_env or {})
+    head = _STDOUT_HEAD + (prompt.encode("utf-8") if echo is None else echo)
+    err = ""
+    for _ in range(max(1, attempts)):
+        start = time.perf_counter()
+        proc = subprocess.run(cmd, capture_output=True, timeout=timeout, env=env)
+        wall = time.perf_counter() - start
+        err = proc.stderr.decode("utf-8", errors="replace")
+        if proc.returncode != 0:
+            raise RuntimeError(f"upstream exited with {proc.returncode}; command: {cmd}\nstderr tail:\n{err[-3000:]}")
+        parsed = _parse(cmd, proc.stdout, err, head, wall)
+        if parsed is not None:
+            return parsed
+    raise RuntimeError(f"upstream output incomplete in {attempts} runs; command: {cmd}\nstderr tail:\n{err[-3000:]}")
+
+
+def printed_bytes(tokenizer, tokens: Iterable[int]) -> bytes:
+    """What upstream prints for `tokens`: each token's bytes (control tokens as their text, as
+    ``common_token_to_piece(..., special = true)``), cut at a NUL byte (``LOG("%s", piece)``)."""
+    return b"".join(tokenizer.token_bytes(int(t)).split(b"\0", 1)[0] for t in tokens)

@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <unordered_set>
 
 #include "lucebox/backend_buffers.h"
 #include "lucebox/errors.h"
@@ -87,7 +88,7 @@ namespace {
 // The members of `group` (found in the file and wanted) that lead the group with one type, one row
 // length and two dimensions: the part of the group that can be stored as one stack.
 std::vector<const gguf_tensor_entry *> stackable_prefix(const gguf_file & file, const std::vector<std::string> & group,
-                                                        const std::unordered_map<std::string, size_t> & wanted) {
+                                                        const std::unordered_set<std::string> & wanted) {
     std::vector<const gguf_tensor_entry *> out;
     for (const std::string & n : group) {
         const gguf_tensor_entry * e = wanted.count(n) ? file.find_tensor(n) : nullptr;
@@ -108,14 +109,14 @@ tensor_store tensor_store::load(const gguf_file & file, const std::vector<std::s
                                 ggml_backend_buffer_type_t buft, ggml_backend_dev_t dev, const progress_callback & progress,
                                 const std::vector<std::vector<std::string>> & stacks) {
     std::vector<const gguf_tensor_entry *> entries;
-    std::unordered_map<std::string, size_t> wanted;
+    std::unordered_set<std::string> wanted;
     uint64_t total = 0;
     for (const std::string & n : names) {
         const gguf_tensor_entry * e = file.find_tensor(n);
         if (e == nullptr) {
             throw gguf_error(file.where() + "missing tensor '" + n + "'");
         }
-        wanted.emplace(n, entries.size());
+        wanted.insert(n);
         entries.push_back(e);
         total += e->nbytes;
     }
@@ -124,7 +125,7 @@ tensor_store tensor_store::load(const gguf_file & file, const std::vector<std::s
     ggml_backend_dev_t buft_dev = ggml_backend_buft_get_device(buft);
     const bool meta = buft_dev != nullptr && ggml_backend_dev_type(buft_dev) == GGML_BACKEND_DEVICE_TYPE_META;
     std::vector<std::vector<const gguf_tensor_entry *>> stacked;
-    std::unordered_map<std::string, bool> in_stack;
+    std::unordered_set<std::string> in_stack;
     for (const auto & group : meta ? std::vector<std::vector<std::string>>{} : stacks) {
         std::vector<const gguf_tensor_entry *> members = stackable_prefix(file, group, wanted);
         bool fresh = !members.empty();
@@ -133,7 +134,7 @@ tensor_store tensor_store::load(const gguf_file & file, const std::vector<std::s
         }
         if (fresh) {
             for (const gguf_tensor_entry * e : members) {
-                in_stack[e->name] = true;
+                in_stack.insert(e->name);
             }
             stacked.push_back(std::move(members));
         }

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 
 #include <cstring>
@@ -28,6 +29,15 @@ std::string tmp_path(const std::string & name) {
     return (std::filesystem::temp_directory_path() / ("lucebox_test_" + name)).string();
 }
 
+// Writes `ctx` (tensors from `gctx`) to a temporary file named after `name`, frees both, returns the path.
+std::string write_and_free(gguf_context * ctx, ggml_context * gctx, const std::string & name) {
+    const std::string path = tmp_path(name);
+    CHECK(gguf_write_to_file(ctx, path.c_str(), false));
+    gguf_free(ctx);
+    ggml_free(gctx);
+    return path;
+}
+
 // Writes a GGUF with a few keys and one 8x4 f32 tensor.
 std::string write_small(const std::string & name) {
     gguf_context * ctx = gguf_init_empty();
@@ -46,11 +56,7 @@ std::string write_small(const std::string & name) {
     static float data[32] = {};
     t->data = data;
     gguf_add_tensor(ctx, t);
-    const std::string path = tmp_path(name);
-    CHECK(gguf_write_to_file(ctx, path.c_str(), false));
-    gguf_free(ctx);
-    ggml_free(gctx);
-    return path;
+    return write_and_free(ctx, gctx, name);
 }
 
 void truncate_to(const std::string & path, uintmax_t size) { std::filesystem::resize_file(path, size); }
@@ -142,6 +148,7 @@ std::string write_stackable(const std::string & name, std::vector<std::vector<ui
     const spec specs[] = {{"a", GGML_TYPE_Q8_0, 64, 3}, {"b", GGML_TYPE_Q8_0, 64, 5}, {"c", GGML_TYPE_Q8_0, 64, 2},
                           {"d", GGML_TYPE_F16, 64, 4}, {"e", GGML_TYPE_Q8_0, 32, 2}};
     bytes.clear();
+    bytes.reserve(std::size(specs));  // the tensors point into these until the file is written
     for (const spec & sp : specs) {
         ggml_tensor * t = ggml_new_tensor_2d(gctx, sp.type, sp.ne0, sp.ne1);
         ggml_set_name(t, sp.name);
@@ -152,11 +159,7 @@ std::string write_stackable(const std::string & name, std::vector<std::vector<ui
         t->data = bytes.back().data();
         gguf_add_tensor(ctx, t);
     }
-    const std::string path = tmp_path(name);
-    CHECK(gguf_write_to_file(ctx, path.c_str(), false));
-    gguf_free(ctx);
-    ggml_free(gctx);
-    return path;
+    return write_and_free(ctx, gctx, name);
 }
 
 }  // namespace

@@ -1,11 +1,11 @@
-// Speed of lucebox's Q8_0 few-column matmul kernel (cpp/kernels/q8_0_matmul.cuh) on the
+// Speed of lucebox's Q8_0 / Q4_K few-column matmul kernel (cpp/kernels/q8_0_matmul.cuh) on the
 // Qwen3.6-27B matrix shapes, for 1..64 activation columns: kernel time (activation quantization
 // included), Q8_0 bytes streamed per second, and that as a fraction of the device-to-device copy
 // bandwidth measured in the same run. Several copies of each matrix rotate so the timed loop reads
 // from HBM, not from L2. Correctness is tests/cpp/test_q8_0_matmul.cu; this only times.
 // Standalone (no ggml); on the GPU machine:
 //     nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Icpp/kernels -Itests/cpp \
-//          -o /tmp/q8mm bench/probes/q8_0_matmul_bench.cu && /tmp/q8mm
+//          -o /tmp/q8mm bench/probes/q8_0_matmul_bench.cu && /tmp/q8mm [--q4k]
 #include "cuda_check.h"
 #include "q8_0_matmul.cuh"
 
@@ -24,8 +24,16 @@ static float time_ms(cudaEvent_t a, cudaEvent_t b) {
     return ms;
 }
 
-// With arguments `K M N gated(0|1)`: that one product only (e.g. under ncu).
+// With arguments `K M N gated(0|1)`: that one product only (e.g. under ncu). --q4k first: Q4_K
+// weights instead of Q8_0.
 int main(int argc, char ** argv) {
+    const bool q4k = argc > 1 && std::strcmp(argv[1], "--q4k") == 0;
+    if (q4k) {
+        --argc;
+        ++argv;
+    }
+    const q8::weight_type type = q4k ? q8::weight_type::q4_k : q8::weight_type::q8_0;
+    std::printf("%s weights\n", q4k ? "Q4_K" : "Q8_0");
     cudaEvent_t t0, t1;
     CHECK_CUDA(cudaEventCreate(&t0));
     CHECK_CUDA(cudaEventCreate(&t1));
@@ -62,7 +70,7 @@ int main(int argc, char ** argv) {
     std::mt19937 rng(3);
     std::printf("%-38s %5s %10s %9s %8s\n", "matrix", "N", "us", "TB/s", "of copy");
     for (const shape & s : chosen) {
-        const int64_t row_bytes = int64_t(s.K) / 32 * 34;
+        const int64_t row_bytes = int64_t(s.K) / q8::K_ALIGN * q8::chunk_bytes(type);
         const size_t mat = size_t(s.M) * row_bytes;
         const int copies = std::max(2, int((size_t(1) << 30) / mat));  // ~1 GB of weights rotating
         uint8_t * w;
@@ -70,11 +78,17 @@ int main(int argc, char ** argv) {
         {
             std::vector<uint8_t> host(mat);
             for (size_t i = 0; i < mat; ++i) host[i] = uint8_t(rng());
-            for (size_t r = 0; r < size_t(s.M); ++r)
-                for (int b = 0; b < s.K / 32; ++b) {  // sane fp16 scales (random bytes may be inf/nan)
-                    const __half d = __float2half(0.01f);
-                    std::memcpy(host.data() + r * row_bytes + b * 34, &d, 2);
+            const __half d = __float2half(0.01f);  // sane fp16 scales (random bytes may be inf/nan)
+            for (size_t r = 0; r < size_t(s.M); ++r) {
+                if (q4k) {
+                    for (int b = 0; b < s.K / q8::K_ALIGN; ++b) {  // d and dmin of each super-block
+                        std::memcpy(host.data() + r * row_bytes + b * q8::Q4K_BLOCK_BYTES, &d, 2);
+                        std::memcpy(host.data() + r * row_bytes + b * q8::Q4K_BLOCK_BYTES + 2, &d, 2);
+                    }
+                    continue;
                 }
+                for (int b = 0; b < s.K / 32; ++b) std::memcpy(host.data() + r * row_bytes + b * 34, &d, 2);
+            }
             for (int c = 0; c < copies * (s.gated ? 2 : 1); ++c)
                 CHECK_CUDA(cudaMemcpy(w + c * mat, host.data(), mat, cudaMemcpyHostToDevice));
         }
@@ -84,6 +98,7 @@ int main(int argc, char ** argv) {
         CHECK_CUDA(cudaMalloc(&y, size_t(64) * s.M * 4));
         {
             q8::matmul_args biggest;  // the scratch grows with N
+            biggest.type = type;
             biggest.gate = s.gated ? w : nullptr;
             biggest.K = s.K;
             biggest.M = s.M;
@@ -99,6 +114,7 @@ int main(int argc, char ** argv) {
         for (int N : cols) {
             auto launch = [&](int c) {
                 q8::matmul_args a;
+                a.type = type;
                 a.w = w + size_t(c) * mat * (s.gated ? 2 : 1);
                 a.gate = s.gated ? a.w + mat : nullptr;
                 a.row_bytes = row_bytes;
@@ -119,7 +135,7 @@ int main(int argc, char ** argv) {
             CHECK_CUDA(cudaEventRecord(t1));
             CHECK_CUDA(cudaEventSynchronize(t1));
             const double us = 1e3 * time_ms(t0, t1) / reps;
-            const double tbs = double(mat) * (s.gated ? 2 : 1) / (us * 1e-6) / 1e12;
+            const double tbs = double(mat) * (s.gated ? 2 : 1) / (us * 1e-6) / 1e12;  // weight bytes read
             std::printf("%-38s %5d %10.1f %9.2f %7.0f%%\n", s.what, N, us, tbs, 100.0 * tbs / copy_tbs);
         }
         cudaFree(w);

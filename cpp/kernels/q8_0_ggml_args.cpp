@@ -8,12 +8,14 @@ namespace lucebox::kernels::q8_0 {
 
 bool args_from_ggml(const ggml_tensor * w, const ggml_tensor * gate, int glu_op, const ggml_tensor * bias,
                     const ggml_tensor * x, const ggml_tensor * dst, matmul_args & a) {
-    if (w->type != GGML_TYPE_Q8_0 || x->type != GGML_TYPE_F32 || dst->type != GGML_TYPE_F32) return false;
+    if ((w->type != GGML_TYPE_Q8_0 && w->type != GGML_TYPE_Q4_K) || x->type != GGML_TYPE_F32 || dst->type != GGML_TYPE_F32) {
+        return false;
+    }
     // 2-D operands only: [K, M] weights with contiguous blocks, [K, N] activations, [M, N] result
     for (const ggml_tensor * t : {w, x, dst}) {
         if (t->ne[2] != 1 || t->ne[3] != 1) return false;
     }
-    if (w->nb[0] != ggml_type_size(GGML_TYPE_Q8_0) || x->nb[0] != sizeof(float) || dst->nb[0] != sizeof(float)) {
+    if (w->nb[0] != ggml_type_size(w->type) || x->nb[0] != sizeof(float) || dst->nb[0] != sizeof(float)) {
         return false;
     }
     if (x->ne[0] != w->ne[0] || dst->ne[0] != w->ne[1] || dst->ne[1] != x->ne[1]) return false;
@@ -24,13 +26,15 @@ bool args_from_ggml(const ggml_tensor * w, const ggml_tensor * gate, int glu_op,
             if (gate->ne[d] != w->ne[d] || gate->nb[d] != w->nb[d]) return false;
         }
     }
-    if (bias != nullptr) {  // F32 [M], contiguous, one column (ggml fuses the ADD for one column only)
-        if (bias->type != GGML_TYPE_F32 || bias->ne[0] != w->ne[1] || ggml_nelements(bias) != w->ne[1] ||
-            !ggml_is_contiguous(bias) || x->ne[1] != 1) {
+    if (bias != nullptr) {  // the other operand of a fused ADD: F32 [M] (every column) or [M, N]
+        if (bias->type != GGML_TYPE_F32 || bias->ne[0] != w->ne[1] || bias->nb[0] != sizeof(float) ||
+            bias->ne[2] != 1 || bias->ne[3] != 1 || (bias->ne[1] != 1 && bias->ne[1] != x->ne[1]) ||
+            bias->nb[1] % sizeof(float) != 0) {
             return false;
         }
     }
     if (w->ne[0] > INT32_MAX || w->ne[1] > INT32_MAX || x->ne[1] > INT32_MAX) return false;
+    a.type = w->type == GGML_TYPE_Q4_K ? weight_type::q4_k : weight_type::q8_0;
     a.w = static_cast<const uint8_t *>(w->data);
     a.gate = gate != nullptr ? static_cast<const uint8_t *>(gate->data) : nullptr;
     a.row_bytes = int64_t(w->nb[1]);
@@ -42,6 +46,7 @@ bool args_from_ggml(const ggml_tensor * w, const ggml_tensor * gate, int glu_op,
     a.y = static_cast<float *>(dst->data);
     a.y_stride = int64_t(dst->nb[1] / sizeof(float));
     a.bias = bias != nullptr ? static_cast<const float *>(bias->data) : nullptr;
+    a.bias_stride = bias != nullptr && bias->ne[1] > 1 ? int64_t(bias->nb[1] / sizeof(float)) : 0;
     return check_args(a) == nullptr;
 }
 

@@ -8,9 +8,10 @@
 namespace lucebox::kernels::q8_0 {
 
 // Fills `a` and returns true when the kernel takes the product dst = w x (+ bias), or with gate,
-// dst = (w x) * silu(gate x): Q8_0 weights [K, M] with whole blocks per row, F32 activations
+// dst = (w x) * silu(gate x): Q8_0 or Q4_K weights [K, M] with whole blocks per row, F32 activations
 // [K, N] and result [M, N] (2-D, contiguous rows, any row strides), gate of w's type and strides
-// with glu_op GGML_GLU_OP_SWIGLU, bias F32 [M] for one column only (a fused residual ADD), and
+// with glu_op GGML_GLU_OP_SWIGLU, bias (the other operand of a fused residual ADD, not with a
+// gate) F32 [M] added to every column or [M, N] with contiguous rows (may be dst itself), and
 // check_args satisfied (K % 256, N <= 64, 16-byte alignment). False otherwise: ggml's kernels run.
 bool args_from_ggml(const ggml_tensor * w, const ggml_tensor * gate, int glu_op, const ggml_tensor * bias,
                     const ggml_tensor * x, const ggml_tensor * dst, matmul_args & a);

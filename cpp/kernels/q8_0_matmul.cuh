@@ -1,7 +1,7 @@
 // Q8_0 matrix products with few activation columns (decode: 1 column; a DFlash verify: 16; a
 // DDTree verify: up to 64) on the int8 tensor cores, reading each weight byte once.
 //
-//     y[n, m] = sum_k W[m, k] * x[n, k] (+ bias[m])          (plain)
+//     y[n, m] = sum_k W[m, k] * x[n, k] (+ bias[n, m])       (plain; bias per column or shared)
 //     y[n, m] = (U x_n)[m] * silu((G x_n)[m])                (gated: the SwiGLU FFN's up and gate)
 //
 // W: [M rows][K] in ggml's Q8_0 layout (blocks of 34 bytes: fp16 scale d, 32 int8 q; value d*q),
@@ -32,22 +32,24 @@
 
 namespace lucebox::kernels::q8_0 {
 
-constexpr int CHUNK_BYTES = CHUNK_BLOCKS * BLOCK_BYTES;  // 272 = 17 x 16 bytes
-constexpr int CHUNK_VECS = CHUNK_BYTES / 16;
+constexpr int CHUNK_BYTES = CHUNK_BLOCKS * BLOCK_BYTES;  // 272 = 17 x 16 bytes (q8_0)
 constexpr int WARPS = 4;                               // per CTA, splitting K
 constexpr int STAGES = 2;                              // chunks in flight per warp
 
-static_assert(CHUNK_BYTES % 16 == 0, "a staged row chunk must be whole 16-byte vectors");
+static_assert(CHUNK_BYTES % 16 == 0 && Q4K_BLOCK_BYTES % 16 == 0, "a staged row chunk must be whole 16-byte vectors");
 
 // One stage of a warp: the weight chunk [16 * m_tiles rows][272], the activations' int8
 // [8][cols][32] and their scales [8][cols] (cols = 8 * column groups). A warp takes one m16 tile
 // of rows for a plain product of <= 8 columns (more CTAs, more chunks in flight per multiprocessor:
 // 4 CTAs of 53 KB), else two (a gated product: U's and G's; 9..64 columns: each activation chunk
 // serves 32 rows, halving its shared-memory and L2 traffic).
-__host__ __device__ constexpr int stage_bytes(int cols, int m_tiles) {
-    return 16 * m_tiles * CHUNK_BYTES + CHUNK_BLOCKS * cols * (QK + 4);
+// q4_k: 144-byte row chunks, and the activation sums [8][cols] after the scales.
+__host__ __device__ constexpr int stage_bytes(int cols, int m_tiles, bool q4k = false) {
+    return 16 * m_tiles * (q4k ? Q4K_BLOCK_BYTES : CHUNK_BYTES) + CHUNK_BLOCKS * cols * (QK + 4 + (q4k ? 4 : 0));
 }
-__host__ __device__ constexpr int smem_bytes(int cols, int m_tiles) { return WARPS * STAGES * stage_bytes(cols, m_tiles); }
+__host__ __device__ constexpr int smem_bytes(int cols, int m_tiles, bool q4k = false) {
+    return WARPS * STAGES * stage_bytes(cols, m_tiles, q4k);
+}
 
 namespace detail {
 
@@ -77,9 +79,10 @@ __device__ __forceinline__ void mma_s8(int (&c)[4], const int (&a)[4], int b0, i
 
 __device__ __forceinline__ float silu(float v) { return v / (1.0f + expf(-v)); }  // as ggml's CUDA swiglu
 
-// One warp per (block b, column n): xq[b][n][0..31], xd[b][n].
+// One warp per (block b, column n): xq[b][n][0..31], xd[b][n], and xs[b][n] = the block's sum
+// when xs is not null.
 __global__ void quantize_columns(const float * __restrict__ x, int64_t x_stride, int K, int N, int cols,
-                                 int8_t * __restrict__ xq, float * __restrict__ xd) {
+                                 int8_t * __restrict__ xq, float * __restrict__ xd, float * __restrict__ xs) {
     const int64_t wid = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
     const int lane = threadIdx.x % 32;
     const int nb = K / QK;
@@ -92,6 +95,24 @@ __global__ void quantize_columns(const float * __restrict__ x, int64_t x_stride,
     const float d = amax / 127;
     xq[wid * QK + lane] = int8_t(amax == 0.0f ? 0.0f : roundf(v / d));
     if (lane == 0) xd[wid] = d;
+    if (xs != nullptr) {
+        float sum = v;
+#pragma unroll
+        for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        if (lane == 0) xs[wid] = sum;
+    }
+}
+
+// Six-bit scale and min of q4_k sub-block s from the super-block's 12 packed bytes (as 3 words).
+__device__ __forceinline__ void q4k_scale_min(int s, const uint32_t (&w)[3], int & scale, int & min) {
+    auto byte = [&](int i) { return int((w[i / 4] >> (8 * (i % 4))) & 0xFFu); };
+    if (s < 4) {
+        scale = byte(s) & 63;
+        min = byte(s + 4) & 63;
+    } else {
+        scale = (byte(s + 4) & 0xF) | ((byte(s - 4) >> 6) << 4);
+        min = (byte(s + 4) >> 4) | ((byte(s) >> 6) << 4);
+    }
 }
 
 // 8 bytes at p + 2 (a Q8_0 block's quants 8t..8t+7 when p = block + 8t): p is 4-byte aligned when
@@ -115,15 +136,20 @@ __device__ __forceinline__ void load_quants(bool odd_block, const uint8_t * p, i
 // C c0, c1 = row g, columns 2t, 2t+1; c2, c3 = row g+8. The k order inside a block is ours to choose
 // as long as A and B agree: lane t holds the block's values 8t..8t+3 in its first slot and
 // 8t+4..8t+7 in its second, so each lane reads 8 consecutive bytes of a weight row and of a column.
-template <int NG, bool GATED, int M_TILES>
+//
+// q4_k (Q4K): a chunk is one 144-byte super-block per row; its 8 sub-blocks meet the chunk's 8
+// activation blocks one mma each (the 4-bit quants widened to int8 0..15 with a shift and a mask),
+// scaled by d * scale_s and the activations' scale, minus dmin * min_s times the activations' sum.
+template <int NG, bool GATED, int M_TILES, bool Q4K>
 __global__ void __launch_bounds__(WARPS * 32)
-matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__ xd) {
+matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__ xd, const float * __restrict__ xs) {
     extern __shared__ __align__(16) uint8_t smem[];
     constexpr int COLS = COL_GROUP * NG;
     static_assert(!GATED || M_TILES == 2, "a gated warp takes 16 rows of U and the same 16 of G");
     constexpr int TILE_ROWS = 16 * M_TILES;
-    constexpr int STAGE = stage_bytes(COLS, M_TILES);
-    constexpr int W_BYTES = TILE_ROWS * CHUNK_BYTES;
+    constexpr int CB = Q4K ? Q4K_BLOCK_BYTES : CHUNK_BYTES, CHUNK_VECS = CB / 16;
+    constexpr int STAGE = stage_bytes(COLS, M_TILES, Q4K);
+    constexpr int W_BYTES = TILE_ROWS * CB;
     constexpr int X_BYTES = CHUNK_BLOCKS * COLS * QK;
     constexpr int X_VECS = X_BYTES / 16, D_VECS = CHUNK_BLOCKS * COLS * 4 / 16;
     constexpr int OUT_ROWS = GATED ? TILE_ROWS / 2 : TILE_ROWS;
@@ -149,7 +175,7 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
                 const bool from_gate = GATED && s >= TILE_ROWS / 2;
                 const int row = min(r0 + (GATED ? s % (TILE_ROWS / 2) : s), a.M - 1);
                 const uint8_t * src = (from_gate ? a.gate : a.w) + int64_t(row) * a.row_bytes +
-                                      int64_t(chunk) * CHUNK_BYTES + 16 * v;
+                                      int64_t(chunk) * CB + 16 * v;
                 cp_async16(st + 16 * idx, src);
             }
             const int8_t * xsrc = xq + int64_t(chunk) * X_BYTES;
@@ -161,6 +187,11 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
             }
             const float * dsrc = xd + int64_t(chunk) * CHUNK_BLOCKS * COLS;
             for (int idx = lane; idx < D_VECS; idx += 32) cp_async16(st + W_BYTES + X_BYTES + 16 * idx, dsrc + 4 * idx);
+            if (Q4K) {
+                const float * ssrc = xs + int64_t(chunk) * CHUNK_BLOCKS * COLS;
+                for (int idx = lane; idx < D_VECS; idx += 32)
+                    cp_async16(st + W_BYTES + X_BYTES + 16 * (D_VECS + idx), ssrc + 4 * idx);
+            }
         }
         cp_async_commit();
     };
@@ -182,6 +213,65 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
         const uint8_t * st = stages + (i % STAGES) * STAGE;
         const int8_t * sx = reinterpret_cast<const int8_t *>(st + W_BYTES);
         const float * sd = reinterpret_cast<const float *>(st + W_BYTES + X_BYTES);
+        if constexpr (Q4K) {
+            const float * ss = sd + CHUNK_BLOCKS * COLS;  // activation sums
+            float2 dm[M_TILES][2];                         // (d, dmin) of rows g and g + 8
+            uint32_t sc[M_TILES][2][3];                    // their packed scales and mins
+#pragma unroll
+            for (int mt = 0; mt < M_TILES; ++mt)
+#pragma unroll
+                for (int hr = 0; hr < 2; ++hr) {
+                    const uint8_t * row = st + (16 * mt + g + 8 * hr) * CB;
+                    dm[mt][hr] = __half22float2(*reinterpret_cast<const __half2 *>(row));
+#pragma unroll
+                    for (int i = 0; i < 3; ++i) sc[mt][hr][i] = reinterpret_cast<const uint32_t *>(row + 4)[i];
+                }
+#pragma unroll
+            for (int jq = 0; jq < 4; ++jq) {
+                uint2 qw[M_TILES][2];  // quant bytes 32jq + 8t .. + 7 of rows g and g + 8
+#pragma unroll
+                for (int mt = 0; mt < M_TILES; ++mt)
+#pragma unroll
+                    for (int hr = 0; hr < 2; ++hr)
+                        qw[mt][hr] = *reinterpret_cast<const uint2 *>(st + (16 * mt + g + 8 * hr) * CB + 16 + 32 * jq + 8 * t);
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int s = 2 * jq + h;  // sub-block = activation block of the chunk
+                    int bf[NG][2];
+                    float2 dx[NG], sx2[NG];
+#pragma unroll
+                    for (int j = 0; j < NG; ++j) {
+                        const int2 v = *reinterpret_cast<const int2 *>(sx + (s * COLS + COL_GROUP * j + g) * QK + 8 * t);
+                        bf[j][0] = v.x;
+                        bf[j][1] = v.y;
+                        dx[j] = *reinterpret_cast<const float2 *>(sd + s * COLS + COL_GROUP * j + 2 * t);
+                        sx2[j] = *reinterpret_cast<const float2 *>(ss + s * COLS + COL_GROUP * j + 2 * t);
+                    }
+#pragma unroll
+                    for (int mt = 0; mt < M_TILES; ++mt) {
+                        int af[4];
+                        af[0] = int((qw[mt][0].x >> (4 * h)) & 0x0F0F0F0Fu);
+                        af[2] = int((qw[mt][0].y >> (4 * h)) & 0x0F0F0F0Fu);
+                        af[1] = int((qw[mt][1].x >> (4 * h)) & 0x0F0F0F0Fu);
+                        af[3] = int((qw[mt][1].y >> (4 * h)) & 0x0F0F0F0Fu);
+                        int sl, ml, sh, mh;
+                        q4k_scale_min(s, sc[mt][0], sl, ml);
+                        q4k_scale_min(s, sc[mt][1], sh, mh);
+                        const float fd_lo = dm[mt][0].x * float(sl), fm_lo = dm[mt][0].y * float(ml);
+                        const float fd_hi = dm[mt][1].x * float(sh), fm_hi = dm[mt][1].y * float(mh);
+#pragma unroll
+                        for (int j = 0; j < NG; ++j) {
+                            int c[4] = {0, 0, 0, 0};
+                            mma_s8(c, af, bf[j][0], bf[j][1]);
+                            acc[mt][j][0] = __fmaf_rn(-fm_lo, sx2[j].x, __fmaf_rn(__fmul_rn(fd_lo, dx[j].x), float(c[0]), acc[mt][j][0]));
+                            acc[mt][j][1] = __fmaf_rn(-fm_lo, sx2[j].y, __fmaf_rn(__fmul_rn(fd_lo, dx[j].y), float(c[1]), acc[mt][j][1]));
+                            acc[mt][j][2] = __fmaf_rn(-fm_hi, sx2[j].x, __fmaf_rn(__fmul_rn(fd_hi, dx[j].x), float(c[2]), acc[mt][j][2]));
+                            acc[mt][j][3] = __fmaf_rn(-fm_hi, sx2[j].y, __fmaf_rn(__fmul_rn(fd_hi, dx[j].y), float(c[3]), acc[mt][j][3]));
+                        }
+                    }
+                }
+            }
+        } else {
 #pragma unroll
         for (int jb = 0; jb < CHUNK_BLOCKS; ++jb) {
             int bf[NG][2];
@@ -195,8 +285,8 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
             }
 #pragma unroll
             for (int mt = 0; mt < M_TILES; ++mt) {
-                const uint8_t * lo_row = st + (16 * mt + g) * CHUNK_BYTES + jb * BLOCK_BYTES;
-                const uint8_t * hi_row = lo_row + 8 * CHUNK_BYTES;
+                const uint8_t * lo_row = st + (16 * mt + g) * CB + jb * BLOCK_BYTES;
+                const uint8_t * hi_row = lo_row + 8 * CB;
                 int af[4];
                 load_quants(jb % 2 == 1, lo_row + 8 * t, af[0], af[2]);
                 load_quants(jb % 2 == 1, hi_row + 8 * t, af[1], af[3]);
@@ -212,6 +302,7 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
                     acc[mt][j][3] = __fmaf_rn(__fmul_rn(dw_hi, dx[j].y), float(c[3]), acc[mt][j][3]);
                 }
             }
+        }
         }
     }
     cp_async_wait<0>();
@@ -243,14 +334,18 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
             for (int w = 1; w < WARPS; ++w) gv += red[w * PER_WARP + at_gate];
             v *= silu(gv);
         }
-        if (n < a.N && m < a.M) a.y[int64_t(n) * a.y_stride + m] = a.bias != nullptr ? v + a.bias[m] : v;
+        // y may be the bias itself (an in-place residual add): each element is read and then
+        // written by this one thread
+        if (n < a.N && m < a.M)
+            a.y[int64_t(n) * a.y_stride + m] = a.bias != nullptr ? v + a.bias[int64_t(n) * a.bias_stride + m] : v;
     }
 }
 
-template <int NG, bool GATED>
-cudaError_t launch_groups(const matmul_args & a, const int8_t * xq, const float * xd, cudaStream_t stream) {
+template <int NG, bool GATED, bool Q4K>
+cudaError_t launch_groups(const matmul_args & a, const int8_t * xq, const float * xd, const float * xs,
+                          cudaStream_t stream) {
     constexpr int M_TILES = GATED || NG > 1 ? 2 : 1;
-    constexpr int SMEM = smem_bytes(COL_GROUP * NG, M_TILES);
+    constexpr int SMEM = smem_bytes(COL_GROUP * NG, M_TILES, Q4K);
     // the shared-memory limit is a per-device attribute of the function: raise it once per device
     static unsigned long long configured = 0;  // bit d: device d done (devices 0..63)
     int dev = 0;
@@ -258,23 +353,24 @@ cudaError_t launch_groups(const matmul_args & a, const int8_t * xq, const float 
     if (err != cudaSuccess) return err;
     if (dev >= 64) return cudaErrorInvalidDevice;
     if (!(__atomic_load_n(&configured, __ATOMIC_ACQUIRE) & (1ull << dev))) {
-        err = cudaFuncSetAttribute(matmul<NG, GATED, M_TILES>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
+        err = cudaFuncSetAttribute(matmul<NG, GATED, M_TILES, Q4K>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
         if (err != cudaSuccess) return err;
         __atomic_fetch_or(&configured, 1ull << dev, __ATOMIC_ACQ_REL);
     }
     constexpr int OUT_ROWS = GATED ? 16 : 16 * M_TILES;
     const dim3 grid((a.M + OUT_ROWS - 1) / OUT_ROWS);
-    matmul<NG, GATED, M_TILES><<<grid, WARPS * 32, SMEM, stream>>>(a, xq, xd);
+    matmul<NG, GATED, M_TILES, Q4K><<<grid, WARPS * 32, SMEM, stream>>>(a, xq, xd, xs);
     return cudaGetLastError();
 }
 
-template <bool GATED>
-cudaError_t launch_gated(const matmul_args & a, const int8_t * xq, const float * xd, cudaStream_t stream) {
+template <bool GATED, bool Q4K>
+cudaError_t launch_gated(const matmul_args & a, const int8_t * xq, const float * xd, const float * xs,
+                         cudaStream_t stream) {
     switch (col_groups(a.N)) {
-        case 1: return launch_groups<1, GATED>(a, xq, xd, stream);
-        case 2: return launch_groups<2, GATED>(a, xq, xd, stream);
-        case 4: return launch_groups<4, GATED>(a, xq, xd, stream);
-        default: return launch_groups<8, GATED>(a, xq, xd, stream);
+        case 1: return launch_groups<1, GATED, Q4K>(a, xq, xd, xs, stream);
+        case 2: return launch_groups<2, GATED, Q4K>(a, xq, xd, xs, stream);
+        case 4: return launch_groups<4, GATED, Q4K>(a, xq, xd, xs, stream);
+        default: return launch_groups<8, GATED, Q4K>(a, xq, xd, xs, stream);
     }
 }
 
@@ -287,14 +383,20 @@ inline cudaError_t matmul(const matmul_args & a, void * scratch, cudaStream_t st
     const int nb = a.K / QK;
     int8_t * xq = static_cast<int8_t *>(scratch);
     float * xd = reinterpret_cast<float *>(xq + size_t(nb) * cols * QK);
+    const bool q4k = a.type == weight_type::q4_k;
+    float * xs = q4k ? xd + size_t(nb) * cols : nullptr;
     const int64_t warps = int64_t(nb) * cols;
     const int threads = 256;
     detail::quantize_columns<<<unsigned((warps * 32 + threads - 1) / threads), threads, 0, stream>>>(
-        a.x, a.x_stride, a.K, a.N, cols, xq, xd);
+        a.x, a.x_stride, a.K, a.N, cols, xq, xd, xs);
     cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return err;
-    return a.gate != nullptr ? detail::launch_gated<true>(a, xq, xd, stream)
-                             : detail::launch_gated<false>(a, xq, xd, stream);
+    if (q4k) {
+        return a.gate != nullptr ? detail::launch_gated<true, true>(a, xq, xd, xs, stream)
+                                 : detail::launch_gated<false, true>(a, xq, xd, xs, stream);
+    }
+    return a.gate != nullptr ? detail::launch_gated<true, false>(a, xq, xd, xs, stream)
+                             : detail::launch_gated<false, false>(a, xq, xd, xs, stream);
 }
 
 }  // namespace lucebox::kernels::q8_0

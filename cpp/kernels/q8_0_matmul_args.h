@@ -14,27 +14,41 @@ constexpr int COL_GROUP = 8;                // activation columns per mma (its N
 constexpr int MAX_COLS = 64;
 constexpr int K_ALIGN = QK * CHUNK_BLOCKS;  // 256: a chunk of a row is whole 16-byte vectors
 
+// The weight formats the kernel reads, in ggml's block layouts:
+//   q8_0: blocks of 32 values, 34 bytes (fp16 scale d, 32 int8 q): value d * q;
+//   q4_k: super-blocks of 256 values, 144 bytes (fp16 d, fp16 dmin, 12 bytes packing 8 six-bit
+//         scales and 8 six-bit mins, 128 bytes of 4-bit q): value of sub-block s (32 values) is
+//         d * scale_s * q - dmin * min_s; bytes 32j..32j+31 of the quants hold sub-block 2j in
+//         their low nibbles and 2j+1 in their high ones.
+enum class weight_type : uint8_t { q8_0, q4_k };
+constexpr int Q4K_BLOCK_BYTES = 144;
+// bytes of 256 values of one row (one staged chunk)
+constexpr int chunk_bytes(weight_type t) { return t == weight_type::q4_k ? Q4K_BLOCK_BYTES : CHUNK_BLOCKS * BLOCK_BYTES; }
+
 struct matmul_args {
-    const uint8_t * w = nullptr;     // [M][row_bytes] Q8_0 (U when gated)
-    const uint8_t * gate = nullptr;  // [M][row_bytes] Q8_0 (G) or null
+    weight_type type = weight_type::q8_0;  // of w and gate
+    const uint8_t * w = nullptr;     // [M][row_bytes] (U when gated)
+    const uint8_t * gate = nullptr;  // [M][row_bytes] (G) or null
     int64_t row_bytes = 0;
     int K = 0, M = 0, N = 0;
     const float * x = nullptr;       // x[n * x_stride + k]
     int64_t x_stride = 0;
     float * y = nullptr;             // y[n * y_stride + m]
     int64_t y_stride = 0;
-    const float * bias = nullptr;    // [M] added to every column's result, or null (plain only)
+    const float * bias = nullptr;    // bias[n * bias_stride + m] added to y[n, m], or null (plain only)
+    int64_t bias_stride = 0;         // 0: one [M] vector for every column; else a [N][bias_stride] residual
 };
 
 // Column groups of 8 the kernel is instantiated for: 1, 2, 4 or 8 (N <= 8, 16, 32, 64).
 inline int col_groups(int N) { return N <= 8 ? 1 : N <= 16 ? 2 : N <= 32 ? 4 : 8; }
 
 // Scratch for the quantized activations: xq int8 [K/32][cols][32], then xd float [K/32][cols]
-// (cols = 8 * col_groups(N); columns >= N are zeros).
+// (cols = 8 * col_groups(N); columns >= N are zeros), then for q4_k xs float [K/32][cols] (the
+// sums of each block's 32 values, for the mins).
 inline size_t scratch_bytes(const matmul_args & a) {
     const size_t cols = size_t(COL_GROUP) * col_groups(a.N);
     const size_t nb = size_t(a.K) / QK;
-    return nb * cols * QK + nb * cols * sizeof(float);
+    return nb * cols * QK + nb * cols * sizeof(float) * (a.type == weight_type::q4_k ? 2 : 1);
 }
 
 // Null when the product fits this kernel, else why not.
@@ -42,11 +56,12 @@ inline const char * check_args(const matmul_args & a) {
     if (a.K <= 0 || a.K % K_ALIGN != 0) return "K must be a positive multiple of 256";
     if (a.M <= 0) return "M must be positive";
     if (a.N < 1 || a.N > MAX_COLS) return "N must be 1..64";
-    if (a.row_bytes < int64_t(a.K) / QK * BLOCK_BYTES || a.row_bytes % 16 != 0) return "row stride";
+    if (a.row_bytes < int64_t(a.K) / K_ALIGN * chunk_bytes(a.type) || a.row_bytes % 16 != 0) return "row stride";
     if (reinterpret_cast<uintptr_t>(a.w) % 16 != 0) return "weights not 16-byte aligned";
     if (a.gate != nullptr && reinterpret_cast<uintptr_t>(a.gate) % 16 != 0) return "gate not 16-byte aligned";
     if (a.x_stride < a.K || a.y_stride < a.M) return "column strides";
     if (a.bias != nullptr && a.gate != nullptr) return "a bias with a gated product";
+    if (a.bias != nullptr && a.bias_stride != 0 && a.bias_stride < a.M) return "bias column stride";
     return nullptr;
 }
 

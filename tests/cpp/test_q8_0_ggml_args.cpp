@@ -111,19 +111,50 @@ TEST_CASE(gated_products_need_swiglu_and_matching_gate) {
     CHECK(!takes(up, gate, GGML_GLU_OP_SWIGLU, o.t(GGML_TYPE_F32, 64, 1), x, y));  // bias with a GLU
 }
 
-TEST_CASE(a_fused_residual_add_is_one_column_f32) {
+TEST_CASE(a_fused_residual_add_is_f32_per_column_or_shared) {
     operands o;
     ggml_tensor * w = o.t(GGML_TYPE_Q8_0, 512, 64);
     ggml_tensor * x = o.t(GGML_TYPE_F32, 512, 1);
     ggml_tensor * y = o.t(GGML_TYPE_F32, 64, 1);
     matmul_args a;
     CHECK(takes(w, nullptr, -1, o.t(GGML_TYPE_F32, 64, 1), x, y, &a));
-    CHECK(a.bias != nullptr);
+    CHECK(a.bias != nullptr && a.bias_stride == 0);
     CHECK(!takes(w, nullptr, -1, o.t(GGML_TYPE_F16, 64, 1), x, y));  // not F32
     CHECK(!takes(w, nullptr, -1, o.t(GGML_TYPE_F32, 32, 1), x, y));  // not [M]
-    CHECK(!takes(w, nullptr, -1, o.t(GGML_TYPE_F32, 64, 1), o.t(GGML_TYPE_F32, 512, 2),
-                 o.t(GGML_TYPE_F32, 64, 2)));  // more than one column
-    CHECK(!takes(w, nullptr, -1, o.t(GGML_TYPE_F32, 64, 2), o.t(GGML_TYPE_F32, 512, 1), y));  // not [M]
+    CHECK(!takes(w, nullptr, -1, o.t(GGML_TYPE_F32, 64, 2), o.t(GGML_TYPE_F32, 512, 1), y));  // 2 columns for 1
+    // 16 columns: a [M, 16] residual (its own column stride), or one [M] for all of them
+    ggml_tensor * x16 = o.t(GGML_TYPE_F32, 512, 16);
+    ggml_tensor * y16 = o.t(GGML_TYPE_F32, 64, 16);
+    ggml_tensor * r16 = o.t(GGML_TYPE_F32, 64, 16);
+    CHECK(takes(w, nullptr, -1, r16, x16, y16, &a));
+    CHECK(a.bias == static_cast<const float *>(r16->data) && a.bias_stride == 64);
+    CHECK(takes(w, nullptr, -1, y16, x16, y16));  // in place: the residual is the result itself
+    ggml_tensor * wide = o.t(GGML_TYPE_F32, 100, 16);
+    ggml_tensor * rv = ggml_view_2d(o.ctx, wide, 64, 16, wide->nb[1], 0);  // rows of a wider tensor
+    CHECK(takes(w, nullptr, -1, rv, x16, y16, &a));
+    CHECK(a.bias_stride == 100);
+    CHECK(takes(w, nullptr, -1, o.t(GGML_TYPE_F32, 64, 1), x16, y16, &a));
+    CHECK(a.bias_stride == 0);
+    CHECK(!takes(w, nullptr, -1, o.t(GGML_TYPE_F32, 64, 8), x16, y16));  // neither 1 nor N columns
+    CHECK(!takes(w, nullptr, -1, ggml_transpose(o.ctx, o.t(GGML_TYPE_F32, 16, 64)), x16, y16));  // strided rows
+    CHECK(!takes(w, nullptr, -1, o.t(GGML_TYPE_F32, 64, 16, 2), x16, y16));  // 3-D
+}
+
+TEST_CASE(q4_k_weights_are_taken_with_their_type) {
+    operands o;
+    ggml_tensor * x = o.t(GGML_TYPE_F32, 5120, 16);
+    ggml_tensor * y = o.t(GGML_TYPE_F32, 1024, 16);
+    matmul_args a;
+    CHECK(takes(o.t(GGML_TYPE_Q4_K, 5120, 1024), nullptr, -1, nullptr, x, y, &a));
+    CHECK(a.type == lucebox::kernels::q8_0::weight_type::q4_k && a.row_bytes == 5120 / 256 * 144);
+    CHECK(takes(o.t(GGML_TYPE_Q8_0, 5120, 1024), nullptr, -1, nullptr, x, y, &a));
+    CHECK(a.type == lucebox::kernels::q8_0::weight_type::q8_0);
+    CHECK(!takes(o.t(GGML_TYPE_Q6_K, 5120, 1024), nullptr, -1, nullptr, x, y));
+    CHECK(!takes(o.t(GGML_TYPE_Q5_K, 5120, 1024), nullptr, -1, nullptr, x, y));
+    // a Q4_K gate with Q8_0 up (or the reverse) is no fused product
+    ggml_tensor * up = o.t(GGML_TYPE_Q4_K, 5120, 1024);
+    CHECK(takes(up, o.t(GGML_TYPE_Q4_K, 5120, 1024), GGML_GLU_OP_SWIGLU, nullptr, x, y));
+    CHECK(!takes(up, o.t(GGML_TYPE_Q8_0, 5120, 1024), GGML_GLU_OP_SWIGLU, nullptr, x, y));
 }
 
 TEST_MAIN()

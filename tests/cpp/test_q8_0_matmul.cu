@@ -1,8 +1,10 @@
-// cpp/kernels/q8_0_matmul.cuh against a CPU reference: random Q8_0 weights (ggml's block layout)
-// and activations, plain and gated (SwiGLU) products, 1..64 columns, padded strides, M not a
-// multiple of the row tile. The reference quantizes the activations exactly as the kernel does
-// (per 32 values, scale amax/127, round to nearest) and sums the exact integer block dot products in
-// double, so the only difference left is float rounding: |gpu - ref| <= 4e-5 * sum |terms|.
+// cpp/kernels/q8_0_matmul.cuh against a CPU reference: random Q8_0 and Q4_K weights (ggml's block
+// layouts, decoded here from the format's description in q8_0_matmul_args.h) and activations, plain
+// and gated (SwiGLU) products, 1..64 columns, padded strides, M not a multiple of the row tile. The
+// reference quantizes the activations exactly as the kernel does (per 32 values, scale amax/127,
+// round to nearest) and sums the exact integer block dot products in double (Q4_K: minus dmin *
+// min times the block's float sum), so the only difference left is float rounding:
+// |gpu - ref| <= 4e-5 * sum |terms|.
 // Also checks that column 0 is bit-identical whatever N is (a decode step and a verify agree).
 // Without a GPU at run time it says so and checks nothing (exit 0), like the other GPU tests.
 #include "cuda_check.h"
@@ -22,35 +24,71 @@ namespace {
 
 int failures = 0;
 
+q8::weight_type g_type = q8::weight_type::q8_0;  // the format random_weights makes
+
+float half_at(const uint8_t * p) {
+    __half h;
+    std::memcpy(&h, p, 2);
+    return __half2float(h);
+}
+
 struct weights {
+    q8::weight_type type = q8::weight_type::q8_0;
     int K = 0, M = 0;
     int64_t row_bytes = 0;
     std::vector<uint8_t> bytes;  // [M][row_bytes]
-    float scale(int m, int b) const {
-        __half h;
-        std::memcpy(&h, bytes.data() + m * row_bytes + b * q8::BLOCK_BYTES, 2);
-        return __half2float(h);
+    const uint8_t * q4k_block(int m, int b) const { return bytes.data() + m * row_bytes + (b / 8) * q8::Q4K_BLOCK_BYTES; }
+    // the six-bit scale (which 0) or min (which 1) of block b (= sub-block b % 8 of super-block b / 8)
+    int q4k_six_bit(int m, int b, int which) const {
+        const uint8_t * sc = q4k_block(m, b) + 4;
+        const int s = b % 8;
+        if (s < 4) return sc[s + 4 * which] & 63;
+        return which == 0 ? (sc[s + 4] & 0xF) | ((sc[s - 4] >> 6) << 4) : (sc[s + 4] >> 4) | ((sc[s] >> 6) << 4);
+    }
+    // value = scale(m, b) * q(m, k) - min(m, b), k in block b
+    double scale(int m, int b) const {
+        if (type == q8::weight_type::q8_0) return half_at(bytes.data() + m * row_bytes + b * q8::BLOCK_BYTES);
+        return double(half_at(q4k_block(m, b))) * q4k_six_bit(m, b, 0);
+    }
+    double min(int m, int b) const {
+        return type == q8::weight_type::q8_0 ? 0.0 : double(half_at(q4k_block(m, b) + 2)) * q4k_six_bit(m, b, 1);
     }
     int q(int m, int k) const {
-        return int(int8_t(bytes[m * row_bytes + (k / q8::QK) * q8::BLOCK_BYTES + 2 + k % q8::QK]));
+        if (type == q8::weight_type::q8_0)
+            return int(int8_t(bytes[m * row_bytes + (k / q8::QK) * q8::BLOCK_BYTES + 2 + k % q8::QK]));
+        const int s = (k / q8::QK) % 8, i = k % q8::QK;  // bytes 32 (s / 2) + i, nibble s % 2
+        return (q4k_block(m, k / q8::QK)[16 + 32 * (s / 2) + i] >> (4 * (s % 2))) & 0xF;
     }
 };
 
 weights random_weights(std::mt19937 & rng, int K, int M, int64_t pad) {
     weights w;
+    w.type = g_type;
     w.K = K;
     w.M = M;
-    w.row_bytes = int64_t(K) / q8::QK * q8::BLOCK_BYTES + pad;
+    w.row_bytes = int64_t(K) / q8::K_ALIGN * q8::chunk_bytes(g_type) + pad;
     w.bytes.assign(size_t(M) * w.row_bytes, 0xAB);  // padding bytes are garbage the kernel must skip
     std::uniform_int_distribution<int> qd(-127, 127);
     std::uniform_real_distribution<float> sd(1e-3f, 2e-2f);
-    for (int m = 0; m < M; ++m)
+    for (int m = 0; m < M; ++m) {
+        uint8_t * row = w.bytes.data() + m * w.row_bytes;
+        if (g_type == q8::weight_type::q4_k) {
+            for (int sb = 0; sb < K / q8::K_ALIGN; ++sb) {
+                uint8_t * blk = row + sb * q8::Q4K_BLOCK_BYTES;
+                const __half d = __float2half(sd(rng) / 8), dmin = __float2half(sd(rng) / 8);
+                std::memcpy(blk, &d, 2);
+                std::memcpy(blk + 2, &dmin, 2);
+                for (int i = 4; i < q8::Q4K_BLOCK_BYTES; ++i) blk[i] = uint8_t(rng());  // any bytes are valid
+            }
+            continue;
+        }
         for (int b = 0; b < K / q8::QK; ++b) {
-            uint8_t * blk = w.bytes.data() + m * w.row_bytes + b * q8::BLOCK_BYTES;
+            uint8_t * blk = row + b * q8::BLOCK_BYTES;
             const __half d = __float2half(sd(rng) * (rng() % 2 ? 1.0f : -1.0f));
             std::memcpy(blk, &d, 2);
             for (int i = 0; i < q8::QK; ++i) blk[2 + i] = uint8_t(int8_t(qd(rng)));
         }
+    }
     return w;
 }
 
@@ -69,6 +107,10 @@ void reference(const weights & w, const std::vector<float> & x, int64_t x_stride
             for (int i = 0; i < q8::QK; ++i)
                 xq[size_t(n) * w.K + b * q8::QK + i] = amax == 0.0f ? 0 : int(std::round(x[n * x_stride + b * q8::QK + i] / d));
         }
+    std::vector<double> xsum(size_t(N) * nb, 0.0);  // the blocks' float sums (the Q4_K mins)
+    for (int n = 0; n < N; ++n)
+        for (int b = 0; b < nb; ++b)
+            for (int i = 0; i < q8::QK; ++i) xsum[size_t(n) * nb + b] += x[n * x_stride + b * q8::QK + i];
     y.assign(size_t(N) * w.M, 0.0);
     mag.assign(size_t(N) * w.M, 0.0);
     for (int n = 0; n < N; ++n)
@@ -77,9 +119,10 @@ void reference(const weights & w, const std::vector<float> & x, int64_t x_stride
             for (int b = 0; b < nb; ++b) {
                 long long dot = 0;
                 for (int i = 0; i < q8::QK; ++i) dot += (long long)w.q(m, b * q8::QK + i) * xq[size_t(n) * w.K + b * q8::QK + i];
-                const double term = double(w.scale(m, b)) * xd[n * nb + b] * double(dot);
-                s += term;
-                a += std::fabs(term);
+                const double term = w.scale(m, b) * xd[n * nb + b] * double(dot);
+                const double min_term = w.min(m, b) * xsum[size_t(n) * nb + b];
+                s += term - min_term;
+                a += std::fabs(term) + std::fabs(min_term);
             }
             y[size_t(n) * w.M + m] = s;
             mag[size_t(n) * w.M + m] = a;
@@ -95,8 +138,11 @@ struct device_buffer {
 };
 
 // Runs one product on the GPU; returns y [N][y_stride] (columns past M hold the sentinel).
+// bias: [M] for every column (bias_stride 0), or [N][bias_stride]; in_place: the bias is y's
+// initial contents (bias_stride == y_stride), the product adds onto them.
 std::vector<float> run(const weights & w, const weights * gate, const std::vector<float> & x, int64_t x_stride, int N,
-                       int64_t y_stride, const std::vector<float> * bias = nullptr) {
+                       int64_t y_stride, const std::vector<float> * bias = nullptr, int64_t bias_stride = 0,
+                       bool in_place = false) {
     device_buffer dw(w.bytes.size()), dg(gate ? gate->bytes.size() : 0), dx(x.size() * 4),
         dy(size_t(N) * y_stride * 4);
     CHECK_CUDA(cudaMemcpy(dw.p, w.bytes.data(), w.bytes.size(), cudaMemcpyHostToDevice));
@@ -105,8 +151,10 @@ std::vector<float> run(const weights & w, const weights * gate, const std::vecto
     device_buffer db(bias ? bias->size() * 4 : 0);
     if (bias) CHECK_CUDA(cudaMemcpy(db.p, bias->data(), bias->size() * 4, cudaMemcpyHostToDevice));
     std::vector<float> y(size_t(N) * y_stride, -12345.0f);
+    if (in_place) y = *bias;
     CHECK_CUDA(cudaMemcpy(dy.p, y.data(), y.size() * 4, cudaMemcpyHostToDevice));
     q8::matmul_args a;
+    a.type = w.type;
     a.w = dw.as<uint8_t>();
     a.gate = gate ? dg.as<uint8_t>() : nullptr;
     a.row_bytes = w.row_bytes;
@@ -117,7 +165,8 @@ std::vector<float> run(const weights & w, const weights * gate, const std::vecto
     a.x_stride = x_stride;
     a.y = dy.as<float>();
     a.y_stride = y_stride;
-    a.bias = bias ? db.as<float>() : nullptr;
+    a.bias = in_place ? dy.as<float>() : bias ? db.as<float>() : nullptr;
+    a.bias_stride = bias_stride;
     if (const char * why = q8::check_args(a)) {
         std::printf("FAIL: check_args refused a valid product: %s\n", why);
         ++failures;
@@ -126,7 +175,7 @@ std::vector<float> run(const weights & w, const weights * gate, const std::vecto
     device_buffer ds(q8::scratch_bytes(a));
     CHECK_CUDA(cudaMemset(ds.p, 0x7f, q8::scratch_bytes(a)));  // garbage: the kernels must not rely on zeros
     CHECK_CUDA(q8::matmul(a, ds.p, nullptr));
-    CHECK_CUDA(q8::matmul(a, ds.p, nullptr));  // again, on the used scratch
+    if (!in_place) CHECK_CUDA(q8::matmul(a, ds.p, nullptr));  // again, on the used scratch
     CHECK_CUDA(cudaDeviceSynchronize());
     CHECK_CUDA(cudaMemcpy(y.data(), dy.p, y.size() * 4, cudaMemcpyDeviceToHost));
     return y;
@@ -134,8 +183,11 @@ std::vector<float> run(const weights & w, const weights * gate, const std::vecto
 
 double silu(double v) { return v / (1.0 + std::exp(-v)); }
 
+// bias: 0 none, 1 one [M] vector for every column, 2 a per-column residual [N][M + 3], 3 that
+// residual added in place (y starts as the residual)
 void check_case(std::mt19937 & rng, int K, int M, int N, bool gated, int64_t w_pad, int64_t x_pad, int64_t y_pad,
-                bool with_bias = false) {
+                int bias_mode = 0) {
+    const bool with_bias = bias_mode != 0;
     const weights w = random_weights(rng, K, M, w_pad);
     const weights g = gated ? random_weights(rng, K, M, w_pad) : weights{};
     const int64_t x_stride = K + x_pad, y_stride = M + y_pad;
@@ -144,9 +196,14 @@ void check_case(std::mt19937 & rng, int K, int M, int N, bool gated, int64_t w_p
     for (auto & v : x) v = xd(rng);
     if (N > 1)
         for (int k = 0; k < 32; ++k) x[x_stride + k] = 0.0f;  // an all-zero block (scale 0)
-    std::vector<float> bias(M);
+    const int64_t bias_stride = bias_mode == 1 ? 0 : bias_mode == 2 ? M + 3 : y_stride;
+    std::vector<float> bias(bias_mode <= 1 ? size_t(M) : size_t(N) * bias_stride);
     for (auto & v : bias) v = xd(rng);
-    const std::vector<float> y = run(w, gated ? &g : nullptr, x, x_stride, N, y_stride, with_bias ? &bias : nullptr);
+    if (bias_mode == 3)
+        for (int n = 0; n < N; ++n)
+            for (int64_t m = M; m < y_stride; ++m) bias[size_t(n) * y_stride + m] = -12345.0f;  // past M: untouched
+    const std::vector<float> y = run(w, gated ? &g : nullptr, x, x_stride, N, y_stride, with_bias ? &bias : nullptr,
+                                     bias_stride, bias_mode == 3);
     std::vector<double> ry, rm, gy, gm;
     reference(w, x, x_stride, N, ry, rm);
     if (gated) reference(g, x, x_stride, N, gy, gm);
@@ -155,7 +212,8 @@ void check_case(std::mt19937 & rng, int K, int M, int N, bool gated, int64_t w_p
     for (int n = 0; n < N; ++n) {
         for (int m = 0; m < M; ++m) {
             const size_t i = size_t(n) * M + m;
-            double want = ry[i] + (with_bias ? bias[m] : 0.0), tol = 4e-5 * rm[i] + 1e-6 * std::fabs(want) + 1e-30;
+            const double b = !with_bias ? 0.0 : bias[size_t(n) * bias_stride + m];
+            double want = ry[i] + b, tol = 4e-5 * rm[i] + 1e-6 * std::fabs(want) + 1e-30;
             if (gated) {
                 want = ry[i] * silu(gy[i]);
                 // d(u*silu(g)) = silu(g) du + u silu'(g) dg, |silu'| <= 1.1
@@ -170,7 +228,7 @@ void check_case(std::mt19937 & rng, int K, int M, int N, bool gated, int64_t w_p
             if (y[size_t(n) * y_stride + m] != -12345.0f) ++bad;  // wrote past M
     }
     std::printf("%s K=%d M=%d N=%d %s%s pads (w %lld, x %lld, y %lld): worst err/tol %.3f\n", bad ? "FAIL" : "ok  ", K,
-                M, N, gated ? "gated" : "plain", with_bias ? "+bias" : "", (long long)w_pad, (long long)x_pad,
+                M, N, gated ? "gated" : "plain", bias_mode == 1 ? "+bias" : bias_mode == 2 ? "+residual" : bias_mode == 3 ? "+residual in place" : "", (long long)w_pad, (long long)x_pad,
                 (long long)y_pad, worst);
     if (bad) ++failures;
 }
@@ -220,8 +278,13 @@ void check_refusals() {
     b.gate = buf;
     b.bias = reinterpret_cast<const float *>(buf);
     const bool gated_bias_refused = q8::check_args(b) != nullptr;
-    const bool ok = base_ok && k_refused && n_refused && align_refused && stride_refused && gated_bias_refused;
-    std::printf("%s check_args accepts a valid product and refuses K %% 256, N > 64, misalignment, row stride, gated + bias\n",
+    b = a;
+    b.bias = reinterpret_cast<const float *>(buf);
+    b.bias_stride = 3;  // < M: columns would overlap
+    const bool bias_stride_refused = q8::check_args(b) != nullptr;
+    const bool ok = base_ok && k_refused && n_refused && align_refused && stride_refused && gated_bias_refused &&
+                    bias_stride_refused;
+    std::printf("%s check_args accepts a valid product and refuses K %% 256, N > 64, misalignment, row stride, gated + bias, bias stride\n",
                 ok ? "ok  " : "FAIL");
     if (!ok) ++failures;
 }
@@ -243,6 +306,9 @@ int main() {
     }
     std::mt19937 rng(7);
     check_refusals();
+    for (q8::weight_type type : {q8::weight_type::q8_0, q8::weight_type::q4_k}) {
+    g_type = type;
+    std::printf("-- %s weights\n", type == q8::weight_type::q8_0 ? "Q8_0" : "Q4_K");
     for (bool gated : {false, true}) {
         check_case(rng, 256, 1, 1, gated, 0, 0, 0);
         check_case(rng, 512, 17, 3, gated, 16, 5, 3);
@@ -256,8 +322,14 @@ int main() {
         check_case(rng, 17408, 40, 1, gated, 16, 0, 2);
         check_column_independence(rng, gated);
     }
-    check_case(rng, 5120, 333, 1, false, 0, 0, 0, true);  // the fused residual add of a decode step
-    check_case(rng, 1024, 40, 16, false, 16, 0, 3, true);
+    check_case(rng, 5120, 333, 1, false, 0, 0, 0, 1);  // the fused residual add of a decode step
+    check_case(rng, 5120, 333, 1, false, 0, 0, 0, 3);  // ... in place
+    check_case(rng, 1024, 40, 16, false, 16, 0, 3, 1);  // one [M] vector for every column
+    check_case(rng, 1024, 40, 16, false, 16, 0, 3, 2);  // a verify's residual [16][M]
+    check_case(rng, 6144, 5120, 16, false, 0, 0, 0, 3);  // ... in place (ssm_out / attn_output shape)
+    check_case(rng, 2048, 200, 64, false, 0, 4, 9, 3);
+    check_case(rng, 512, 17, 33, false, 0, 0, 5, 2);
+    }
     std::printf(failures ? "%d FAILED\n" : "all passed\n", failures);
     return failures ? 1 : 0;
 }

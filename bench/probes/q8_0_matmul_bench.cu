@@ -24,11 +24,33 @@ static float time_ms(cudaEvent_t a, cudaEvent_t b) {
     return ms;
 }
 
-// With arguments `K M N gated(0|1)`: that one product only (e.g. under ncu). --q4k first: Q4_K
-// weights instead of Q8_0.
+// With arguments `K M N gated(0|1)`: that one product only (e.g. under ncu). Options first:
+// --q4k: Q4_K weights instead of Q8_0; --cols N,N,..: these column counts only.
+std::vector<int> int_list(const char * s) {
+    std::vector<int> v;
+    for (const char * p = s; *p;) {
+        char * end = nullptr;
+        v.push_back(int(std::strtol(p, &end, 10)));
+        p = *end == ',' ? end + 1 : end;
+        if (end == p && *p) break;
+    }
+    return v;
+}
+
 int main(int argc, char ** argv) {
-    const bool q4k = argc > 1 && std::strcmp(argv[1], "--q4k") == 0;
-    if (q4k) {
+    bool q4k = false;
+    std::vector<int> only_cols;
+    while (argc > 1 && std::strncmp(argv[1], "--", 2) == 0) {
+        if (std::strcmp(argv[1], "--q4k") == 0) {
+            q4k = true;
+        } else if (std::strcmp(argv[1], "--cols") == 0 && argc > 2) {
+            only_cols = int_list(argv[2]);
+            --argc;
+            ++argv;
+        } else {
+            std::fprintf(stderr, "unknown option %s\n", argv[1]);
+            return 2;
+        }
         --argc;
         ++argv;
     }
@@ -57,18 +79,21 @@ int main(int argc, char ** argv) {
     const shape shapes[] = {{5120, 17408, true, "ffn gate+up fused (5120 -> 2x17408)"},
                             {5120, 17408, false, "ffn_up alone (5120 -> 17408)"},
                             {17408, 5120, false, "ffn_down (17408 -> 5120)"},
+                            {5120, 16480, false, "DeltaNet stack qkv+z+b+a (5120 -> 16480)"},
+                            {5120, 14336, false, "attention stack q+k+v (5120 -> 14336)"},
                             {5120, 10240, false, "DeltaNet attn_qkv (5120 -> 10240)"},
                             {5120, 6144, false, "DeltaNet attn_gate (5120 -> 6144)"},
                             {6144, 5120, false, "ssm_out / attn_output (6144 -> 5120)"},
                             {5120, 1024, false, "attn_k / attn_v (5120 -> 1024)"}};
     std::vector<shape> chosen(std::begin(shapes), std::end(shapes));
     std::vector<int> cols = {1, 2, 4, 8, 16, 32, 64};
+    if (!only_cols.empty()) cols = only_cols;
     if (argc == 5) {
         chosen = {{std::atoi(argv[1]), std::atoi(argv[2]), std::atoi(argv[4]) != 0, "given"}};
         cols = {std::atoi(argv[3])};
     }
     std::mt19937 rng(3);
-    std::printf("%-38s %5s %10s %9s %8s\n", "matrix", "N", "us", "TB/s", "of copy");
+    std::printf("%-40s %5s %10s %9s %8s\n", "matrix", "N", "us", "TB/s", "of copy");
     for (const shape & s : chosen) {
         const int64_t row_bytes = int64_t(s.K) / q8::K_ALIGN * q8::chunk_bytes(type);
         const size_t mat = size_t(s.M) * row_bytes;
@@ -136,7 +161,7 @@ int main(int argc, char ** argv) {
             CHECK_CUDA(cudaEventSynchronize(t1));
             const double us = 1e3 * time_ms(t0, t1) / reps;
             const double tbs = double(mat) * (s.gated ? 2 : 1) / (us * 1e-6) / 1e12;  // weight bytes read
-            std::printf("%-38s %5d %10.1f %9.2f %7.0f%%\n", s.what, N, us, tbs, 100.0 * tbs / copy_tbs);
+            std::printf("%-40s %5d %10.1f %9.2f %7.0f%%\n", s.what, N, us, tbs, 100.0 * tbs / copy_tbs);
         }
         cudaFree(w);
         cudaFree(x);

@@ -7,7 +7,8 @@
 namespace lucebox::kernels::q8_0 {
 
 bool args_from_ggml(const ggml_tensor * w, const ggml_tensor * gate, int glu_op, const ggml_tensor * bias,
-                    const ggml_tensor * x, const ggml_tensor * dst, matmul_args & a) {
+                    const ggml_tensor * x, const ggml_tensor * dst, matmul_args & a, const ggml_tensor * norm_w,
+                    float norm_eps) {
     if ((w->type != GGML_TYPE_Q8_0 && w->type != GGML_TYPE_Q4_K) || x->type != GGML_TYPE_F32 || dst->type != GGML_TYPE_F32) {
         return false;
     }
@@ -33,6 +34,10 @@ bool args_from_ggml(const ggml_tensor * w, const ggml_tensor * gate, int glu_op,
             return false;
         }
     }
+    if (norm_w != nullptr && (norm_w->type != GGML_TYPE_F32 || norm_w->ne[0] != w->ne[0] ||
+                              ggml_nelements(norm_w) != norm_w->ne[0] || !ggml_is_contiguous(norm_w))) {
+        return false;  // one weight per input row, the same for every column
+    }
     if (w->ne[0] > INT32_MAX || w->ne[1] > INT32_MAX || x->ne[1] > INT32_MAX) return false;
     a.type = w->type == GGML_TYPE_Q4_K ? weight_type::q4_k : weight_type::q8_0;
     a.w = static_cast<const uint8_t *>(w->data);
@@ -47,6 +52,8 @@ bool args_from_ggml(const ggml_tensor * w, const ggml_tensor * gate, int glu_op,
     a.y_stride = int64_t(dst->nb[1] / sizeof(float));
     a.bias = bias != nullptr ? static_cast<const float *>(bias->data) : nullptr;
     a.bias_stride = bias != nullptr && bias->ne[1] > 1 ? int64_t(bias->nb[1] / sizeof(float)) : 0;
+    a.norm_w = norm_w != nullptr ? static_cast<const float *>(norm_w->data) : nullptr;
+    a.norm_eps = norm_eps;
     return check_args(a) == nullptr;
 }
 

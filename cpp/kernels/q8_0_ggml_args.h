@@ -12,8 +12,11 @@ namespace lucebox::kernels::q8_0 {
 // [K, N] and result [M, N] (2-D, contiguous rows, any row strides), gate of w's type and strides
 // with glu_op GGML_GLU_OP_SWIGLU, bias (the other operand of a fused residual ADD, not with a
 // gate) F32 [M] added to every column or [M, N] with contiguous rows (may be dst itself), and
-// check_args satisfied (K % 256, N <= 64, 16-byte alignment). False otherwise: ggml's kernels run.
+// check_args satisfied (K % 256, N <= 64, 16-byte alignment). With norm_w (F32 [K], contiguous),
+// the product's input is ggml_mul(ggml_rms_norm(x, norm_eps), norm_w), normalized inside the
+// product. False otherwise: ggml's kernels run.
 bool args_from_ggml(const ggml_tensor * w, const ggml_tensor * gate, int glu_op, const ggml_tensor * bias,
-                    const ggml_tensor * x, const ggml_tensor * dst, matmul_args & a);
+                    const ggml_tensor * x, const ggml_tensor * dst, matmul_args & a,
+                    const ggml_tensor * norm_w = nullptr, float norm_eps = 0.0f);
 
 }  // namespace lucebox::kernels::q8_0

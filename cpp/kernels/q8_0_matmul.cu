@@ -1,8 +1,8 @@
-// The MUL_MAT hook (ggml patch 0003) that hands ggml's Q8_0 products of 1..64 columns to
-// q8_0_matmul.cuh: plain MUL_MAT nodes, and the products ggml's CUDA backend fuses for one column
-// (gate/up + SWIGLU; + a following ADD, the residual of a decode step). Everything else (other
-// types, shapes the kernel refuses, batched or permuted operands, other GLU ops, a bias with a
-// GLU) returns 0 and stays with ggml.
+// The MUL_MAT hook (ggml patch 0003) that hands ggml's Q8_0 and Q4_K products of 1..64 columns to
+// q8_0_matmul.cuh: plain MUL_MAT nodes; gate/up + SWIGLU on one input; a product and the residual
+// ADD that follows it; and a product (or gate/up pair) whose input is an RMS norm times a weight
+// vector, normalized inside the product. Everything else (other types, shapes the kernel refuses,
+// batched or permuted operands, other GLU ops, a bias with a GLU) returns 0 and stays with ggml.
 #include "cuda_kernels.h"
 
 #include <atomic>
@@ -33,10 +33,11 @@ bool device_supported() {
 }
 
 size_t mul_mat_hook(const ggml_tensor * w, const ggml_tensor * gate, int glu_op, const ggml_tensor * bias,
-                    const ggml_tensor * x, ggml_tensor * dst, void * scratch, void * stream) {
+                    const ggml_tensor * x, const ggml_tensor * norm_w, float norm_eps, ggml_tensor * dst,
+                    void * scratch, void * stream) {
     if (!g_enabled.load(std::memory_order_relaxed)) return 0;
     q8_0::matmul_args a;
-    if (!q8_0::args_from_ggml(w, gate, glu_op, bias, x, dst, a)) return 0;
+    if (!q8_0::args_from_ggml(w, gate, glu_op, bias, x, dst, a, norm_w, norm_eps)) return 0;
     if (scratch == nullptr) return device_supported() ? q8_0::scratch_bytes(a) : 0;
     const cudaError_t err = q8_0::matmul(a, scratch, static_cast<cudaStream_t>(stream));
     if (err != cudaSuccess) {

@@ -4,6 +4,9 @@
 //     y[n, m] = sum_k W[m, k] * x[n, k] (+ bias[n, m])       (plain; bias per column or shared)
 //     y[n, m] = (U x_n)[m] * silu((G x_n)[m])                (gated: the SwiGLU FFN's up and gate)
 //
+// optionally with x_n replaced by its RMS norm times a weight vector (norm_w: the layer norm that
+// feeds the product, fused: no normalized copy of x is written).
+//
 // W: [M rows][K] in ggml's Q8_0 layout (blocks of 34 bytes: fp16 scale d, 32 int8 q; value d*q),
 // rows row_bytes apart. x: [N][K] float; y: [N][M] float. The activations are first quantized to
 // int8 per 32 values (scale amax/127, round to nearest: the rounding of ggml's q8_1) into
@@ -47,8 +50,9 @@ static_assert(CHUNK_BYTES % 16 == 0 && Q4K_BLOCK_BYTES % 16 == 0, "a staged row 
 __host__ __device__ constexpr int stage_bytes(int cols, int m_tiles, bool q4k = false) {
     return 16 * m_tiles * (q4k ? Q4K_BLOCK_BYTES : CHUNK_BYTES) + CHUNK_BLOCKS * cols * (QK + 4 + (q4k ? 4 : 0));
 }
+// The warps' stages, then the columns' RMS norm factors [cols].
 __host__ __device__ constexpr int smem_bytes(int cols, int m_tiles, bool q4k = false) {
-    return WARPS * STAGES * stage_bytes(cols, m_tiles, q4k);
+    return WARPS * STAGES * stage_bytes(cols, m_tiles, q4k) + cols * 4;
 }
 
 namespace detail {
@@ -79,16 +83,24 @@ __device__ __forceinline__ void mma_s8(int (&c)[4], const int (&a)[4], int b0, i
 
 __device__ __forceinline__ float silu(float v) { return v / (1.0f + expf(-v)); }  // as ggml's CUDA swiglu
 
-// One warp per (block b, column n): xq[b][n][0..31], xd[b][n], and xs[b][n] = the block's sum
-// when xs is not null.
+// One warp per (block b, column n) of v = x (or x * norm_w): xq[b][n][0..31], xd[b][n], xs[b][n] =
+// the sum of v when xs is not null, ss[b][n] = the sum of x^2 when norm_w is not null.
 __global__ void quantize_columns(const float * __restrict__ x, int64_t x_stride, int K, int N, int cols,
-                                 int8_t * __restrict__ xq, float * __restrict__ xd, float * __restrict__ xs) {
+                                 int8_t * __restrict__ xq, float * __restrict__ xd, float * __restrict__ xs,
+                                 const float * __restrict__ norm_w, float * __restrict__ ss) {
     const int64_t wid = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
     const int lane = threadIdx.x % 32;
     const int nb = K / QK;
     if (wid >= int64_t(nb) * cols) return;
     const int b = int(wid / cols), n = int(wid % cols);
-    const float v = n < N ? x[int64_t(n) * x_stride + int64_t(b) * QK + lane] : 0.0f;
+    float v = n < N ? x[int64_t(n) * x_stride + int64_t(b) * QK + lane] : 0.0f;
+    if (norm_w != nullptr) {
+        float sq = v * v;
+#pragma unroll
+        for (int o = 16; o > 0; o /= 2) sq += __shfl_xor_sync(0xffffffffu, sq, o);
+        if (lane == 0) ss[wid] = sq;
+        v *= norm_w[b * QK + lane];
+    }
     float amax = fabsf(v);
 #pragma unroll
     for (int o = 16; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
@@ -140,9 +152,13 @@ __device__ __forceinline__ void load_quants(bool odd_block, const uint8_t * p, i
 // q4_k (Q4K): a chunk is one 144-byte super-block per row; its 8 sub-blocks meet the chunk's 8
 // activation blocks one mma each (the 4-bit quants widened to int8 0..15 with a shift and a mask),
 // scaled by d * scale_s and the activations' scale, minus dmin * min_s times the activations' sum.
+// With a.norm_w, ss holds quantize_columns' sums of squares and every column's sums are scaled by
+// its norm factor rsqrt(sum / K + eps); the sum runs in a fixed order (lane l adds blocks l, l+32,
+// .., then a butterfly), so the factor of column n does not depend on N either.
 template <int NG, bool GATED, int M_TILES, bool Q4K>
 __global__ void __launch_bounds__(WARPS * 32)
-matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__ xd, const float * __restrict__ xs) {
+matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__ xd, const float * __restrict__ xs,
+       const float * __restrict__ ss) {
     extern __shared__ __align__(16) uint8_t smem[];
     constexpr int COLS = COL_GROUP * NG;
     static_assert(!GATED || M_TILES == 2, "a gated warp takes 16 rows of U and the same 16 of G");
@@ -206,6 +222,19 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
 
 #pragma unroll
     for (int i = 0; i < STAGES - 1; ++i) issue(i);
+    // the columns' norm factors (while the first chunks load), read in the epilogue
+    float * norm_factor = reinterpret_cast<float *>(smem + WARPS * STAGES * STAGE);
+    if (a.norm_w != nullptr) {
+        const int nb = a.K / QK;
+        for (int c = warp; c < COLS; c += WARPS) {
+            float sq = 0.0f;
+            if (c < a.N)  // padded columns: never written
+                for (int b = lane; b < nb; b += 32) sq += ss[b * COLS + c];
+#pragma unroll
+            for (int o = 16; o > 0; o /= 2) sq += __shfl_xor_sync(0xffffffffu, sq, o);
+            if (lane == 0) norm_factor[c] = rsqrtf(sq / float(a.K) + a.norm_eps);
+        }
+    }
     for (int i = 0; i < n_mine; ++i) {
         cp_async_wait<STAGES - 2>();
         __syncwarp();  // chunk i visible to the whole warp; everyone is done with chunk i-1's stage
@@ -324,15 +353,17 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
         const int e = idx % 4, l = (idx / 4) % 32, j = (idx / 128) % NG, mt = idx / (128 * NG);
         const int m = r0 + 16 * mt + l / 4 + 8 * (e / 2);
         const int n = COL_GROUP * j + 2 * (l % 4) + e % 2;
+        const float nf = a.norm_w != nullptr ? norm_factor[n] : 1.0f;
         float v = red[idx];
 #pragma unroll
         for (int w = 1; w < WARPS; ++w) v += red[w * PER_WARP + idx];
+        v *= nf;
         if (GATED) {
             const int at_gate = idx + NG * 128;  // m tile 1: the gate's same row
             float gv = red[at_gate];
 #pragma unroll
             for (int w = 1; w < WARPS; ++w) gv += red[w * PER_WARP + at_gate];
-            v *= silu(gv);
+            v *= silu(gv * nf);
         }
         // y may be the bias itself (an in-place residual add): each element is read and then
         // written by this one thread
@@ -343,7 +374,7 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
 
 template <int NG, bool GATED, bool Q4K>
 cudaError_t launch_groups(const matmul_args & a, const int8_t * xq, const float * xd, const float * xs,
-                          cudaStream_t stream) {
+                          const float * ss, cudaStream_t stream) {
     constexpr int M_TILES = GATED || NG > 1 ? 2 : 1;
     constexpr int SMEM = smem_bytes(COL_GROUP * NG, M_TILES, Q4K);
     // the shared-memory limit is a per-device attribute of the function: raise it once per device
@@ -359,18 +390,18 @@ cudaError_t launch_groups(const matmul_args & a, const int8_t * xq, const float 
     }
     constexpr int OUT_ROWS = GATED ? 16 : 16 * M_TILES;
     const dim3 grid((a.M + OUT_ROWS - 1) / OUT_ROWS);
-    matmul<NG, GATED, M_TILES, Q4K><<<grid, WARPS * 32, SMEM, stream>>>(a, xq, xd, xs);
+    matmul<NG, GATED, M_TILES, Q4K><<<grid, WARPS * 32, SMEM, stream>>>(a, xq, xd, xs, ss);
     return cudaGetLastError();
 }
 
 template <bool GATED, bool Q4K>
 cudaError_t launch_gated(const matmul_args & a, const int8_t * xq, const float * xd, const float * xs,
-                         cudaStream_t stream) {
+                         const float * ss, cudaStream_t stream) {
     switch (col_groups(a.N)) {
-        case 1: return launch_groups<1, GATED, Q4K>(a, xq, xd, xs, stream);
-        case 2: return launch_groups<2, GATED, Q4K>(a, xq, xd, xs, stream);
-        case 4: return launch_groups<4, GATED, Q4K>(a, xq, xd, xs, stream);
-        default: return launch_groups<8, GATED, Q4K>(a, xq, xd, xs, stream);
+        case 1: return launch_groups<1, GATED, Q4K>(a, xq, xd, xs, ss, stream);
+        case 2: return launch_groups<2, GATED, Q4K>(a, xq, xd, xs, ss, stream);
+        case 4: return launch_groups<4, GATED, Q4K>(a, xq, xd, xs, ss, stream);
+        default: return launch_groups<8, GATED, Q4K>(a, xq, xd, xs, ss, stream);
     }
 }
 
@@ -380,23 +411,24 @@ cudaError_t launch_gated(const matmul_args & a, const int8_t * xq, const float *
 // scratch_bytes(a) bytes, 16-byte aligned. check_args(a) must have returned null.
 inline cudaError_t matmul(const matmul_args & a, void * scratch, cudaStream_t stream) {
     const int cols = COL_GROUP * col_groups(a.N);
-    const int nb = a.K / QK;
+    const size_t nb = size_t(a.K) / QK;
     int8_t * xq = static_cast<int8_t *>(scratch);
-    float * xd = reinterpret_cast<float *>(xq + size_t(nb) * cols * QK);
+    float * xd = reinterpret_cast<float *>(xq + nb * cols * QK);
     const bool q4k = a.type == weight_type::q4_k;
-    float * xs = q4k ? xd + size_t(nb) * cols : nullptr;
+    float * xs = q4k ? xd + nb * cols : nullptr;
+    float * ss = a.norm_w != nullptr ? xd + nb * cols * (q4k ? 2 : 1) : nullptr;
     const int64_t warps = int64_t(nb) * cols;
     const int threads = 256;
     detail::quantize_columns<<<unsigned((warps * 32 + threads - 1) / threads), threads, 0, stream>>>(
-        a.x, a.x_stride, a.K, a.N, cols, xq, xd, xs);
+        a.x, a.x_stride, a.K, a.N, cols, xq, xd, xs, a.norm_w, ss);
     cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return err;
     if (q4k) {
-        return a.gate != nullptr ? detail::launch_gated<true, true>(a, xq, xd, xs, stream)
-                                 : detail::launch_gated<false, true>(a, xq, xd, xs, stream);
+        return a.gate != nullptr ? detail::launch_gated<true, true>(a, xq, xd, xs, ss, stream)
+                                 : detail::launch_gated<false, true>(a, xq, xd, xs, ss, stream);
     }
-    return a.gate != nullptr ? detail::launch_gated<true, false>(a, xq, xd, xs, stream)
-                             : detail::launch_gated<false, false>(a, xq, xd, xs, stream);
+    return a.gate != nullptr ? detail::launch_gated<true, false>(a, xq, xd, xs, ss, stream)
+                             : detail::launch_gated<false, false>(a, xq, xd, xs, ss, stream);
 }
 
 }  // namespace lucebox::kernels::q8_0

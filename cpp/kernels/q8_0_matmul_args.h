@@ -37,6 +37,11 @@ struct matmul_args {
     int64_t y_stride = 0;
     const float * bias = nullptr;    // bias[n * bias_stride + m] added to y[n, m], or null (plain only)
     int64_t bias_stride = 0;         // 0: one [M] vector for every column; else a [N][bias_stride] residual
+    // Non-null: the product's input is the RMS norm of x times these K weights,
+    //     x_n * norm_w / sqrt(mean_k(x_n[k]^2) + norm_eps)     (ggml_rms_norm then ggml_mul),
+    // computed inside the product: x_n * norm_w is quantized, the column's factor applied to its sums.
+    const float * norm_w = nullptr;
+    float norm_eps = 0.0f;
 };
 
 // Column groups of 8 the kernel is instantiated for: 1, 2, 4 or 8 (N <= 8, 16, 32, 64).
@@ -44,11 +49,13 @@ inline int col_groups(int N) { return N <= 8 ? 1 : N <= 16 ? 2 : N <= 32 ? 4 : 8
 
 // Scratch for the quantized activations: xq int8 [K/32][cols][32], then xd float [K/32][cols]
 // (cols = 8 * col_groups(N); columns >= N are zeros), then for q4_k xs float [K/32][cols] (the
-// sums of each block's 32 values, for the mins).
+// sums of each block's 32 values, for the mins), then with norm_w ss float [K/32][cols] (the sums
+// of each block's 32 squares of x).
 inline size_t scratch_bytes(const matmul_args & a) {
     const size_t cols = size_t(COL_GROUP) * col_groups(a.N);
     const size_t nb = size_t(a.K) / QK;
-    return nb * cols * QK + nb * cols * sizeof(float) * (a.type == weight_type::q4_k ? 2 : 1);
+    const size_t per_block = 1 + (a.type == weight_type::q4_k ? 1 : 0) + (a.norm_w != nullptr ? 1 : 0);
+    return nb * cols * QK + nb * cols * sizeof(float) * per_block;
 }
 
 // Null when the product fits this kernel, else why not.
@@ -62,6 +69,7 @@ inline const char * check_args(const matmul_args & a) {
     if (a.x_stride < a.K || a.y_stride < a.M) return "column strides";
     if (a.bias != nullptr && a.gate != nullptr) return "a bias with a gated product";
     if (a.bias != nullptr && a.bias_stride != 0 && a.bias_stride < a.M) return "bias column stride";
+    if (a.norm_w != nullptr && !(a.norm_eps >= 0.0f && a.norm_eps < 1.0f)) return "norm eps must be in [0, 1)";
     return nullptr;
 }
 

@@ -157,4 +157,20 @@ TEST_CASE(q4_k_weights_are_taken_with_their_type) {
     CHECK(!takes(up, o.t(GGML_TYPE_Q8_0, 5120, 1024), GGML_GLU_OP_SWIGLU, nullptr, x, y));
 }
 
+TEST_CASE(a_fused_rms_norm_takes_one_f32_weight_per_input_row) {
+    operands o;
+    ggml_tensor * w = o.t(GGML_TYPE_Q8_0, 5120, 1024);
+    ggml_tensor * x = o.t(GGML_TYPE_F32, 5120, 16);
+    ggml_tensor * y = o.t(GGML_TYPE_F32, 1024, 16);
+    matmul_args a;
+    CHECK(lucebox::kernels::q8_0::args_from_ggml(w, nullptr, -1, nullptr, x, y, a, o.t(GGML_TYPE_F32, 5120, 1), 1e-6f));
+    CHECK(a.norm_w != nullptr && a.norm_eps == 1e-6f);
+    CHECK(lucebox::kernels::q8_0::args_from_ggml(w, nullptr, -1, nullptr, x, y, a));
+    CHECK(a.norm_w == nullptr);
+    CHECK(!lucebox::kernels::q8_0::args_from_ggml(w, nullptr, -1, nullptr, x, y, a, o.t(GGML_TYPE_F32, 4096, 1), 1e-6f));
+    CHECK(!lucebox::kernels::q8_0::args_from_ggml(w, nullptr, -1, nullptr, x, y, a, o.t(GGML_TYPE_F32, 5120, 16), 1e-6f));
+    CHECK(!lucebox::kernels::q8_0::args_from_ggml(w, nullptr, -1, nullptr, x, y, a, o.t(GGML_TYPE_F16, 5120, 1), 1e-6f));
+    CHECK(!lucebox::kernels::q8_0::args_from_ggml(w, nullptr, -1, nullptr, x, y, a, o.t(GGML_TYPE_F32, 5120, 1), -1.0f));
+}
+
 TEST_MAIN()

@@ -140,16 +140,19 @@ struct device_buffer {
 // Runs one product on the GPU; returns y [N][y_stride] (columns past M hold the sentinel).
 // bias: [M] for every column (bias_stride 0), or [N][bias_stride]; in_place: the bias is y's
 // initial contents (bias_stride == y_stride), the product adds onto them.
+// norm_w: [K] weights of a fused RMS norm of x (eps kNormEps).
+constexpr float kNormEps = 1e-6f;
 std::vector<float> run(const weights & w, const weights * gate, const std::vector<float> & x, int64_t x_stride, int N,
                        int64_t y_stride, const std::vector<float> * bias = nullptr, int64_t bias_stride = 0,
-                       bool in_place = false) {
+                       bool in_place = false, const std::vector<float> * norm_w = nullptr) {
     device_buffer dw(w.bytes.size()), dg(gate ? gate->bytes.size() : 0), dx(x.size() * 4),
         dy(size_t(N) * y_stride * 4);
     CHECK_CUDA(cudaMemcpy(dw.p, w.bytes.data(), w.bytes.size(), cudaMemcpyHostToDevice));
     if (gate) CHECK_CUDA(cudaMemcpy(dg.p, gate->bytes.data(), gate->bytes.size(), cudaMemcpyHostToDevice));
     CHECK_CUDA(cudaMemcpy(dx.p, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
-    device_buffer db(bias ? bias->size() * 4 : 0);
+    device_buffer db(bias ? bias->size() * 4 : 0), dn(norm_w ? norm_w->size() * 4 : 0);
     if (bias) CHECK_CUDA(cudaMemcpy(db.p, bias->data(), bias->size() * 4, cudaMemcpyHostToDevice));
+    if (norm_w) CHECK_CUDA(cudaMemcpy(dn.p, norm_w->data(), norm_w->size() * 4, cudaMemcpyHostToDevice));
     std::vector<float> y(size_t(N) * y_stride, -12345.0f);
     if (in_place) y = *bias;
     CHECK_CUDA(cudaMemcpy(dy.p, y.data(), y.size() * 4, cudaMemcpyHostToDevice));
@@ -167,6 +170,8 @@ std::vector<float> run(const weights & w, const weights * gate, const std::vecto
     a.y_stride = y_stride;
     a.bias = in_place ? dy.as<float>() : bias ? db.as<float>() : nullptr;
     a.bias_stride = bias_stride;
+    a.norm_w = norm_w ? dn.as<float>() : nullptr;
+    a.norm_eps = kNormEps;
     if (const char * why = q8::check_args(a)) {
         std::printf("FAIL: check_args refused a valid product: %s\n", why);
         ++failures;
@@ -184,9 +189,10 @@ std::vector<float> run(const weights & w, const weights * gate, const std::vecto
 double silu(double v) { return v / (1.0 + std::exp(-v)); }
 
 // bias: 0 none, 1 one [M] vector for every column, 2 a per-column residual [N][M + 3], 3 that
-// residual added in place (y starts as the residual)
+// residual added in place (y starts as the residual). norm: the input is RMS-normed with random
+// weights first (the reference quantizes x * w, as the kernel, and scales by the exact factor).
 void check_case(std::mt19937 & rng, int K, int M, int N, bool gated, int64_t w_pad, int64_t x_pad, int64_t y_pad,
-                int bias_mode = 0) {
+                int bias_mode = 0, bool norm = false) {
     const bool with_bias = bias_mode != 0;
     const weights w = random_weights(rng, K, M, w_pad);
     const weights g = gated ? random_weights(rng, K, M, w_pad) : weights{};
@@ -202,22 +208,49 @@ void check_case(std::mt19937 & rng, int K, int M, int N, bool gated, int64_t w_p
     if (bias_mode == 3)
         for (int n = 0; n < N; ++n)
             for (int64_t m = M; m < y_stride; ++m) bias[size_t(n) * y_stride + m] = -12345.0f;  // past M: untouched
+    std::vector<float> norm_w(K);
+    std::uniform_real_distribution<float> nw(0.5f, 2.0f);
+    for (auto & v : norm_w) v = nw(rng) * (rng() % 2 ? 1.0f : -1.0f);
     const std::vector<float> y = run(w, gated ? &g : nullptr, x, x_stride, N, y_stride, with_bias ? &bias : nullptr,
-                                     bias_stride, bias_mode == 3);
+                                     bias_stride, bias_mode == 3, norm ? &norm_w : nullptr);
+    std::vector<float> xw = x;  // what the kernel quantizes
+    std::vector<double> factor(N, 1.0);
+    if (norm)
+        for (int n = 0; n < N; ++n) {
+            double sq = 0;
+            for (int k = 0; k < K; ++k) {
+                sq += double(x[size_t(n) * x_stride + k]) * x[size_t(n) * x_stride + k];
+                xw[size_t(n) * x_stride + k] = x[size_t(n) * x_stride + k] * norm_w[k];
+            }
+            factor[n] = 1.0 / std::sqrt(sq / K + kNormEps);
+        }
     std::vector<double> ry, rm, gy, gm;
-    reference(w, x, x_stride, N, ry, rm);
-    if (gated) reference(g, x, x_stride, N, gy, gm);
+    reference(w, xw, x_stride, N, ry, rm);
+    if (gated) reference(g, xw, x_stride, N, gy, gm);
+    for (int n = 0; n < N; ++n)
+        for (int m = 0; m < M; ++m) {
+            const size_t i = size_t(n) * M + m;
+            ry[i] *= factor[n];
+            rm[i] *= factor[n];
+            if (gated) {
+                gy[i] *= factor[n];
+                gm[i] *= factor[n];
+            }
+        }
     double worst = 0;
     int bad = 0;
     for (int n = 0; n < N; ++n) {
         for (int m = 0; m < M; ++m) {
             const size_t i = size_t(n) * M + m;
             const double b = !with_bias ? 0.0 : bias[size_t(n) * bias_stride + m];
-            double want = ry[i] + b, tol = 4e-5 * rm[i] + 1e-6 * std::fabs(want) + 1e-30;
+            // the norm factor is a float sum of K squares and an rsqrtf: a few 1e-6 relative
+            const double rel = norm ? 4e-6 : 0.0;
+            double want = ry[i] + b, tol = 4e-5 * rm[i] + rel * std::fabs(ry[i]) + 1e-6 * std::fabs(want) + 1e-30;
             if (gated) {
                 want = ry[i] * silu(gy[i]);
                 // d(u*silu(g)) = silu(g) du + u silu'(g) dg, |silu'| <= 1.1
-                tol = std::fabs(silu(gy[i])) * 4e-5 * rm[i] + std::fabs(ry[i]) * 1.1 * 4e-5 * gm[i] + 1e-30;
+                tol = std::fabs(silu(gy[i])) * (4e-5 * rm[i] + rel * std::fabs(ry[i])) +
+                      std::fabs(ry[i]) * 1.1 * (4e-5 * gm[i] + rel * std::fabs(gy[i])) + 1e-30;
             }
             const double got = y[size_t(n) * y_stride + m];
             const double err = std::fabs(got - want) / tol;
@@ -227,26 +260,28 @@ void check_case(std::mt19937 & rng, int K, int M, int N, bool gated, int64_t w_p
         for (int64_t m = M; m < y_stride; ++m)
             if (y[size_t(n) * y_stride + m] != -12345.0f) ++bad;  // wrote past M
     }
-    std::printf("%s K=%d M=%d N=%d %s%s pads (w %lld, x %lld, y %lld): worst err/tol %.3f\n", bad ? "FAIL" : "ok  ", K,
-                M, N, gated ? "gated" : "plain", bias_mode == 1 ? "+bias" : bias_mode == 2 ? "+residual" : bias_mode == 3 ? "+residual in place" : "", (long long)w_pad, (long long)x_pad,
+    std::printf("%s K=%d M=%d N=%d %s%s%s pads (w %lld, x %lld, y %lld): worst err/tol %.3f\n", bad ? "FAIL" : "ok  ", K,
+                M, N, gated ? "gated" : "plain", bias_mode == 1 ? "+bias" : bias_mode == 2 ? "+residual" : bias_mode == 3 ? "+residual in place" : "", norm ? " rms-normed input" : "", (long long)w_pad, (long long)x_pad,
                 (long long)y_pad, worst);
     if (bad) ++failures;
 }
 
 // Column 0 of a product is the same bits for every N (no dependence on the other columns).
-void check_column_independence(std::mt19937 & rng, bool gated) {
+void check_column_independence(std::mt19937 & rng, bool gated, bool norm) {
     const int K = 8192, M = 200;
     const weights w = random_weights(rng, K, M, 0);
     const weights g = random_weights(rng, K, M, 0);
-    std::vector<float> x(size_t(64) * K);
+    std::vector<float> x(size_t(64) * K), norm_w(K);
     std::normal_distribution<float> xd(0.0f, 1.0f);
     for (auto & v : x) v = xd(rng);
-    const std::vector<float> one = run(w, gated ? &g : nullptr, x, K, 1, M);
+    for (auto & v : norm_w) v = xd(rng);
+    const std::vector<float> * nw = norm ? &norm_w : nullptr;
+    const std::vector<float> one = run(w, gated ? &g : nullptr, x, K, 1, M, nullptr, 0, false, nw);
     for (int N : {2, 8, 16, 17, 33, 64}) {
-        const std::vector<float> many = run(w, gated ? &g : nullptr, x, K, N, M);
+        const std::vector<float> many = run(w, gated ? &g : nullptr, x, K, N, M, nullptr, 0, false, nw);
         const bool same = std::memcmp(one.data(), many.data(), size_t(M) * 4) == 0;
-        std::printf("%s column 0 of N=%d equals N=1 bit for bit (%s)\n", same ? "ok  " : "FAIL", N,
-                    gated ? "gated" : "plain");
+        std::printf("%s column 0 of N=%d equals N=1 bit for bit (%s%s)\n", same ? "ok  " : "FAIL", N,
+                    gated ? "gated" : "plain", norm ? ", rms-normed input" : "");
         if (!same) ++failures;
     }
 }
@@ -282,9 +317,14 @@ void check_refusals() {
     b.bias = reinterpret_cast<const float *>(buf);
     b.bias_stride = 3;  // < M: columns would overlap
     const bool bias_stride_refused = q8::check_args(b) != nullptr;
+    b = a;
+    b.norm_w = reinterpret_cast<const float *>(buf);
+    const bool norm_ok = q8::check_args(b) == nullptr;
+    b.norm_eps = -1.0f;
+    const bool eps_refused = q8::check_args(b) != nullptr;
     const bool ok = base_ok && k_refused && n_refused && align_refused && stride_refused && gated_bias_refused &&
-                    bias_stride_refused;
-    std::printf("%s check_args accepts a valid product and refuses K %% 256, N > 64, misalignment, row stride, gated + bias, bias stride\n",
+                    bias_stride_refused && norm_ok && eps_refused;
+    std::printf("%s check_args accepts a valid product and refuses K %% 256, N > 64, misalignment, row stride, gated + bias, bias stride, a negative norm eps\n",
                 ok ? "ok  " : "FAIL");
     if (!ok) ++failures;
 }
@@ -320,8 +360,14 @@ int main() {
         check_case(rng, 4352, 1024, 64, gated, 0, 0, 0);
         check_case(rng, 17408, 64, 16, gated, 0, 0, 0);
         check_case(rng, 17408, 40, 1, gated, 16, 0, 2);
-        check_column_independence(rng, gated);
+        check_column_independence(rng, gated, false);
+        check_column_independence(rng, gated, true);
+        // a fused RMS norm of the input (the layer norm before the DeltaNet / attention / FFN products)
+        check_case(rng, 5120, 100, 1, gated, 0, 0, 0, 0, true);
+        check_case(rng, 1280, 333, 17, gated, 0, 1, 7, 0, true);
+        check_case(rng, 4352, 1024, 64, gated, 0, 8, 0, 0, true);
     }
+    check_case(rng, 5120, 300, 16, false, 0, 0, 0, 3, true);  // a norm and an in-place residual together
     check_case(rng, 5120, 333, 1, false, 0, 0, 0, 1);  // the fused residual add of a decode step
     check_case(rng, 5120, 333, 1, false, 0, 0, 0, 3);  // ... in place
     check_case(rng, 1024, 40, 16, false, 16, 0, 3, 1);  // one [M] vector for every column

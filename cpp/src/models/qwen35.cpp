@@ -466,15 +466,16 @@ ggml_tensor * build_delta_net(ggml_context * ctx, ggml_cgraph * gf, const qwen35
     }
     conv_out = named(ggml_silu(ctx, conv_out), "gdn_conv_out", il);
 
+    // conv_out per token: [q: Hk heads of dk | k: Hk heads | v: Hv heads]. q and k are L2-normed
+    // per head as one [dk, 2 Hk, T] tensor (one kernel), then viewed apart; v stays a view (the
+    // gated delta net reads rows of dk contiguous floats at any stride).
     const size_t es = ggml_element_size(conv_out);
-    ggml_tensor * q = ggml_view_4d(ctx, conv_out, dk, Hk, T, 1, dk * es, conv_out->nb[1], conv_out->nb[2], 0);
-    ggml_tensor * k = ggml_view_4d(ctx, conv_out, dk, Hk, T, 1, dk * es, conv_out->nb[1], conv_out->nb[2],
-                                   key_dim * es);
+    ggml_tensor * qk = ggml_view_3d(ctx, conv_out, dk, 2 * Hk, T, dk * es, conv_out->nb[1], 0);
+    qk = named(graph::l2_norm(ctx, qk, hp.rms_eps), "gdn_qk", il);  // [dk, 2 Hk, T], contiguous
+    ggml_tensor * q = ggml_view_4d(ctx, qk, dk, Hk, T, 1, qk->nb[1], qk->nb[2], qk->nb[2] * T, 0);
+    ggml_tensor * k = ggml_view_4d(ctx, qk, dk, Hk, T, 1, qk->nb[1], qk->nb[2], qk->nb[2] * T, key_dim * es);
     ggml_tensor * v = ggml_view_4d(ctx, conv_out, dk, Hv, T, 1, dk * es, conv_out->nb[1], conv_out->nb[2],
                                    2 * key_dim * es);
-    q = named(graph::l2_norm(ctx, q, hp.rms_eps), "gdn_q", il);
-    k = named(graph::l2_norm(ctx, k, hp.rms_eps), "gdn_k", il);
-    v = named(ggml_cont(ctx, v), "gdn_v", il);
 
     ggml_tensor * s0 = ggml_reshape_4d(ctx, ssm_state, dk, dk, Hv, 1);
     const int64_t n_snap = ssm_ckpt != nullptr ? T : 1;  // snapshots: slot s = state after token T-1-s

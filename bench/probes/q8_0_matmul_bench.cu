@@ -25,7 +25,8 @@ static float time_ms(cudaEvent_t a, cudaEvent_t b) {
 }
 
 // With arguments `K M N gated(0|1)`: that one product only (e.g. under ncu). Options first:
-// --q4k: Q4_K weights instead of Q8_0; --cols N,N,..: these column counts only.
+// --q4k: Q4_K weights instead of Q8_0; --cols N,N,..: these column counts only; --norm: each
+// product also RMS-normalizes its input (the fused layer norm).
 std::vector<int> int_list(const char * s) {
     std::vector<int> v;
     for (const char * p = s; *p;) {
@@ -38,11 +39,13 @@ std::vector<int> int_list(const char * s) {
 }
 
 int main(int argc, char ** argv) {
-    bool q4k = false;
+    bool q4k = false, norm = false;
     std::vector<int> only_cols;
     while (argc > 1 && std::strncmp(argv[1], "--", 2) == 0) {
         if (std::strcmp(argv[1], "--q4k") == 0) {
             q4k = true;
+        } else if (std::strcmp(argv[1], "--norm") == 0) {
+            norm = true;
         } else if (std::strcmp(argv[1], "--cols") == 0 && argc > 2) {
             only_cols = int_list(argv[2]);
             --argc;
@@ -55,7 +58,7 @@ int main(int argc, char ** argv) {
         ++argv;
     }
     const q8::weight_type type = q4k ? q8::weight_type::q4_k : q8::weight_type::q8_0;
-    std::printf("%s weights\n", q4k ? "Q4_K" : "Q8_0");
+    std::printf("%s weights%s\n", q4k ? "Q4_K" : "Q8_0", norm ? ", RMS-normed input" : "");
     cudaEvent_t t0, t1;
     CHECK_CUDA(cudaEventCreate(&t0));
     CHECK_CUDA(cudaEventCreate(&t1));
@@ -117,9 +120,14 @@ int main(int argc, char ** argv) {
             for (int c = 0; c < copies * (s.gated ? 2 : 1); ++c)
                 CHECK_CUDA(cudaMemcpy(w + c * mat, host.data(), mat, cudaMemcpyHostToDevice));
         }
-        float *x, *y;
+        float *x, *y, *norm_w;
         void * scratch;
         CHECK_CUDA(cudaMalloc(&x, size_t(64) * s.K * 4));
+        CHECK_CUDA(cudaMalloc(&norm_w, size_t(s.K) * 4));
+        {
+            const std::vector<float> ones(s.K, 1.0f);
+            CHECK_CUDA(cudaMemcpy(norm_w, ones.data(), ones.size() * 4, cudaMemcpyHostToDevice));
+        }
         CHECK_CUDA(cudaMalloc(&y, size_t(64) * s.M * 4));
         {
             q8::matmul_args biggest;  // the scratch grows with N
@@ -128,6 +136,7 @@ int main(int argc, char ** argv) {
             biggest.K = s.K;
             biggest.M = s.M;
             biggest.N = 64;
+            biggest.norm_w = norm ? norm_w : nullptr;
             CHECK_CUDA(cudaMalloc(&scratch, q8::scratch_bytes(biggest)));
         }
         {
@@ -150,6 +159,8 @@ int main(int argc, char ** argv) {
                 a.x_stride = s.K;
                 a.y = y;
                 a.y_stride = s.M;
+                a.norm_w = norm ? norm_w : nullptr;
+                a.norm_eps = 1e-6f;
                 CHECK_CUDA(q8::matmul(a, scratch, nullptr));
             };
             for (int c = 0; c < copies; ++c) launch(c);  // warm-up
@@ -167,6 +178,7 @@ int main(int argc, char ** argv) {
         cudaFree(x);
         cudaFree(y);
         cudaFree(scratch);
+        cudaFree(norm_w);
     }
     return 0;
 }

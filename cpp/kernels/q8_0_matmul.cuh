@@ -50,9 +50,12 @@ static_assert(CHUNK_BYTES % 16 == 0 && Q4K_BLOCK_BYTES % 16 == 0, "a staged row 
 __host__ __device__ constexpr int stage_bytes(int cols, int m_tiles, bool q4k = false) {
     return 16 * m_tiles * (q4k ? Q4K_BLOCK_BYTES : CHUNK_BYTES) + CHUNK_BLOCKS * cols * (QK + 4 + (q4k ? 4 : 0));
 }
-// The warps' stages, then the columns' RMS norm factors [cols].
+// A column's sum of squares is added as NORM_PARTS partial sums (blocks b = p mod NORM_PARTS).
+constexpr int NORM_PARTS = 8;
+
+// The warps' stages, then the columns' RMS norm factors [cols] and partial sums [cols][NORM_PARTS].
 __host__ __device__ constexpr int smem_bytes(int cols, int m_tiles, bool q4k = false) {
-    return WARPS * STAGES * stage_bytes(cols, m_tiles, q4k) + cols * 4;
+    return WARPS * STAGES * stage_bytes(cols, m_tiles, q4k) + cols * 4 * (1 + NORM_PARTS);
 }
 
 namespace detail {
@@ -152,9 +155,11 @@ __device__ __forceinline__ void load_quants(bool odd_block, const uint8_t * p, i
 // q4_k (Q4K): a chunk is one 144-byte super-block per row; its 8 sub-blocks meet the chunk's 8
 // activation blocks one mma each (the 4-bit quants widened to int8 0..15 with a shift and a mask),
 // scaled by d * scale_s and the activations' scale, minus dmin * min_s times the activations' sum.
-// With a.norm_w, ss holds quantize_columns' sums of squares and every column's sums are scaled by
-// its norm factor rsqrt(sum / K + eps); the sum runs in a fixed order (lane l adds blocks l, l+32,
-// .., then a butterfly), so the factor of column n does not depend on N either.
+// With a.norm_w, ss holds quantize_columns' per-block sums of squares and every column's sums are
+// scaled by its norm factor rsqrt(sum / K + eps). The threads load all blocks' sums at once while
+// the first weight chunks are in flight (NORM_PARTS partial sums per column, blocks p, p + 8, ..),
+// and add the partials in order after the main loop: a fixed order, so the factor of column n does
+// not depend on N either.
 template <int NG, bool GATED, int M_TILES, bool Q4K>
 __global__ void __launch_bounds__(WARPS * 32)
 matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__ xd, const float * __restrict__ xs,
@@ -222,17 +227,17 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
 
 #pragma unroll
     for (int i = 0; i < STAGES - 1; ++i) issue(i);
-    // the columns' norm factors (while the first chunks load), read in the epilogue
+    // the columns' partial sums of squares (while the first chunks load), added after the main loop
     float * norm_factor = reinterpret_cast<float *>(smem + WARPS * STAGES * STAGE);
+    float * norm_part = norm_factor + COLS;  // [COLS][NORM_PARTS]
     if (a.norm_w != nullptr) {
         const int nb = a.K / QK;
-        for (int c = warp; c < COLS; c += WARPS) {
+        for (int cp = threadIdx.x; cp < COLS * NORM_PARTS; cp += WARPS * 32) {
+            const int c = cp / NORM_PARTS;
             float sq = 0.0f;
             if (c < a.N)  // padded columns: never written
-                for (int b = lane; b < nb; b += 32) sq += ss[b * COLS + c];
-#pragma unroll
-            for (int o = 16; o > 0; o /= 2) sq += __shfl_xor_sync(0xffffffffu, sq, o);
-            if (lane == 0) norm_factor[c] = rsqrtf(sq / float(a.K) + a.norm_eps);
+                for (int b = cp % NORM_PARTS; b < nb; b += NORM_PARTS) sq += ss[b * COLS + c];
+            norm_part[cp] = sq;
         }
     }
     for (int i = 0; i < n_mine; ++i) {
@@ -336,6 +341,13 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
     }
     cp_async_wait<0>();
     __syncthreads();  // every warp is done with its stages: reuse them for the partial sums
+    if (a.norm_w != nullptr)
+        for (int c = threadIdx.x; c < COLS; c += WARPS * 32) {
+            float sq = norm_part[c * NORM_PARTS];
+#pragma unroll
+            for (int p = 1; p < NORM_PARTS; ++p) sq += norm_part[c * NORM_PARTS + p];
+            norm_factor[c] = rsqrtf(sq / float(a.K) + a.norm_eps);
+        }
 
     // red[w][mt][j][lane][e]: accumulator e of lane 4g+t in tile (mt, j) is staged row
     // 16mt + g + 8*(e/2), column 8j + 2t + e%2

@@ -3,6 +3,8 @@
 #include <cmath>
 #include <cstdio>
 
+#include "lucebox/errors.h"
+
 namespace lucebox::graph {
 
 ggml_tensor * named(ggml_tensor * t, const char * name, int layer) {
@@ -58,6 +60,14 @@ std::vector<ggml_tensor *> stacked_products(ggml_context * ctx, const std::vecto
 }
 
 ggml_tensor * contiguous(ggml_context * ctx, ggml_tensor * x) { return ggml_is_contiguous(x) ? x : ggml_cont(ctx, x); }
+
+ggml_tensor * copy_by_kernel(ggml_context * ctx, ggml_tensor * src, ggml_tensor * dst) {
+    if (dst->ne[3] != 1) {
+        throw error("internal: copy_by_kernel needs a destination of at most 3 dimensions");
+    }
+    ggml_tensor * d4 = ggml_view_4d(ctx, dst, dst->ne[0], 1, dst->ne[1], dst->ne[2], dst->nb[1], dst->nb[1], dst->nb[2], 0);
+    return ggml_cpy(ctx, src, d4);
+}
 
 ggml_tensor * swiglu_ffn(ggml_context * ctx, ggml_tensor * x, ggml_tensor * w_gate, ggml_tensor * w_up,
                          ggml_tensor * w_down, int layer) {

@@ -32,6 +32,13 @@ ggml_tensor * l2_norm(ggml_context * ctx, ggml_tensor * x, float eps);
 // products.
 std::vector<ggml_tensor *> stacked_products(ggml_context * ctx, const std::vector<ggml_tensor *> & w, ggml_tensor * x);
 
+// ggml_cpy(src, dst) (same element count and order; dst at most 3-D) that ggml's CUDA backend runs
+// as its copy kernel. A same-shape copy of strided rows becomes cudaMemcpy2DAsync there, which is
+// slow for narrow rows: a DeltaNet conv window is conv_dim rows of d_conv-1 floats (10240 rows of
+// 12 bytes: ~7 us on an H200, once per layer per step). dst is seen with an extra unit dimension,
+// which keeps the element order and makes the shapes differ.
+ggml_tensor * copy_by_kernel(ggml_context * ctx, ggml_tensor * src, ggml_tensor * dst);
+
 // x when it is contiguous, else a contiguous copy (reshapes and unary ops need one).
 ggml_tensor * contiguous(ggml_context * ctx, ggml_tensor * x);
 

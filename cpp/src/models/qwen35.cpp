@@ -455,11 +455,11 @@ ggml_tensor * build_delta_net(ggml_context * ctx, ggml_cgraph * gf, const qwen35
         named(conv_in, "gdn_conv_in", il);
         if (conv_ckpt != nullptr) {
             ggml_tensor * dst = ggml_view_2d(ctx, conv_ckpt, d_conv - 1 + T, conv_dim, conv_ckpt->nb[1], 0);
-            ggml_build_forward_expand(gf, ggml_cpy(ctx, conv_in, dst));
+            ggml_build_forward_expand(gf, graph::copy_by_kernel(ctx, conv_in, dst));  // conv_dim narrow rows
         } else {
             ggml_tensor * new_conv = ggml_view_2d(ctx, conv_in, d_conv - 1, conv_dim, conv_in->nb[1],
                                                   T * ggml_element_size(conv_in));
-            ggml_build_forward_expand(gf, ggml_cpy(ctx, new_conv, conv_state));
+            ggml_build_forward_expand(gf, graph::copy_by_kernel(ctx, new_conv, conv_state));
         }
         conv_out = ggml_ssm_conv(ctx, ggml_reshape_3d(ctx, conv_in, d_conv - 1 + T, conv_dim, 1),
                                  l.ssm_conv1d);  // [conv_dim, T, 1]
@@ -740,7 +740,7 @@ ggml_cgraph * build_qwen35_commit_graph(ggml_context * ctx, const qwen35_hparams
         ggml_tensor * cc = st.conv_ckpt[il];
         ggml_tensor * win = ggml_view_2d(ctx, cc, hp.ssm_d_conv - 1, hp.conv_dim(), cc->nb[1],
                                          (last_kept + 1) * ggml_element_size(cc));
-        ggml_build_forward_expand(gf, ggml_cpy(ctx, win, st.conv[il]));
+        ggml_build_forward_expand(gf, graph::copy_by_kernel(ctx, win, st.conv[il]));
     }
     return gf;
 }
@@ -917,7 +917,7 @@ ggml_cgraph * build_qwen35_tree_commit_copy_graph(ggml_context * ctx, const qwen
             ggml_tensor * src = ggml_view_2d(ctx, cc, 1, hp.conv_dim(), es, col * hp.conv_dim() * es);
             ggml_tensor * dst = ggml_view_2d(ctx, st.conv[il], 1, hp.conv_dim(), st.conv[il]->nb[1],
                                              w * ggml_element_size(st.conv[il]));
-            ggml_build_forward_expand(gf, ggml_cpy(ctx, src, dst));
+            ggml_build_forward_expand(gf, graph::copy_by_kernel(ctx, src, dst));  // 4-byte rows
         }
     }
     for (ggml_tensor * ring : st.ring) {

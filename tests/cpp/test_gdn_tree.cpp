@@ -358,6 +358,67 @@ void check_tree_commit(ggml_type type_kv, ggml_backend_t be) {
 
 }  // namespace
 
+// The chain commit and the backup/restore graphs of a deep model (the graph sizes must count every
+// node: 48 DeltaNet layers of the 27B once overflowed a commit graph) move the right bytes: the
+// kept token's state checkpoint and its conv window (columns last_kept+1.. of each channel).
+TEST_CASE(commit_and_backup_graphs_of_a_deep_model) {
+    qwen35_hparams hp = commit_hparams();
+    hp.n_layer = 96;
+    hp.is_recurrent.assign(hp.n_layer, true);
+    for (uint32_t il = 3; il < hp.n_layer; il += 4) hp.is_recurrent[il] = false;
+    const uint32_t n_ckpt = 6;
+    ggml_backend_t cpu = ggml_backend_cpu_init();
+    const qwen35_state st = qwen35_state::allocate(hp, 32, GGML_TYPE_F16, GGML_TYPE_F16, {}, 0, n_ckpt,
+                                                   ggml_backend_get_default_buffer_type(cpu),
+                                                   ggml_backend_get_device(cpu));
+    std::mt19937 rng(11);
+    for (ggml_tensor * t : state_tensors(st)) {
+        std::vector<float> v(ggml_nelements(t));
+        for (float & x : v) x = float(rng() % 1000) - 500.0f;
+        if (t->type == GGML_TYPE_F32) ggml_backend_tensor_set(t, v.data(), 0, ggml_nbytes(t));
+    }
+    auto floats = [](ggml_tensor * t) {
+        std::vector<float> v(ggml_nbytes(t) / sizeof(float));
+        ggml_backend_tensor_get(t, v.data(), 0, v.size() * sizeof(float));
+        return v;
+    };
+    std::vector<uint8_t> meta(ggml_tensor_overhead() * 2048 + ggml_graph_overhead_custom(2048, false));
+    const uint32_t n_verified = 5, last_kept = 1, d1 = hp.ssm_d_conv - 1;
+    const int64_t D = int64_t(hp.ssm_d_state) * hp.ssm_d_state * hp.ssm_n_v_heads;
+    {
+        ggml_init_params ip{meta.size(), meta.data(), true};
+        ggml_context * ctx = ggml_init(ip);
+        compute(cpu, build_qwen35_commit_graph(ctx, hp, st, n_verified, last_kept));
+        ggml_free(ctx);
+    }
+    int wrong = 0;
+    for (uint32_t il = 0; il < hp.n_layer; ++il) {
+        if (!hp.is_recurrent[il]) continue;
+        const std::vector<float> ssm = floats(st.ssm[il]), ck = floats(st.ssm_ckpt[il]);
+        const size_t slot = n_verified - 1 - last_kept, row = st.ssm_ckpt[il]->nb[1] / sizeof(float);
+        for (int64_t i = 0; i < D; ++i) wrong += ssm[i] != ck[slot * row + i];
+        const std::vector<float> conv = floats(st.conv[il]), cc = floats(st.conv_ckpt[il]);
+        const size_t cc_row = st.conv_ckpt[il]->nb[1] / sizeof(float);
+        for (int64_t c = 0; c < int64_t(hp.conv_dim()); ++c)
+            for (uint32_t w = 0; w < d1; ++w) wrong += conv[c * d1 + w] != cc[c * cc_row + last_kept + 1 + w];
+    }
+    CHECK(wrong == 0);
+    for (bool backup : {true, false}) {  // backup into slot 0, then restore from it: the state is unchanged
+        const std::vector<float> before = floats(st.conv[0]);
+        ggml_init_params ip{meta.size(), meta.data(), true};
+        ggml_context * ctx = ggml_init(ip);
+        compute(cpu, build_qwen35_backup_graph(ctx, hp, st, backup));
+        ggml_free(ctx);
+        CHECK(floats(st.conv[0]) == before);
+    }
+    const std::vector<float> cc0 = floats(st.conv_ckpt[0]), conv0 = floats(st.conv[0]);
+    int slot_wrong = 0;  // after the backup, slot 0 of the conv checkpoint holds the conv state
+    for (int64_t c = 0; c < int64_t(hp.conv_dim()); ++c)
+        for (uint32_t w = 0; w < d1; ++w) slot_wrong += conv0[c * d1 + w] != cc0[c * (st.conv_ckpt[0]->nb[1] / 4) + w];
+    CHECK(slot_wrong == 0);
+    ggml_backend_free(cpu);
+}
+
 TEST_CASE(tree_commit_reused_graph_equals_copies_bitwise) {
     ggml_backend_t cpu = ggml_backend_cpu_init();
     for (ggml_type t : {GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_Q8_0, GGML_TYPE_Q4_0,

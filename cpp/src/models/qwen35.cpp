@@ -727,7 +727,8 @@ ggml_cgraph * build_qwen35_commit_graph(ggml_context * ctx, const qwen35_hparams
     if (last_kept >= n_verified || n_verified > st.n_checkpoints) {
         throw error("internal: commit of token " + std::to_string(last_kept) + " of " + std::to_string(n_verified));
     }
-    ggml_cgraph * gf = ggml_new_graph_custom(ctx, 4 * size_t(hp.n_layer) + 16, false);
+    // nodes per DeltaNet layer: the ssm copy (view, reshape, cpy), the conv copy (view, view, cpy)
+    ggml_cgraph * gf = ggml_new_graph_custom(ctx, 6 * size_t(hp.n_layer) + 16, false);
     const int64_t D = int64_t(hp.ssm_d_state) * hp.ssm_d_state * hp.ssm_n_v_heads;
     for (uint32_t il = 0; il < hp.n_layer; ++il) {
         if (!hp.is_recurrent[il] || st.ssm[il] == nullptr) {
@@ -887,8 +888,9 @@ ggml_cgraph * build_qwen35_tree_commit_copy_graph(ggml_context * ctx, const qwen
     check_tree_commit_path(st, n_verified, path);
     const size_t L = path.size();
     // nodes: a row copy is 3 (two views + cpy): 2 per path node per attention layer and ring, plus the
-    // ssm copy and the d_conv-1 conv column copies per DeltaNet layer
-    const size_t n_nodes = (size_t(hp.n_layer) + st.ring.size()) * (6 * L + 3 * hp.ssm_d_conv + 8) + 16;
+    // ssm copy (3) and the d_conv-1 conv column copies (4: two views, copy_by_kernel's view, cpy) per
+    // DeltaNet layer
+    const size_t n_nodes = (size_t(hp.n_layer) + st.ring.size()) * (6 * L + 4 * hp.ssm_d_conv + 8) + 16;
     ggml_cgraph * gf = ggml_new_graph_custom(ctx, n_nodes, false);
     const int64_t D = int64_t(hp.ssm_d_state) * hp.ssm_d_state * hp.ssm_n_v_heads;
     auto copy_row = [&](ggml_tensor * t, int64_t from, int64_t to) {  // one row of a 2-D tensor, raw bytes
@@ -935,7 +937,8 @@ ggml_cgraph * build_qwen35_backup_graph(ggml_context * ctx, const qwen35_hparams
     if (st.n_checkpoints == 0) {
         throw error("internal: no checkpoint slot for a state backup");
     }
-    ggml_cgraph * gf = ggml_new_graph_custom(ctx, 4 * size_t(hp.n_layer) + 16, false);
+    // nodes per DeltaNet layer: the ssm copy (view, reshape, cpy), the conv copy (view, view, cpy)
+    ggml_cgraph * gf = ggml_new_graph_custom(ctx, 6 * size_t(hp.n_layer) + 16, false);
     const int64_t D = int64_t(hp.ssm_d_state) * hp.ssm_d_state * hp.ssm_n_v_heads;
     for (uint32_t il = 0; il < hp.n_layer; ++il) {
         if (!hp.is_recurrent[il] || st.ssm[il] == nullptr) {
@@ -947,10 +950,10 @@ ggml_cgraph * build_qwen35_backup_graph(ggml_context * ctx, const qwen35_hparams
         ggml_tensor * conv_slot = ggml_view_2d(ctx, cc, hp.ssm_d_conv - 1, hp.conv_dim(), cc->nb[1], 0);
         if (backup) {
             ggml_build_forward_expand(gf, ggml_cpy(ctx, ssm, ssm_slot));
-            ggml_build_forward_expand(gf, ggml_cpy(ctx, st.conv[il], conv_slot));
+            ggml_build_forward_expand(gf, graph::copy_by_kernel(ctx, st.conv[il], conv_slot));
         } else {
             ggml_build_forward_expand(gf, ggml_cpy(ctx, ssm_slot, ssm));
-            ggml_build_forward_expand(gf, ggml_cpy(ctx, conv_slot, st.conv[il]));
+            ggml_build_forward_expand(gf, graph::copy_by_kernel(ctx, conv_slot, st.conv[il]));
         }
     }
     return gf;

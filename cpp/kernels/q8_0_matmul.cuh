@@ -1,5 +1,5 @@
-// Q8_0 matrix products with few activation columns (decode: 1 column; a DFlash verify: 16; a
-// DDTree verify: up to 64) on the int8 tensor cores, reading each weight byte once.
+// Q8_0 and Q4_K matrix products with few activation columns (decode: 1 column; a DFlash verify:
+// 16; a DDTree verify: up to 64) on the int8 tensor cores, reading each weight byte once.
 //
 //     y[n, m] = sum_k W[m, k] * x[n, k] (+ bias[n, m])       (plain; bias per column or shared)
 //     y[n, m] = (U x_n)[m] * silu((G x_n)[m])                (gated: the SwiGLU FFN's up and gate)
@@ -7,17 +7,17 @@
 // optionally with x_n replaced by its RMS norm times a weight vector (norm_w: the layer norm that
 // feeds the product, fused: no normalized copy of x is written).
 //
-// W: [M rows][K] in ggml's Q8_0 layout (blocks of 34 bytes: fp16 scale d, 32 int8 q; value d*q),
-// rows row_bytes apart. x: [N][K] float; y: [N][M] float. The activations are first quantized to
-// int8 per 32 values (scale amax/127, round to nearest: the rounding of ggml's q8_1) into
-// [K/32][8*NG][32] (NG groups of 8 columns). Each CTA then takes 16 or 32 weight rows (gated: 16
-// rows of U and the same 16 rows of G; see stage_bytes) and its WARPS warps split K between them:
-// each warp streams 8-block chunks of its rows, and the same blocks of the quantized activations,
-// into shared memory with 16-byte cp.async (STAGES deep), and multiplies them with mma.m16n8k32
-// (A = 16 weight rows, B = 8 activation columns, one Q8_0 block per instruction). The warps'
-// partial sums are added in a
-// fixed order, so the result of column n does not depend on N or on the other columns: a decode
-// step and a verify of the same token compute bit-identical products.
+// W: [M rows][K] in ggml's Q8_0 layout (blocks of 34 bytes: fp16 scale d, 32 int8 q; value d*q)
+// or Q4_K layout (q8_0_matmul_args.h), rows row_bytes apart. x: [N][K] float; y: [N][M] float. The
+// activations are first quantized to int8 per 32 values (scale amax/127, round to nearest: the
+// rounding of ggml's q8_1) into [K/32][8*NG][32] (NG groups of 8 columns). Each CTA then takes 16
+// or 32 weight rows (gated: 16 rows of U and the same 16 rows of G; see stage_bytes) and its WARPS
+// warps split K between them: each warp streams 256-value chunks of its rows, and the same blocks
+// of the quantized activations, into shared memory with 16-byte cp.async (STAGES deep), and
+// multiplies them with mma.m16n8k32 (A = 16 weight rows, B = 8 activation columns, one 32-value
+// block per instruction). The warps' partial sums are added in a fixed order, so the result of
+// column n does not depend on N or on the other columns: a decode step and a verify of the same
+// token compute bit-identical products.
 //
 // Requirements (checked by check_args): K % 256 == 0; 1 <= N <= MAX_COLS; W (and G) 16-byte
 // aligned with row_bytes % 16 == 0. Header-only so that tests/cpp/test_q8_0_matmul.cu can build it

@@ -29,9 +29,10 @@ struct operands {
 };
 
 bool takes(const ggml_tensor * w, const ggml_tensor * gate, int glu, const ggml_tensor * bias, const ggml_tensor * x,
-           const ggml_tensor * dst, matmul_args * out = nullptr) {
+           const ggml_tensor * dst, matmul_args * out = nullptr, const ggml_tensor * norm_w = nullptr,
+           float norm_eps = 0.0f) {
     matmul_args a;
-    const bool ok = args_from_ggml(w, gate, glu, bias, x, dst, a);
+    const bool ok = args_from_ggml(w, gate, glu, bias, x, dst, a, norm_w, norm_eps);
     if (out) *out = a;
     return ok;
 }
@@ -163,14 +164,14 @@ TEST_CASE(a_fused_rms_norm_takes_one_f32_weight_per_input_row) {
     ggml_tensor * x = o.t(GGML_TYPE_F32, 5120, 16);
     ggml_tensor * y = o.t(GGML_TYPE_F32, 1024, 16);
     matmul_args a;
-    CHECK(lucebox::kernels::q8_0::args_from_ggml(w, nullptr, -1, nullptr, x, y, a, o.t(GGML_TYPE_F32, 5120, 1), 1e-6f));
+    CHECK(takes(w, nullptr, -1, nullptr, x, y, &a, o.t(GGML_TYPE_F32, 5120, 1), 1e-6f));
     CHECK(a.norm_w != nullptr && a.norm_eps == 1e-6f);
-    CHECK(lucebox::kernels::q8_0::args_from_ggml(w, nullptr, -1, nullptr, x, y, a));
+    CHECK(takes(w, nullptr, -1, nullptr, x, y, &a));
     CHECK(a.norm_w == nullptr);
-    CHECK(!lucebox::kernels::q8_0::args_from_ggml(w, nullptr, -1, nullptr, x, y, a, o.t(GGML_TYPE_F32, 4096, 1), 1e-6f));
-    CHECK(!lucebox::kernels::q8_0::args_from_ggml(w, nullptr, -1, nullptr, x, y, a, o.t(GGML_TYPE_F32, 5120, 16), 1e-6f));
-    CHECK(!lucebox::kernels::q8_0::args_from_ggml(w, nullptr, -1, nullptr, x, y, a, o.t(GGML_TYPE_F16, 5120, 1), 1e-6f));
-    CHECK(!lucebox::kernels::q8_0::args_from_ggml(w, nullptr, -1, nullptr, x, y, a, o.t(GGML_TYPE_F32, 5120, 1), -1.0f));
+    CHECK(!takes(w, nullptr, -1, nullptr, x, y, nullptr, o.t(GGML_TYPE_F32, 4096, 1), 1e-6f));   // not K long
+    CHECK(!takes(w, nullptr, -1, nullptr, x, y, nullptr, o.t(GGML_TYPE_F32, 5120, 16), 1e-6f));  // not a vector
+    CHECK(!takes(w, nullptr, -1, nullptr, x, y, nullptr, o.t(GGML_TYPE_F16, 5120, 1), 1e-6f));
+    CHECK(!takes(w, nullptr, -1, nullptr, x, y, nullptr, o.t(GGML_TYPE_F32, 5120, 1), -1.0f));   // eps < 0
 }
 
 TEST_MAIN()

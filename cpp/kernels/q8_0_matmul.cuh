@@ -248,7 +248,7 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
         const int8_t * sx = reinterpret_cast<const int8_t *>(st + W_BYTES);
         const float * sd = reinterpret_cast<const float *>(st + W_BYTES + X_BYTES);
         if constexpr (Q4K) {
-            const float * ss = sd + CHUNK_BLOCKS * COLS;  // activation sums
+            const float * sums = sd + CHUNK_BLOCKS * COLS;  // the activation blocks' sums (for the mins)
             float2 dm[M_TILES][2];                         // (d, dmin) of rows g and g + 8
             uint32_t sc[M_TILES][2][3];                    // their packed scales and mins
 #pragma unroll
@@ -279,7 +279,7 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
                         bf[j][0] = v.x;
                         bf[j][1] = v.y;
                         dx[j] = *reinterpret_cast<const float2 *>(sd + s * COLS + COL_GROUP * j + 2 * t);
-                        sx2[j] = *reinterpret_cast<const float2 *>(ss + s * COLS + COL_GROUP * j + 2 * t);
+                        sx2[j] = *reinterpret_cast<const float2 *>(sums + s * COLS + COL_GROUP * j + 2 * t);
                     }
 #pragma unroll
                     for (int mt = 0; mt < M_TILES; ++mt) {

@@ -5,9 +5,9 @@ Uses PyTorch's profiler (CUPTI) to record every CUDA kernel launched in this pro
 ggml's, over 33 generated tokens after a prompt of --depth tokens (default 256): plain greedy decoding, then the same with
 16-token verify steps whose proposals are all rejected (each step = one 16-token target forward +
 commit). Prints the per-step kernel time and the 22 most expensive kernels of each.
-Needs torch with CUDA. Usage (repository root, GPU machine):
+With --prefill N, also the kernels of one N-token prefill. Needs torch with CUDA. Usage (repository root, GPU machine):
     lucebox synth qwen3.6-27b -o /tmp/t27.gguf --type q8_0
-    python bench/bench_kernels.py /tmp/t27.gguf [--depth 4096]
+    python bench/bench_kernels.py /tmp/t27.gguf [--depth 4096] [--prefill 4096]
 """
 from __future__ import annotations
 
@@ -31,16 +31,30 @@ def profile_generation(engine: lucebox.Engine, prompt: list[int], label: str, **
         r = s.generate(prompt[-1:], max_tokens=33, **kw)
         torch.cuda.synchronize()
     steps = (r.stats.spec or {}).get("steps", 0) or r.stats.n_generated
+    print_kernels(prof, label, steps, r.stats.decode_seconds)
+
+
+def print_kernels(prof, label: str, steps: int, wall_seconds: float | None) -> None:
     agg: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0])
     for ev in prof.events():
         if ev.device_type == torch.autograd.DeviceType.CUDA:
             agg[ev.name][0] += ev.device_time_total
             agg[ev.name][1] += 1
     total = sum(v[0] for v in agg.values())
-    print(f"== {label}: {steps} steps; kernel time {total / 1e3 / steps:.2f} ms per step; "
-          f"wall {1e3 * r.stats.decode_seconds / steps:.2f} ms per step")
+    wall = f"; wall {1e3 * wall_seconds / steps:.2f} ms per step" if wall_seconds is not None else ""
+    print(f"== {label}: {steps} steps; kernel time {total / 1e3 / steps:.2f} ms per step{wall}")
     for name, (us, n) in sorted(agg.items(), key=lambda x: -x[1][0])[:22]:
         print(f"  {us / 1e3 / steps:7.3f} ms/step {n / steps:6.1f}x  {us / max(1, n):8.1f} us  {name[:100]}")
+
+
+def profile_prefill(engine: lucebox.Engine, prompt: list[int]) -> None:
+    engine.session().append(prompt)  # warm-up
+    s = engine.session()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        s.append(prompt)
+        torch.cuda.synchronize()
+    print_kernels(prof, f"prefill of {len(prompt)} tokens", 1, None)
 
 
 def main() -> int:
@@ -49,16 +63,20 @@ def main() -> int:
     ap.add_argument("--ggml-kernels", action="store_true",
                     help="run every matmul on ggml's own CUDA kernels, not lucebox's (A/B comparison)")
     ap.add_argument("--depth", type=int, default=256, help="prompt tokens before the profiled steps")
+    ap.add_argument("--prefill", type=int, default=0,
+                    help="also profile the prefill of a prompt of this many tokens (one step)")
     args = ap.parse_args()
     if args.ggml_kernels:
         from lucebox import _core as core
 
         core.set_own_cuda_kernels(False)
-    engine = lucebox.Engine(args.model, ctx=args.depth + 64, device="cuda:0")
+    engine = lucebox.Engine(args.model, ctx=max(args.depth, args.prefill) + 64, device="cuda:0")
     rng = np.random.default_rng(0)
     prompt = [int(x) for x in rng.integers(10, engine.hparams.n_vocab, args.depth)]
     profile_generation(engine, prompt, "plain decode")
     profile_generation(engine, prompt, "16-token verify (forced, all rejected)", propose=lambda c, last, n: [0] * n)
+    if args.prefill:
+        profile_prefill(engine, [int(x) for x in rng.integers(10, engine.hparams.n_vocab, args.prefill)])
     return 0
 
 

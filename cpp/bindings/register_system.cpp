@@ -25,6 +25,12 @@ void register_system(py::module_ & m) {
           "run everything; for A/B benchmarks. Set it before creating an Engine (ggml replays CUDA graphs "
           "it captured earlier). No effect in a build without CUDA.");
 
+    m.def("set_bf16_gemm_min_cols", &kernels::set_bf16_gemm_min_cols, py::arg("n"),
+          "Quantized products of at least n activation columns (prefill micro-batches) run as BF16 cuBLAS "
+          "GEMMs on dequantized weights instead of ggml's MMQ; 0: never. The default is set when the first "
+          "CUDA device is used; for the threshold sweep (bench/probes/prefill_gemm_sweep.py). No effect "
+          "without CUDA.");
+
     m.def("devices", [] {
         py::list out;
         for (const device_info & dev : list_devices()) {

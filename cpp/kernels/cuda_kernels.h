@@ -1,8 +1,11 @@
 // lucebox's own CUDA kernels inside ggml's CUDA backend (through ggml patch 0003's MUL_MAT hook):
-// Q8_0 products of 1..64 activation columns, plain, fused gate/up SwiGLU and fused residual ADD
-// (q8_0_matmul.cuh).
+// Q8_0 and Q4_K products of 1..64 activation columns, plain, fused gate/up SwiGLU, fused residual
+// ADD and fused RMS norm (q8_0_matmul.cuh); and large quantized products as BF16 cuBLAS GEMMs
+// (ggml patch 0004).
 // In a build without CUDA these do nothing.
 #pragma once
+
+#include <cstdint>
 
 namespace lucebox::kernels {
 
@@ -13,6 +16,12 @@ void install_cuda_kernels();
 // Whether installed kernels take products (default: yes). Off: ggml's own kernels run everything,
 // for A/B benchmarks and tests; takes effect at the next graph computed (a CUDA graph captured
 // before keeps the kernels it captured until ggml captures again).
+// Off also turns off the BF16 GEMM route of large quantized products (patch 0004).
 void set_cuda_kernels_enabled(bool enabled);
+
+// Quantized products of at least n activation columns dequantize their weights to BF16 and run one
+// cuBLAS GEMM (FP32 accumulation) instead of ggml's MMQ; 0: never. Installing the kernels sets the
+// measured default; for the threshold sweep of bench/probes/prefill_gemm_sweep.py.
+void set_bf16_gemm_min_cols(int64_t n);
 
 }  // namespace lucebox::kernels

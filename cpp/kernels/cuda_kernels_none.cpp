@@ -5,5 +5,6 @@ namespace lucebox::kernels {
 
 void install_cuda_kernels() {}
 void set_cuda_kernels_enabled(bool) {}
+void set_bf16_gemm_min_cols(int64_t) {}
 
 }  // namespace lucebox::kernels

@@ -3,6 +3,7 @@
 // ADD that follows it; and a product (or gate/up pair) whose input is an RMS norm times a weight
 // vector, normalized inside the product. Everything else (other types, shapes the kernel refuses,
 // batched or permuted operands, other GLU ops, a bias with a GLU) returns 0 and stays with ggml.
+// Also sets the column count from which ggml runs quantized products as BF16 GEMMs (patch 0004).
 #include "cuda_kernels.h"
 
 #include <atomic>
@@ -16,6 +17,12 @@ namespace lucebox::kernels {
 namespace {
 
 std::atomic<bool> g_enabled{true};
+
+// Quantized products of at least this many columns (prefill micro-batches) run as BF16 cuBLAS GEMMs
+// on dequantized weights (ggml patch 0004) instead of ggml's MMQ; products of 1..64 columns are the
+// hook's. H200, 27B Q8_0, bench/probes/prefill_gemm_sweep.py: BF16 / MMQ prefill 0.61x at 128-token
+// micro-batches, 0.98x at 256, 1.32x at 512 (the weights' dequantization is paid per micro-batch).
+constexpr int64_t k_bf16_gemm_min_cols = 256;
 
 // mma.m16n8k32 needs compute capability 8.0: asked of the driver once per device (this runs for
 // every MUL_MAT node ggml dispatches).
@@ -51,9 +58,16 @@ size_t mul_mat_hook(const ggml_tensor * w, const ggml_tensor * gate, int glu_op,
 
 void install_cuda_kernels() {
     static std::atomic<bool> installed{false};
-    if (!installed.exchange(true)) ggml_backend_cuda_set_mul_mat_hook(&mul_mat_hook);
+    if (installed.exchange(true)) return;
+    ggml_backend_cuda_set_mul_mat_hook(&mul_mat_hook);
+    ggml_backend_cuda_set_bf16_gemm_min_cols(g_enabled.load() ? k_bf16_gemm_min_cols : 0);
 }
 
-void set_cuda_kernels_enabled(bool enabled) { g_enabled.store(enabled); }
+void set_cuda_kernels_enabled(bool enabled) {
+    g_enabled.store(enabled);
+    ggml_backend_cuda_set_bf16_gemm_min_cols(enabled ? k_bf16_gemm_min_cols : 0);
+}
+
+void set_bf16_gemm_min_cols(int64_t n) { ggml_backend_cuda_set_bf16_gemm_min_cols(n); }
 
 }  // namespace lucebox::kernels

@@ -26,7 +26,11 @@ static float time_ms(cudaEvent_t a, cudaEvent_t b) {
 
 // With arguments `K M N gated(0|1)`: that one product only (e.g. under ncu). Options first:
 // --q4k: Q4_K weights instead of Q8_0; --cols N,N,..: these column counts only; --norm: each
-// product also RMS-normalizes its input (the fused layer norm).
+// product also RMS-normalizes its input (the fused layer norm); --graph: the timed launches run as
+// one captured CUDA graph (as ggml runs a step), not as stream launches. Compile with
+// -DLUCEBOX_Q8_0_PDL=0 for the launch A/B, -DLUCEBOX_Q8_0_TILED_PROBE=1 to time the weights read
+// in a tiled layout, each CTA's chunk one contiguous block (q8_0_matmul.cuh; every shape here has
+// M a multiple of 32, as that layout needs).
 std::vector<int> int_list(const char * s) {
     std::vector<int> v;
     for (const char * p = s; *p;) {
@@ -39,13 +43,15 @@ std::vector<int> int_list(const char * s) {
 }
 
 int main(int argc, char ** argv) {
-    bool q4k = false, norm = false;
+    bool q4k = false, norm = false, graph = false;
     std::vector<int> only_cols;
     while (argc > 1 && std::strncmp(argv[1], "--", 2) == 0) {
         if (std::strcmp(argv[1], "--q4k") == 0) {
             q4k = true;
         } else if (std::strcmp(argv[1], "--norm") == 0) {
             norm = true;
+        } else if (std::strcmp(argv[1], "--graph") == 0) {
+            graph = true;
         } else if (std::strcmp(argv[1], "--cols") == 0 && argc > 2) {
             only_cols = int_list(argv[2]);
             --argc;
@@ -58,7 +64,10 @@ int main(int argc, char ** argv) {
         ++argv;
     }
     const q8::weight_type type = q4k ? q8::weight_type::q4_k : q8::weight_type::q8_0;
-    std::printf("%s weights%s\n", q4k ? "Q4_K" : "Q8_0", norm ? ", RMS-normed input" : "");
+    std::printf("%s weights%s%s\n", q4k ? "Q4_K" : "Q8_0", norm ? ", RMS-normed input" : "",
+                LUCEBOX_Q8_0_TILED_PROBE ? ", tiled layout (timing only: products not correct)" : "");
+    cudaStream_t stream;
+    CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     cudaEvent_t t0, t1;
     CHECK_CUDA(cudaEventCreate(&t0));
     CHECK_CUDA(cudaEventCreate(&t1));
@@ -161,15 +170,31 @@ int main(int argc, char ** argv) {
                 a.y_stride = s.M;
                 a.norm_w = norm ? norm_w : nullptr;
                 a.norm_eps = 1e-6f;
-                CHECK_CUDA(q8::matmul(a, scratch, nullptr));
+                CHECK_CUDA(q8::matmul(a, scratch, stream));
             };
             for (int c = 0; c < copies; ++c) launch(c);  // warm-up
             CHECK_CUDA(cudaDeviceSynchronize());
             const int reps = std::max(20, copies * 2);
-            CHECK_CUDA(cudaEventRecord(t0));
-            for (int i = 0; i < reps; ++i) launch(i % copies);
-            CHECK_CUDA(cudaEventRecord(t1));
+            cudaGraphExec_t exec = nullptr;
+            if (graph) {  // as ggml runs a step: the launches captured into one CUDA graph
+                cudaGraph_t g;
+                CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
+                for (int i = 0; i < reps; ++i) launch(i % copies);
+                CHECK_CUDA(cudaStreamEndCapture(stream, &g));
+                CHECK_CUDA(cudaGraphInstantiate(&exec, g, 0));
+                CHECK_CUDA(cudaGraphDestroy(g));
+                CHECK_CUDA(cudaGraphLaunch(exec, stream));  // warm-up
+                CHECK_CUDA(cudaStreamSynchronize(stream));
+            }
+            CHECK_CUDA(cudaEventRecord(t0, stream));
+            if (graph) {
+                CHECK_CUDA(cudaGraphLaunch(exec, stream));
+            } else {
+                for (int i = 0; i < reps; ++i) launch(i % copies);
+            }
+            CHECK_CUDA(cudaEventRecord(t1, stream));
             CHECK_CUDA(cudaEventSynchronize(t1));
+            if (exec != nullptr) CHECK_CUDA(cudaGraphExecDestroy(exec));
             const double us = 1e3 * time_ms(t0, t1) / reps;
             const double tbs = double(mat) * (s.gated ? 2 : 1) / (us * 1e-6) / 1e12;  // weight bytes read
             std::printf("%-40s %5d %10.1f %9.2f %7.0f%%\n", s.what, N, us, tbs, 100.0 * tbs / copy_tbs);

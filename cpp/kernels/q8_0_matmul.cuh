@@ -38,6 +38,23 @@ namespace lucebox::kernels::q8_0 {
 constexpr int CHUNK_BYTES = CHUNK_BLOCKS * BLOCK_BYTES;  // 272 = 17 x 16 bytes (q8_0)
 constexpr int WARPS = 4;                               // per CTA, splitting K
 constexpr int STAGES = 2;                              // chunks in flight per warp
+// On compute capability >= 9.0 the product is launched as a programmatic dependent of the
+// activation quantization (PDL): its CTAs start while quantize_columns runs and load their first
+// weight chunks (weights do not depend on it) before they wait for the quantized activations.
+// H200 probe, launches in a CUDA graph: 0.5-1.3 us less per product (5 % over the decode shapes);
+// no measurable change of a whole decode step inside ggml's graphs (docs/benchmarks.md). Loading
+// the first chunks before or after the wait made no difference; an L2 bulk prefetch of the rows'
+// first chunks instead was slower at every depth tried.
+#ifndef LUCEBOX_Q8_0_PDL  // 0: plain launches (for the probe's A/B)
+#define LUCEBOX_Q8_0_PDL 1
+#endif
+// 1 (bench/probes/q8_0_matmul_bench.cu --tiled only): the weights are read in a tiled layout, the
+// staged rows of each (CTA, chunk) one contiguous block of 16 * m_tiles * chunk bytes (gated: U's
+// rows then G's), instead of ggml's row-major one: whether contiguous DRAM reads would stream
+// faster than 272-byte pieces of 16 or 32 rows. Products are not correct in this mode.
+#ifndef LUCEBOX_Q8_0_TILED_PROBE
+#define LUCEBOX_Q8_0_TILED_PROBE 0
+#endif
 
 static_assert(CHUNK_BYTES % 16 == 0 && Q4K_BLOCK_BYTES % 16 == 0, "a staged row chunk must be whole 16-byte vectors");
 
@@ -91,6 +108,9 @@ __device__ __forceinline__ float silu(float v) { return v / (1.0f + expf(-v)); }
 __global__ void quantize_columns(const float * __restrict__ x, int64_t x_stride, int K, int N, int cols,
                                  int8_t * __restrict__ xq, float * __restrict__ xd, float * __restrict__ xs,
                                  const float * __restrict__ norm_w, float * __restrict__ ss) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");  // the product may start now
+#endif
     const int64_t wid = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
     const int lane = threadIdx.x % 32;
     const int nb = K / QK;
@@ -184,7 +204,7 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
     // The i-th chunk of this warp (chunk warp + i*WARPS) into stage i % STAGES. Staged row s comes
     // from global row r0 + s (gated: rows 16..31 are the gate's rows r0..r0+15); rows past M repeat
     // row M-1 (their sums are never written). Activation columns >= N are zero-filled, not read.
-    auto issue = [&](int i) {
+    auto issue_weights = [&](int i) {
         if (i < n_mine) {
             const int chunk = warp + i * WARPS;
             uint8_t * st = stages + (i % STAGES) * STAGE;
@@ -195,10 +215,24 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
                 const int s = idx / CHUNK_VECS, v = idx - s * CHUNK_VECS;
                 const bool from_gate = GATED && s >= TILE_ROWS / 2;
                 const int row = min(r0 + (GATED ? s % (TILE_ROWS / 2) : s), a.M - 1);
+#if LUCEBOX_Q8_0_TILED_PROBE  // the probe's layout experiment: each (CTA, chunk) one contiguous block
+                (void) from_gate;
+                (void) row;
+                (void) v;
+                const uint8_t * src = a.w + (int64_t(blockIdx.x) * n_chunks + chunk) * W_BYTES + 16 * idx;
+#else
                 const uint8_t * src = (from_gate ? a.gate : a.w) + int64_t(row) * a.row_bytes +
                                       int64_t(chunk) * CB + 16 * v;
+#endif
                 cp_async16(st + 16 * idx, src);
             }
+        }
+    };
+    // its activations (quantize_columns' output) into the same stage, and the commit
+    auto issue_x = [&](int i) {
+        if (i < n_mine) {
+            const int chunk = warp + i * WARPS;
+            uint8_t * st = stages + (i % STAGES) * STAGE;
             const int8_t * xsrc = xq + int64_t(chunk) * X_BYTES;
 #pragma unroll
             for (int c = 0; c < X_VECS / 32; ++c) {
@@ -216,6 +250,10 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
         }
         cp_async_commit();
     };
+    auto issue = [&](int i) {
+        issue_weights(i);
+        issue_x(i);
+    };
 
     float acc[M_TILES][NG][4];
 #pragma unroll
@@ -225,8 +263,15 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[mt][j][e] = 0.0f;
 
+    // the first chunks: weights, then (PDL) the wait for quantize_columns (a no-op when not
+    // launched as its dependent), then their activations; one commit group per chunk
 #pragma unroll
-    for (int i = 0; i < STAGES - 1; ++i) issue(i);
+    for (int i = 0; i < STAGES - 1; ++i) issue_weights(i);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+#pragma unroll
+    for (int i = 0; i < STAGES - 1; ++i) issue_x(i);
     // the columns' partial sums of squares (while the first chunks load), added after the main loop
     float * norm_factor = reinterpret_cast<float *>(smem + WARPS * STAGES * STAGE);
     float * norm_part = norm_factor + COLS;  // [COLS][NORM_PARTS]
@@ -390,7 +435,9 @@ cudaError_t launch_groups(const matmul_args & a, const int8_t * xq, const float 
     constexpr int M_TILES = GATED || NG > 1 ? 2 : 1;
     constexpr int SMEM = smem_bytes(COL_GROUP * NG, M_TILES, Q4K);
     // the shared-memory limit is a per-device attribute of the function: raise it once per device
+    // and whether the device has programmatic dependent launch (compute capability >= 9.0)
     static unsigned long long configured = 0;  // bit d: device d done (devices 0..63)
+    static unsigned long long has_pdl = 0;     // bit d: device d launches with PDL
     int dev = 0;
     cudaError_t err = cudaGetDevice(&dev);
     if (err != cudaSuccess) return err;
@@ -398,12 +445,26 @@ cudaError_t launch_groups(const matmul_args & a, const int8_t * xq, const float 
     if (!(__atomic_load_n(&configured, __ATOMIC_ACQUIRE) & (1ull << dev))) {
         err = cudaFuncSetAttribute(matmul<NG, GATED, M_TILES, Q4K>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
         if (err != cudaSuccess) return err;
+        int major = 0;
+        err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+        if (err != cudaSuccess) return err;
+        if (major >= 9) __atomic_fetch_or(&has_pdl, 1ull << dev, __ATOMIC_ACQ_REL);
         __atomic_fetch_or(&configured, 1ull << dev, __ATOMIC_ACQ_REL);
     }
     constexpr int OUT_ROWS = GATED ? 16 : 16 * M_TILES;
-    const dim3 grid((a.M + OUT_ROWS - 1) / OUT_ROWS);
-    matmul<NG, GATED, M_TILES, Q4K><<<grid, WARPS * 32, SMEM, stream>>>(a, xq, xd, xs, ss);
-    return cudaGetLastError();
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((a.M + OUT_ROWS - 1) / OUT_ROWS);
+    cfg.blockDim = dim3(WARPS * 32);
+    cfg.dynamicSmemBytes = SMEM;
+    cfg.stream = stream;
+    cudaLaunchAttribute pdl[1] = {};
+    pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    pdl[0].val.programmaticStreamSerializationAllowed = 1;
+    if (LUCEBOX_Q8_0_PDL && (__atomic_load_n(&has_pdl, __ATOMIC_ACQUIRE) & (1ull << dev))) {
+        cfg.attrs = pdl;
+        cfg.numAttrs = 1;
+    }
+    return cudaLaunchKernelEx(&cfg, matmul<NG, GATED, M_TILES, Q4K>, a, xq, xd, xs, ss);
 }
 
 template <bool GATED, bool Q4K>

@@ -29,8 +29,10 @@ static float time_ms(cudaEvent_t a, cudaEvent_t b) {
 // product also RMS-normalizes its input (the fused layer norm); --graph: the timed launches run as
 // one captured CUDA graph (as ggml runs a step), not as stream launches. Compile with
 // -DLUCEBOX_Q8_0_PDL=0 for the launch A/B, -DLUCEBOX_Q8_0_TILED_PROBE=1 to time the weights read
-// in a tiled layout, each CTA's chunk one contiguous block (q8_0_matmul.cuh; every shape here has
-// M a multiple of 32, as that layout needs).
+// in a tiled layout, each CTA's chunk one contiguous block (every shape here has M a multiple of
+// 32, as that layout needs), -DLUCEBOX_Q8_0_STAGES=N and -DLUCEBOX_Q8_0_ONE_TILE_MAX_NG=G for the
+// pipeline depth and the rows per warp (q8_0_matmul.cuh; run tests/cpp/test_q8_0_matmul.cu built
+// with the same flags before trusting a variant's times).
 std::vector<int> int_list(const char * s) {
     std::vector<int> v;
     for (const char * p = s; *p;) {

@@ -37,7 +37,18 @@ namespace lucebox::kernels::q8_0 {
 
 constexpr int CHUNK_BYTES = CHUNK_BLOCKS * BLOCK_BYTES;  // 272 = 17 x 16 bytes (q8_0)
 constexpr int WARPS = 4;                               // per CTA, splitting K
-constexpr int STAGES = 2;                              // chunks in flight per warp
+// Probe knobs (bench/probes/q8_0_matmul_bench.cu; the defaults are the measured choice):
+// LUCEBOX_Q8_0_STAGES: chunks staged per warp (STAGES - 1 in flight while one is multiplied);
+// LUCEBOX_Q8_0_ONE_TILE_MAX_NG: plain products of up to 8 * this many columns take one m16 tile of
+// rows per warp (more CTAs), more columns two (each activation chunk serves 32 rows).
+#ifndef LUCEBOX_Q8_0_STAGES
+#define LUCEBOX_Q8_0_STAGES 2
+#endif
+#ifndef LUCEBOX_Q8_0_ONE_TILE_MAX_NG
+#define LUCEBOX_Q8_0_ONE_TILE_MAX_NG 1
+#endif
+constexpr int STAGES = LUCEBOX_Q8_0_STAGES;            // chunks in flight per warp
+static_assert(STAGES >= 2, "one chunk loads while another is multiplied");
 // On compute capability >= 9.0 the product is launched as a programmatic dependent of the
 // activation quantization (PDL): its CTAs start while quantize_columns runs and load their first
 // weight chunks (weights do not depend on it) before they wait for the quantized activations.
@@ -432,7 +443,7 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
 template <int NG, bool GATED, bool Q4K>
 cudaError_t launch_groups(const matmul_args & a, const int8_t * xq, const float * xd, const float * xs,
                           const float * ss, cudaStream_t stream) {
-    constexpr int M_TILES = GATED || NG > 1 ? 2 : 1;
+    constexpr int M_TILES = GATED || NG > LUCEBOX_Q8_0_ONE_TILE_MAX_NG ? 2 : 1;
     constexpr int SMEM = smem_bytes(COL_GROUP * NG, M_TILES, Q4K);
     // the shared-memory limit is a per-device attribute of the function: raise it once per device
     // and whether the device has programmatic dependent launch (compute capability >= 9.0)

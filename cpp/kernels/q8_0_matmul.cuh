@@ -456,10 +456,15 @@ cudaError_t launch_groups(const matmul_args & a, const int8_t * xq, const float 
     if (!(__atomic_load_n(&configured, __ATOMIC_ACQUIRE) & (1ull << dev))) {
         err = cudaFuncSetAttribute(matmul<NG, GATED, M_TILES, Q4K>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
         if (err != cudaSuccess) return err;
+        // PDL needs the device (>= 9.0) and this kernel's code compiled for it: code JIT-compiled from
+        // older PTX has no griddepcontrol.wait and would read the activations too early
         int major = 0;
         err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
         if (err != cudaSuccess) return err;
-        if (major >= 9) __atomic_fetch_or(&has_pdl, 1ull << dev, __ATOMIC_ACQ_REL);
+        cudaFuncAttributes fa = {};
+        err = cudaFuncGetAttributes(&fa, matmul<NG, GATED, M_TILES, Q4K>);
+        if (err != cudaSuccess) return err;
+        if (major >= 9 && fa.ptxVersion >= 90) __atomic_fetch_or(&has_pdl, 1ull << dev, __ATOMIC_ACQ_REL);
         __atomic_fetch_or(&configured, 1ull << dev, __ATOMIC_ACQ_REL);
     }
     constexpr int OUT_ROWS = GATED ? 16 : 16 * M_TILES;

@@ -60,7 +60,7 @@ void install_cuda_kernels() {
     static std::atomic<bool> installed{false};
     if (installed.exchange(true)) return;
     ggml_backend_cuda_set_mul_mat_hook(&mul_mat_hook);
-    ggml_backend_cuda_set_bf16_gemm_min_cols(g_enabled.load() ? k_bf16_gemm_min_cols : 0);
+    set_cuda_kernels_enabled(g_enabled.load());  // and the BF16 GEMM threshold that goes with it
 }
 
 void set_cuda_kernels_enabled(bool enabled) {

@@ -1,7 +1,7 @@
 // lucebox's own CUDA kernels inside ggml's CUDA backend (through ggml patch 0003's MUL_MAT hook):
 // Q8_0 and Q4_K products of 1..64 activation columns, plain, fused gate/up SwiGLU, fused residual
-// ADD and fused RMS norm (q8_0_matmul.cuh); and large quantized products as BF16 cuBLAS GEMMs
-// (ggml patch 0004).
+// ADD and fused RMS norm (q8_0_matmul.cuh); large quantized products as BF16 cuBLAS GEMMs (ggml
+// patch 0004); a prefill micro-batch's gated delta net (gdn_prefill.cuh, patch 0005).
 // In a build without CUDA these do nothing.
 #pragma once
 
@@ -23,5 +23,13 @@ void set_cuda_kernels_enabled(bool enabled);
 // cuBLAS GEMM (FP32 accumulation) instead of ggml's MMQ; 0: never. Installing the kernels sets the
 // measured default; for the threshold sweep of bench/probes/prefill_gemm_sweep.py.
 void set_bf16_gemm_min_cols(int64_t n);
+
+// How many gated delta nets lucebox's prefill kernel (gdn_prefill.cuh, ggml patch 0005) has run in
+// this process: tests check that it was used.
+uint64_t gdn_prefill_runs();
+
+// Parts of install_cuda_kernels / set_cuda_kernels_enabled (gdn_prefill.cu).
+void install_gdn_prefill();
+void set_gdn_prefill_enabled(bool enabled);
 
 }  // namespace lucebox::kernels

@@ -6,5 +6,8 @@ namespace lucebox::kernels {
 void install_cuda_kernels() {}
 void set_cuda_kernels_enabled(bool) {}
 void set_bf16_gemm_min_cols(int64_t) {}
+uint64_t gdn_prefill_runs() { return 0; }
+void install_gdn_prefill() {}
+void set_gdn_prefill_enabled(bool) {}
 
 }  // namespace lucebox::kernels

@@ -3,13 +3,15 @@
 // ADD that follows it; and a product (or gate/up pair) whose input is an RMS norm times a weight
 // vector, normalized inside the product. Everything else (other types, shapes the kernel refuses,
 // batched or permuted operands, other GLU ops, a bias with a GLU) returns 0 and stays with ggml.
-// Also sets the column count from which ggml runs quantized products as BF16 GEMMs (patch 0004).
+// Also sets the column count from which ggml runs quantized products as BF16 GEMMs (patch 0004),
+// and converts their Q8_0 / Q4_K / Q6_K weights to BF16 for them (bf16_dequant.cuh).
 #include "cuda_kernels.h"
 
 #include <atomic>
 
 #include "ggml-cuda.h"
 #include "ggml.h"
+#include "bf16_dequant.cuh"
 #include "q8_0_ggml_args.h"
 #include "q8_0_matmul.cuh"
 
@@ -54,17 +56,37 @@ size_t mul_mat_hook(const ggml_tensor * w, const ggml_tensor * gate, int glu_op,
     return 1;
 }
 
+// Patch 0004's converter: Q8_0, Q4_K and Q6_K weights (contiguous, checked by the patch) to BF16
+// with bf16_dequant.cuh; other types stay with ggml's converter.
+int bf16_converter(const ggml_tensor * w, void * dst, void * stream) {
+    if (!g_enabled.load(std::memory_order_relaxed)) return 0;
+    bf16_dequant::format f;
+    switch (w->type) {
+        case GGML_TYPE_Q8_0: f = bf16_dequant::format::q8_0; break;
+        case GGML_TYPE_Q4_K: f = bf16_dequant::format::q4_k; break;
+        case GGML_TYPE_Q6_K: f = bf16_dequant::format::q6_k; break;
+        default: return 0;
+    }
+    const cudaError_t err = bf16_dequant::dequantize(f, w->data, ggml_nelements(w), static_cast<__nv_bfloat16 *>(dst),
+                                                     static_cast<cudaStream_t>(stream));
+    if (err != cudaSuccess) GGML_ABORT("lucebox bf16 dequantization (%s): %s", ggml_get_name(w), cudaGetErrorString(err));
+    return 1;
+}
+
 }  // namespace
 
 void install_cuda_kernels() {
     static std::atomic<bool> installed{false};
     if (installed.exchange(true)) return;
     ggml_backend_cuda_set_mul_mat_hook(&mul_mat_hook);
+    ggml_backend_cuda_set_bf16_converter(&bf16_converter);
+    install_gdn_prefill();
     set_cuda_kernels_enabled(g_enabled.load());  // and the BF16 GEMM threshold that goes with it
 }
 
 void set_cuda_kernels_enabled(bool enabled) {
     g_enabled.store(enabled);
+    set_gdn_prefill_enabled(enabled);
     ggml_backend_cuda_set_bf16_gemm_min_cols(enabled ? k_bf16_gemm_min_cols : 0);
 }
 

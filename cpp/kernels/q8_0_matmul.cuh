@@ -30,6 +30,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 
 #include "q8_0_matmul_args.h"
 
@@ -49,13 +50,14 @@ constexpr int WARPS = 4;                               // per CTA, splitting K
 #endif
 constexpr int STAGES = LUCEBOX_Q8_0_STAGES;            // chunks in flight per warp
 static_assert(STAGES >= 2, "one chunk loads while another is multiplied");
-// On compute capability >= 9.0 the product is launched as a programmatic dependent of the
-// activation quantization (PDL): its CTAs start while quantize_columns runs and load their first
-// weight chunks (weights do not depend on it) before they wait for the quantized activations.
-// H200 probe, launches in a CUDA graph: 0.5-1.3 us less per product (5 % over the decode shapes);
-// no measurable change of a whole decode step inside ggml's graphs (docs/benchmarks.md). Loading
-// the first chunks before or after the wait made no difference; an L2 bulk prefetch of the rows'
-// first chunks instead was slower at every depth tried.
+// On compute capability >= 9.0 both kernels are programmatic dependent launches (PDL), like
+// ggml's own kernels: the quantization launches while the previous kernel runs and waits for it
+// before reading x; the product's CTAs start while the quantization runs and load their first weight
+// chunks (weights do not depend on it) before they wait for the quantized activations; and the
+// product lets the next kernel launch once all its CTAs have started. H200 probe, product after
+// quantization only, in a CUDA graph: 0.5-1.3 us less per product (5 % over the decode shapes),
+// no measurable change of a decode step then (docs/benchmarks.md). An L2 bulk prefetch of the rows'
+// first chunks instead of the early chunk loads was slower at every depth tried.
 #ifndef LUCEBOX_Q8_0_PDL  // 0: plain launches (for the probe's A/B)
 #define LUCEBOX_Q8_0_PDL 1
 #endif
@@ -121,6 +123,7 @@ __global__ void quantize_columns(const float * __restrict__ x, int64_t x_stride,
                                  const float * __restrict__ norm_w, float * __restrict__ ss) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");  // the product may start now
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");  // x is the previous kernel's output
 #endif
     const int64_t wid = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
     const int lane = threadIdx.x % 32;
@@ -211,6 +214,11 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
     const int n_chunks = a.K / K_ALIGN;
     const int n_mine = n_chunks > warp ? (n_chunks - warp + WARPS - 1) / WARPS : 0;
     uint8_t * stages = smem + warp * STAGES * STAGE;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    // the next kernel (ggml's launch with PDL, or the next quantization) may launch once every CTA
+    // here has started; it waits for this grid's completion before it reads anything
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
 
     // The i-th chunk of this warp (chunk warp + i*WARPS) into stage i % STAGES. Staged row s comes
     // from global row r0 + s (gated: rows 16..31 are the gate's rows r0..r0+15); rows past M repeat
@@ -440,15 +448,63 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
     }
 }
 
+// Whether this device runs programmatic dependent launches (compute capability >= 9.0), asked of
+// the driver once per device; false where LUCEBOX_Q8_0_PDL is 0.
+inline bool pdl_device(int dev) {
+    static int known[64] = {};  // 0: not asked yet, 1: yes, -1: no
+    if (!LUCEBOX_Q8_0_PDL || dev < 0 || dev >= 64) return false;
+    int k = __atomic_load_n(&known[dev], __ATOMIC_ACQUIRE);
+    if (k == 0) {
+        int major = 0;
+        k = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 9 ? 1 : -1;
+        __atomic_store_n(&known[dev], k, __ATOMIC_RELEASE);
+    }
+    return k == 1;
+}
+
+// Whether `kernel` launches with PDL on this device: pdl_device and the kernel's code compiled for
+// compute capability >= 9.0 (code JIT-compiled from older PTX has no griddepcontrol.wait and would
+// read its inputs too early). Asked once per kernel and device.
+template <auto Kernel>
+bool pdl_kernel(int dev) {
+    static int known[64] = {};  // this kernel, per device: 0 not asked yet, 1 yes, -1 no
+    if (!pdl_device(dev)) return false;
+    int k = __atomic_load_n(&known[dev], __ATOMIC_ACQUIRE);
+    if (k == 0) {
+        cudaFuncAttributes fa = {};
+        k = cudaFuncGetAttributes(&fa, Kernel) == cudaSuccess && fa.ptxVersion >= 90 ? 1 : -1;
+        __atomic_store_n(&known[dev], k, __ATOMIC_RELEASE);
+    }
+    return k == 1;
+}
+
+// A launch of `kernel` on stream, as a programmatic dependent of the stream's previous kernel when
+// `pdl` (the kernel then waits for it with griddepcontrol.wait before reading its results).
+template <typename... Params, typename... Args>
+cudaError_t launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, bool pdl,
+                   Args &&... args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1] = {};
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    if (pdl) {
+        cfg.attrs = attr;
+        cfg.numAttrs = 1;
+    }
+    return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+
 template <int NG, bool GATED, bool Q4K>
 cudaError_t launch_groups(const matmul_args & a, const int8_t * xq, const float * xd, const float * xs,
                           const float * ss, cudaStream_t stream) {
     constexpr int M_TILES = GATED || NG > LUCEBOX_Q8_0_ONE_TILE_MAX_NG ? 2 : 1;
     constexpr int SMEM = smem_bytes(COL_GROUP * NG, M_TILES, Q4K);
     // the shared-memory limit is a per-device attribute of the function: raise it once per device
-    // and whether the device has programmatic dependent launch (compute capability >= 9.0)
     static unsigned long long configured = 0;  // bit d: device d done (devices 0..63)
-    static unsigned long long has_pdl = 0;     // bit d: device d launches with PDL
     int dev = 0;
     cudaError_t err = cudaGetDevice(&dev);
     if (err != cudaSuccess) return err;
@@ -456,31 +512,11 @@ cudaError_t launch_groups(const matmul_args & a, const int8_t * xq, const float 
     if (!(__atomic_load_n(&configured, __ATOMIC_ACQUIRE) & (1ull << dev))) {
         err = cudaFuncSetAttribute(matmul<NG, GATED, M_TILES, Q4K>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
         if (err != cudaSuccess) return err;
-        // PDL needs the device (>= 9.0) and this kernel's code compiled for it: code JIT-compiled from
-        // older PTX has no griddepcontrol.wait and would read the activations too early
-        int major = 0;
-        err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-        if (err != cudaSuccess) return err;
-        cudaFuncAttributes fa = {};
-        err = cudaFuncGetAttributes(&fa, matmul<NG, GATED, M_TILES, Q4K>);
-        if (err != cudaSuccess) return err;
-        if (major >= 9 && fa.ptxVersion >= 90) __atomic_fetch_or(&has_pdl, 1ull << dev, __ATOMIC_ACQ_REL);
         __atomic_fetch_or(&configured, 1ull << dev, __ATOMIC_ACQ_REL);
     }
     constexpr int OUT_ROWS = GATED ? 16 : 16 * M_TILES;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((a.M + OUT_ROWS - 1) / OUT_ROWS);
-    cfg.blockDim = dim3(WARPS * 32);
-    cfg.dynamicSmemBytes = SMEM;
-    cfg.stream = stream;
-    cudaLaunchAttribute pdl[1] = {};
-    pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    pdl[0].val.programmaticStreamSerializationAllowed = 1;
-    if (LUCEBOX_Q8_0_PDL && (__atomic_load_n(&has_pdl, __ATOMIC_ACQUIRE) & (1ull << dev))) {
-        cfg.attrs = pdl;
-        cfg.numAttrs = 1;
-    }
-    return cudaLaunchKernelEx(&cfg, matmul<NG, GATED, M_TILES, Q4K>, a, xq, xd, xs, ss);
+    return launch(matmul<NG, GATED, M_TILES, Q4K>, dim3((a.M + OUT_ROWS - 1) / OUT_ROWS), dim3(WARPS * 32), SMEM, stream,
+                  pdl_kernel<matmul<NG, GATED, M_TILES, Q4K>>(dev), a, xq, xd, xs, ss);
 }
 
 template <bool GATED, bool Q4K>
@@ -508,9 +544,12 @@ inline cudaError_t matmul(const matmul_args & a, void * scratch, cudaStream_t st
     float * ss = a.norm_w != nullptr ? xd + nb * cols * (q4k ? 2 : 1) : nullptr;
     const int64_t warps = int64_t(nb) * cols;
     const int threads = 256;
-    detail::quantize_columns<<<unsigned((warps * 32 + threads - 1) / threads), threads, 0, stream>>>(
-        a.x, a.x_stride, a.K, a.N, cols, xq, xd, xs, a.norm_w, ss);
-    cudaError_t err = cudaGetLastError();
+    int dev = 0;
+    cudaError_t err = cudaGetDevice(&dev);
+    if (err != cudaSuccess) return err;
+    err = detail::launch(detail::quantize_columns, dim3(unsigned((warps * 32 + threads - 1) / threads)), dim3(threads), 0,
+                         stream, detail::pdl_kernel<detail::quantize_columns>(dev), a.x, a.x_stride, a.K, a.N, cols, xq, xd,
+                         xs, a.norm_w, ss);
     if (err != cudaSuccess) return err;
     if (q4k) {
         return a.gate != nullptr ? detail::launch_gated<true, true>(a, xq, xd, xs, ss, stream)

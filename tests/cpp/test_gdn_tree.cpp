@@ -3,6 +3,7 @@
 // (scalar and per-channel KDA gates, broadcast K heads) every node's output and state equal a plain
 // C++ recurrence run along the node's root path. Also the conv-window gather table of a tree verify,
 // and the reused tree commit graph against the per-commit byte-copy graph (bit for bit, any KV type).
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "check.h"
+#include "cuda_kernels.h"
 #include "gpu_backend.h"
 #include "ggml-alloc.h"
 #include "ggml-backend.h"
@@ -235,6 +237,46 @@ TEST_CASE(gpu_matches_cpu) {
                 compare(in, {}, 1, "chain");
             }
         }
+    }
+    S = 16;
+    ggml_backend_free(be);
+}
+
+// lucebox's prefill gated delta net (cpp/kernels/gdn_prefill.cuh, ggml patch 0005) against ggml's
+// CUDA kernel (which gpu_matches_cpu checks against the CPU op): bit for bit (same float operations in the same order), for batches of 64 tokens and
+// more (partial last chunks included), head size 128, tiled K heads; it must have run (its run
+// counter), and it must leave the verify's per-token states (K = T) to ggml's kernel.
+TEST_CASE(gpu_prefill_kernel_equals_ggml) {
+    ggml_backend_t be = lucebox_test::first_gpu_backend("gpu_prefill_kernel_equals_ggml");
+    if (be == nullptr) {
+        return;
+    }
+    kernels::install_cuda_kernels();
+    S = 128;
+    for (int64_t T : {64, 77, 300, 1000}) {
+        const inputs in = random_inputs(T, false, 40 + uint32_t(T));
+        kernels::set_cuda_kernels_enabled(true);
+        const uint64_t before = kernels::gdn_prefill_runs();
+        const std::vector<float> ours = run_op(in, {}, be, 1);
+        const bool ran = kernels::gdn_prefill_runs() == before + 1;
+        const std::vector<float> snaps = run_op(in, {}, be, T);  // K = T: not ours
+        const bool left_alone = kernels::gdn_prefill_runs() == before + 1;
+        kernels::set_cuda_kernels_enabled(false);
+        const std::vector<float> theirs = run_op(in, {}, be, 1);  // (checked against the CPU op above)
+        kernels::set_cuda_kernels_enabled(true);
+        CHECK(ran);
+        CHECK(left_alone);
+        CHECK(ours.size() == theirs.size());
+        size_t differ = 0;
+        double max_abs = 0.0;
+        for (size_t e = 0; e < ours.size() && e < theirs.size(); ++e) {
+            differ += std::memcmp(&ours[e], &theirs[e], sizeof(float)) != 0;
+            max_abs = std::max(max_abs, std::fabs(double(ours[e]) - double(theirs[e])));
+        }
+        std::printf("  T %lld: %zu of %zu values differ from ggml's CUDA kernel (max abs %.3g)\n", (long long) T,
+                    differ, ours.size(), max_abs);
+        CHECK(differ == 0);
+        (void) snaps;
     }
     S = 16;
     ggml_backend_free(be);

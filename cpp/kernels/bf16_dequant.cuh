@@ -1,0 +1,138 @@
+// Quantized weights -> BF16, at close to the copy rate: the weights of a prefill micro-batch's
+// product before its BF16 cuBLAS GEMM (ggml patch 0004 asks lucebox's converter first; ggml's own
+// converter reads a Q8_0 27B's FFN at a third of the copy rate).
+//
+//     dst[i] = bf16(value i of the blocks at src)           (round to nearest even)
+//
+// Formats, in ggml's block layouts (the arrays are contiguous runs of blocks):
+//   q8_0: 34-byte blocks of 32 values: fp16 d, 32 int8 q; value d * q;
+//   q4_k: 144-byte super-blocks of 256: fp16 d, fp16 dmin, 12 bytes of six-bit scales and mins,
+//         128 bytes of 4-bit q (bytes 32j..32j+31: sub-block 2j in the low nibbles, 2j+1 in the
+//         high ones); value of sub-block s: d * scale_s * q - dmin * min_s;
+//   q6_k: 210-byte super-blocks of 256: 128 bytes ql (low 4 bits), 64 bytes qh (high 2 bits), 16
+//         int8 scales (one per 16 values), fp16 d; value d * scale * (q - 32), where for half h
+//         (128 values) and l < 32: value 128h + l      = ql[64h + l] low nibble,  qh[32h + l] bits 0-1;
+//                                  value 128h + 32 + l = ql[64h + 32 + l] low,  qh bits 2-3;
+//                                  value 128h + 64 + l = ql[64h + l] high,      qh bits 4-5;
+//                                  value 128h + 96 + l = ql[64h + 32 + l] high, qh bits 6-7;
+//                                  scale of value 128h + 32k + l: scales[8h + 2k + l / 16].
+// One thread writes 32 consecutive values (four 16-byte stores), so a warp writes 2 KB at once
+// and reads its blocks' bytes contiguously. Header-only, without ggml: tests/cpp/test_bf16_dequant.cu
+// checks it against ggml's CPU dequantization; the ggml glue is in q8_0_matmul.cu.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace lucebox::kernels::bf16_dequant {
+
+enum class format : uint8_t { q8_0, q4_k, q6_k };
+
+constexpr int values_per_block(format f) { return f == format::q8_0 ? 32 : 256; }
+constexpr int block_bytes(format f) { return f == format::q8_0 ? 34 : f == format::q4_k ? 144 : 210; }
+
+namespace detail {
+
+__device__ __forceinline__ float half_at(const uint8_t * p) {
+    __half h;
+    memcpy(&h, p, 2);  // 2-byte aligned in every format here
+    return __half2float(h);
+}
+
+// Eight floats -> 16 bytes of bf16.
+__device__ __forceinline__ void store8(__nv_bfloat16 * dst, const float (&v)[8]) {
+    uint4 out;
+    __nv_bfloat162 p[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) p[i] = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
+    memcpy(&out, p, 16);
+    *reinterpret_cast<uint4 *>(dst) = out;
+}
+
+// Six-bit scale and min of q4_k sub-block s from the 12 packed bytes (ggml's layout).
+__device__ __forceinline__ void q4k_scale_min(int s, const uint8_t * q, int & scale, int & min) {
+    if (s < 4) {
+        scale = q[s] & 63;
+        min = q[s + 4] & 63;
+    } else {
+        scale = (q[s + 4] & 0xF) | ((q[s - 4] >> 6) << 4);
+        min = (q[s + 4] >> 4) | ((q[s] >> 6) << 4);
+    }
+}
+
+// Thread i: values 32i..32i+31 (n_groups = values / 32).
+template <format F>
+__global__ void dequantize(const uint8_t * __restrict__ src, int64_t n_groups, __nv_bfloat16 * __restrict__ dst) {
+    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= n_groups) return;
+    __nv_bfloat16 * out = dst + 32 * i;
+    if constexpr (F == format::q8_0) {
+        const uint8_t * b = src + 34 * i;
+        const float d = half_at(b);
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+            float v[8];
+#pragma unroll
+            for (int j = 0; j < 8; ++j) v[j] = d * float(int8_t(b[2 + 8 * c + j]));
+            store8(out + 8 * c, v);
+        }
+    } else if constexpr (F == format::q4_k) {
+        const uint8_t * b = src + 144 * (i / 8);
+        const int s = int(i % 8);  // sub-block
+        int sc, mn;
+        q4k_scale_min(s, b + 4, sc, mn);
+        const float d = half_at(b) * float(sc), m = half_at(b + 2) * float(mn);
+        const uint8_t * q = b + 16 + 32 * (s / 2);
+        const int shift = 4 * (s % 2);
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+            float v[8];
+#pragma unroll
+            for (int j = 0; j < 8; ++j) v[j] = __fsub_rn(__fmul_rn(d, float((q[8 * c + j] >> shift) & 0xF)), m);  // no FMA: as ggml's CPU
+            store8(out + 8 * c, v);
+        }
+    } else {
+        const uint8_t * b = src + 210 * (i / 8);
+        const int g = int(i % 8), h = g / 4, k = g % 4;  // values 128h + 32k .. + 31
+        const uint8_t * ql = b + 64 * h + 32 * (k % 2);
+        const uint8_t * qh = b + 128 + 32 * h;
+        const int8_t * scales = reinterpret_cast<const int8_t *>(b + 192) + 8 * h + 2 * k;
+        const float d = half_at(b + 208);
+        const int lshift = 4 * (k / 2), hshift = 2 * k;
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+            const float ds = d * float(scales[c / 2]);  // values l < 16: scales[0], else scales[1]
+            float v[8];
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                const int l = 8 * c + j;
+                const int q = ((ql[l] >> lshift) & 0xF) | (((qh[l] >> hshift) & 3) << 4);
+                v[j] = ds * float(q - 32);
+            }
+            store8(out + 8 * c, v);
+        }
+    }
+}
+
+}  // namespace detail
+
+// Dequantizes n_values values (a multiple of values_per_block(f)) of contiguous blocks at src into
+// dst (16-byte aligned), asynchronously on stream.
+inline cudaError_t dequantize(format f, const void * src, int64_t n_values, __nv_bfloat16 * dst, cudaStream_t stream) {
+    if (n_values <= 0 || n_values % values_per_block(f) != 0) return cudaErrorInvalidValue;
+    const int64_t n_groups = n_values / 32;
+    const int threads = 256;
+    const unsigned blocks = unsigned((n_groups + threads - 1) / threads);
+    const auto * s = static_cast<const uint8_t *>(src);
+    switch (f) {
+        case format::q8_0: detail::dequantize<format::q8_0><<<blocks, threads, 0, stream>>>(s, n_groups, dst); break;
+        case format::q4_k: detail::dequantize<format::q4_k><<<blocks, threads, 0, stream>>>(s, n_groups, dst); break;
+        case format::q6_k: detail::dequantize<format::q6_k><<<blocks, threads, 0, stream>>>(s, n_groups, dst); break;
+    }
+    return cudaGetLastError();
+}
+
+}  // namespace lucebox::kernels::bf16_dequant

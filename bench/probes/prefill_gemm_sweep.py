@@ -1,14 +1,17 @@
 #!/usr/bin/env python3
-"""Prefill speed of quantized products on ggml's MMQ vs as BF16 cuBLAS GEMMs (ggml patch 0004),
+"""Prefill speed of quantized products as BF16 cuBLAS GEMMs (ggml patch 0004) against the route off,
 micro-batch by micro-batch: where the BF16 route starts to win (lucebox's k_bf16_gemm_min_cols).
+With the route off, row-tiled weights (the default on CUDA, cpp/kernels/weight_tiles.h) run on
+lucebox's int8 kernel in groups of 64 columns; with --untiled the weights load in ggml's layout and
+the route-off products run on ggml's MMQ.
 
-For each --ubatch size, prefills the same --tokens random prompt with the route off (MMQ) and on
+For each --ubatch size, prefills the same --tokens random prompt with the route off and on
 (every product of >= 65 columns), --reps times each after one warm-up, and prints the median
 tok/s, the ratio, and the largest |logit difference| of the last position between the routes
 (0 would mean the route did not switch).
 Usage (GPU machine, repository root):
     lucebox synth qwen3.6-27b -o /tmp/t27.gguf --type q8_0
-    python bench/probes/prefill_gemm_sweep.py /tmp/t27.gguf [--ubatch 64,128,256,512] [--tokens 2048]
+    python bench/probes/prefill_gemm_sweep.py /tmp/t27.gguf [--ubatch 64,128,256,512] [--tokens 2048] [--untiled]
 """
 from __future__ import annotations
 
@@ -28,10 +31,15 @@ def main() -> int:
     ap.add_argument("--ubatch", type=lambda s: [int(x) for x in s.split(",")], default=[65, 96, 128, 192, 256, 512])
     ap.add_argument("--tokens", type=int, default=2048)
     ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--untiled", action="store_true", help="weights in ggml's layout: route off = MMQ")
     args = ap.parse_args()
-    print(f"{'ubatch':>6} {'MMQ tok/s':>10} {'BF16 tok/s':>11} {'ratio':>6} {'max |dlogit|':>13}")
+    _core.set_weight_tiles(not args.untiled)
+    off = "MMQ" if args.untiled else "kernel"
+    print(f"{'ubatch':>6} {off + ' tok/s':>12} {'BF16 tok/s':>11} {'ratio':>6} {'max |dlogit|':>13}")
     for ub in args.ubatch:
         engine = lucebox.Engine(args.model, ctx=args.tokens + 16, device="cuda:0", ubatch=ub)
+        if not args.untiled and _core.tiled_weights() == 0:
+            print("(no weight is row-tiled: the route-off column is MMQ)")
         ids = [int(x) for x in np.random.default_rng(0).integers(10, engine.hparams.n_vocab, args.tokens)]
         rate: dict[int, float] = {}
         logits: dict[int, np.ndarray] = {}
@@ -47,7 +55,7 @@ def main() -> int:
             rate[min_cols] = statistics.median(runs[1:])
             logits[min_cols] = out.reshape(-1)
         diff = float(np.max(np.abs(logits[0] - logits[65])))
-        print(f"{ub:6d} {rate[0]:10.1f} {rate[65]:11.1f} {rate[65] / rate[0]:5.2f}x {diff:13.4f}", flush=True)
+        print(f"{ub:6d} {rate[0]:12.1f} {rate[65]:11.1f} {rate[65] / rate[0]:5.2f}x {diff:13.4f}", flush=True)
         del engine
     return 0
 

@@ -27,10 +27,10 @@ static float time_ms(cudaEvent_t a, cudaEvent_t b) {
 // With arguments `K M N gated(0|1)`: that one product only (e.g. under ncu). Options first:
 // --q4k: Q4_K weights instead of Q8_0; --cols N,N,..: these column counts only; --norm: each
 // product also RMS-normalizes its input (the fused layer norm); --graph: the timed launches run as
-// one captured CUDA graph (as ggml runs a step), not as stream launches. Compile with
-// -DLUCEBOX_Q8_0_PDL=0 for the launch A/B, -DLUCEBOX_Q8_0_TILED_PROBE=1 to time the weights read
-// in a tiled layout, each CTA's chunk one contiguous block (every shape here has M a multiple of
-// 32, as that layout needs), -DLUCEBOX_Q8_0_STAGES=N and -DLUCEBOX_Q8_0_ONE_TILE_MAX_NG=G for the
+// one captured CUDA graph (as ggml runs a step), not as stream launches.
+// --tiled: the weights read in weight_tiles.h's row-tiled layout (the layout lucebox loads them in
+// on a CUDA device; the bytes are random either way). Compile with -DLUCEBOX_Q8_0_PDL=0 for the
+// launch A/B, -DLUCEBOX_Q8_0_STAGES=N and -DLUCEBOX_Q8_0_ONE_TILE_MAX_NG=G for the
 // pipeline depth and the rows per warp (q8_0_matmul.cuh; run tests/cpp/test_q8_0_matmul.cu built
 // with the same flags before trusting a variant's times).
 std::vector<int> int_list(const char * s) {
@@ -45,7 +45,7 @@ std::vector<int> int_list(const char * s) {
 }
 
 int main(int argc, char ** argv) {
-    bool q4k = false, norm = false, graph = false;
+    bool q4k = false, norm = false, graph = false, tiled = false;
     std::vector<int> only_cols;
     while (argc > 1 && std::strncmp(argv[1], "--", 2) == 0) {
         if (std::strcmp(argv[1], "--q4k") == 0) {
@@ -54,6 +54,8 @@ int main(int argc, char ** argv) {
             norm = true;
         } else if (std::strcmp(argv[1], "--graph") == 0) {
             graph = true;
+        } else if (std::strcmp(argv[1], "--tiled") == 0) {
+            tiled = true;
         } else if (std::strcmp(argv[1], "--cols") == 0 && argc > 2) {
             only_cols = int_list(argv[2]);
             --argc;
@@ -67,7 +69,7 @@ int main(int argc, char ** argv) {
     }
     const q8::weight_type type = q4k ? q8::weight_type::q4_k : q8::weight_type::q8_0;
     std::printf("%s weights%s%s\n", q4k ? "Q4_K" : "Q8_0", norm ? ", RMS-normed input" : "",
-                LUCEBOX_Q8_0_TILED_PROBE ? ", tiled layout (timing only: products not correct)" : "");
+                tiled ? ", row-tiled layout" : "");
     cudaStream_t stream;
     CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     cudaEvent_t t0, t1;
@@ -165,6 +167,7 @@ int main(int argc, char ** argv) {
                 a.row_bytes = row_bytes;
                 a.K = s.K;
                 a.M = s.M;
+                a.tiled = tiled;
                 a.N = N;
                 a.x = x;
                 a.x_stride = s.K;

@@ -3,6 +3,7 @@
 
 #include "cuda_kernels.h"
 #include "lucebox/system.h"
+#include "weight_tiles.h"
 #include "module.h"
 
 namespace py = pybind11;
@@ -30,6 +31,15 @@ void register_system(py::module_ & m) {
           "GEMMs on dequantized weights instead of ggml's MMQ; 0: never. The default is set when the first "
           "CUDA device is used; for the threshold sweep (bench/probes/prefill_gemm_sweep.py). No effect "
           "without CUDA.");
+
+    m.def("set_weight_tiles", &kernels::set_weight_tiles_enabled, py::arg("enabled"),
+          "Whether Q8_0 / Q4_K product weights load row-tiled on a CUDA device (default True; the layout "
+          "lucebox's few-column kernel reads fastest, cpp/kernels/weight_tiles.h). Takes effect at the next "
+          "load; for A/B tests of the layout. No effect without CUDA.");
+    m.def("tiled_weights", [] { return kernels::tiles::count(); },
+          "How many row-tiled weight ranges (matrices or stacks) are loaded now.");
+    m.def("tiles_declined", &kernels::tiles_declined,
+          "Fused products of row-tiled weights that lucebox's kernel left to ggml to split (expected 0).");
 
     m.def("devices", [] {
         py::list out;

@@ -27,6 +27,8 @@
 
 #include <cstdint>
 
+#include "weight_tiles.h"
+
 namespace lucebox::kernels::bf16_dequant {
 
 enum class format : uint8_t { q8_0, q4_k, q6_k };
@@ -63,14 +65,29 @@ __device__ __forceinline__ void q4k_scale_min(int s, const uint8_t * q, int & sc
     }
 }
 
+// The block holding values 32i..32i+31 (q8_0: its 34-byte block; q4_k: its 144-byte super-block):
+// consecutive blocks, or (tiled_M > 0) a row-tiled weight of tiled_M rows, row_bytes apart
+// (weight_tiles.h), whose 256 values of a row are one contiguous chunk.
+template <format F>
+__device__ __forceinline__ const uint8_t * block_at(const uint8_t * src, int64_t i, int64_t tiled_M, int64_t row_bytes) {
+    constexpr int64_t CB = F == format::q8_0 ? 272 : 144;  // bytes of 256 values
+    static_assert(F != format::q6_k, "q6_k weights are never tiled");
+    if (tiled_M == 0) return F == format::q8_0 ? src + 34 * i : src + 144 * (i / 8);
+    const int64_t groups_per_row = row_bytes / CB * 8;
+    const int64_t row = i / groups_per_row, g = i - row * groups_per_row;
+    const uint8_t * chunk = src + tiles::chunk_offset(row, g / 8, tiled_M, row_bytes, CB);
+    return F == format::q8_0 ? chunk + 34 * (g % 8) : chunk;
+}
+
 // Thread i: values 32i..32i+31 (n_groups = values / 32).
 template <format F>
-__global__ void dequantize(const uint8_t * __restrict__ src, int64_t n_groups, __nv_bfloat16 * __restrict__ dst) {
+__global__ void dequantize(const uint8_t * __restrict__ src, int64_t n_groups, __nv_bfloat16 * __restrict__ dst,
+                           int64_t tiled_M, int64_t row_bytes) {
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= n_groups) return;
     __nv_bfloat16 * out = dst + 32 * i;
     if constexpr (F == format::q8_0) {
-        const uint8_t * b = src + 34 * i;
+        const uint8_t * b = block_at<F>(src, i, tiled_M, row_bytes);
         const float d = half_at(b);
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
@@ -80,7 +97,7 @@ __global__ void dequantize(const uint8_t * __restrict__ src, int64_t n_groups, _
             store8(out + 8 * c, v);
         }
     } else if constexpr (F == format::q4_k) {
-        const uint8_t * b = src + 144 * (i / 8);
+        const uint8_t * b = block_at<F>(src, i, tiled_M, row_bytes);
         const int s = int(i % 8);  // sub-block
         int sc, mn;
         q4k_scale_min(s, b + 4, sc, mn);
@@ -120,17 +137,22 @@ __global__ void dequantize(const uint8_t * __restrict__ src, int64_t n_groups, _
 }  // namespace detail
 
 // Dequantizes n_values values (a multiple of values_per_block(f)) of contiguous blocks at src into
-// dst (16-byte aligned), asynchronously on stream.
-inline cudaError_t dequantize(format f, const void * src, int64_t n_values, __nv_bfloat16 * dst, cudaStream_t stream) {
+// dst (16-byte aligned, row-major values), asynchronously on stream. tiled_M > 0: src is a
+// row-tiled weight (weight_tiles.h) of tiled_M rows, row_bytes apart (q8_0 and q4_k only).
+inline cudaError_t dequantize(format f, const void * src, int64_t n_values, __nv_bfloat16 * dst, cudaStream_t stream,
+                              int64_t tiled_M = 0, int64_t row_bytes = 0) {
     if (n_values <= 0 || n_values % values_per_block(f) != 0) return cudaErrorInvalidValue;
+    if (tiled_M != 0 && (f == format::q6_k || tiled_M < 0 || row_bytes <= 0 || row_bytes % (f == format::q8_0 ? 272 : 144) != 0 ||
+                         n_values != tiled_M * (row_bytes / (f == format::q8_0 ? 272 : 144)) * 256))
+        return cudaErrorInvalidValue;
     const int64_t n_groups = n_values / 32;
     const int threads = 256;
     const unsigned blocks = unsigned((n_groups + threads - 1) / threads);
     const auto * s = static_cast<const uint8_t *>(src);
     switch (f) {
-        case format::q8_0: detail::dequantize<format::q8_0><<<blocks, threads, 0, stream>>>(s, n_groups, dst); break;
-        case format::q4_k: detail::dequantize<format::q4_k><<<blocks, threads, 0, stream>>>(s, n_groups, dst); break;
-        case format::q6_k: detail::dequantize<format::q6_k><<<blocks, threads, 0, stream>>>(s, n_groups, dst); break;
+        case format::q8_0: detail::dequantize<format::q8_0><<<blocks, threads, 0, stream>>>(s, n_groups, dst, tiled_M, row_bytes); break;
+        case format::q4_k: detail::dequantize<format::q4_k><<<blocks, threads, 0, stream>>>(s, n_groups, dst, tiled_M, row_bytes); break;
+        case format::q6_k: detail::dequantize<format::q6_k><<<blocks, threads, 0, stream>>>(s, n_groups, dst, tiled_M, row_bytes); break;
     }
     return cudaGetLastError();
 }

@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "ggml-backend.h"
+
 namespace lucebox::kernels {
 
 // Routes the products the kernels take to them from now on, in every CUDA backend of the process.
@@ -23,6 +25,15 @@ void set_cuda_kernels_enabled(bool enabled);
 // cuBLAS GEMM (FP32 accumulation) instead of ggml's MMQ; 0: never. Installing the kernels sets the
 // measured default; for the threshold sweep of bench/probes/prefill_gemm_sweep.py.
 void set_bf16_gemm_min_cols(int64_t n);
+
+// Whether Q8_0 / Q4_K product weights loaded into `buffer` are to be row-tiled (weight_tiles.h):
+// a CUDA device buffer (compute capability >= 8.0) while the kernels are enabled and tiling is not
+// switched off. Their products then always run on lucebox's kernels.
+bool tile_weights_in(ggml_backend_buffer_t buffer);
+// Off: weights load in ggml's layout (A/B tests of the layout; takes effect at the next load).
+void set_weight_tiles_enabled(bool enabled);
+// Fused products of tiled weights the hook left to ggml to split (lucebox's graphs build none).
+uint64_t tiles_declined();
 
 // How many gated delta nets lucebox's prefill kernel (gdn_prefill.cuh, ggml patch 0005) has run in
 // this process: tests check that it was used.

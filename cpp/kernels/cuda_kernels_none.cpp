@@ -9,5 +9,8 @@ void set_bf16_gemm_min_cols(int64_t) {}
 uint64_t gdn_prefill_runs() { return 0; }
 void install_gdn_prefill() {}
 void set_gdn_prefill_enabled(bool) {}
+bool tile_weights_in(ggml_backend_buffer_t) { return false; }
+void set_weight_tiles_enabled(bool) {}
+uint64_t tiles_declined() { return 0; }
 
 }  // namespace lucebox::kernels

@@ -8,7 +8,7 @@ namespace lucebox::kernels::q8_0 {
 
 bool args_from_ggml(const ggml_tensor * w, const ggml_tensor * gate, int glu_op, const ggml_tensor * bias,
                     const ggml_tensor * x, const ggml_tensor * dst, matmul_args & a, const ggml_tensor * norm_w,
-                    float norm_eps) {
+                    float norm_eps, bool any_n) {
     if ((w->type != GGML_TYPE_Q8_0 && w->type != GGML_TYPE_Q4_K) || x->type != GGML_TYPE_F32 || dst->type != GGML_TYPE_F32) {
         return false;
     }
@@ -54,7 +54,9 @@ bool args_from_ggml(const ggml_tensor * w, const ggml_tensor * gate, int glu_op,
     a.bias_stride = bias != nullptr && bias->ne[1] > 1 ? int64_t(bias->nb[1] / sizeof(float)) : 0;
     a.norm_w = norm_w != nullptr ? static_cast<const float *>(norm_w->data) : nullptr;
     a.norm_eps = norm_eps;
-    return check_args(a) == nullptr;
+    matmul_args group = a;  // what one launch of 64 columns at most sees
+    if (any_n && group.N > MAX_COLS) group.N = MAX_COLS;
+    return check_args(group) == nullptr;
 }
 
 }  // namespace lucebox::kernels::q8_0

@@ -5,8 +5,16 @@
 // batched or permuted operands, other GLU ops, a bias with a GLU) returns 0 and stays with ggml.
 // Also sets the column count from which ggml runs quantized products as BF16 GEMMs (patch 0004),
 // and converts their Q8_0 / Q4_K / Q6_K weights to BF16 for them (bf16_dequant.cuh).
+//
+// Row-tiled weights (weight_tiles.h: Q8_0 / Q4_K product weights lucebox loaded onto a CUDA device)
+// can be read by these kernels only, so every product of one is taken here whatever its column
+// count (more than 64: in groups of 64 columns), except where patch 0004's BF16 route will take it
+// (its converter below reads the tiles), and whatever set_cuda_kernels_enabled says. A fused form
+// the kernel refuses is left to ggml, which then computes its nodes one by one and brings the plain
+// product back here; lucebox's graphs build no such forms (tiles_declined() counts them: tests).
 #include "cuda_kernels.h"
 
+#include <algorithm>
 #include <atomic>
 
 #include "ggml-cuda.h"
@@ -14,6 +22,7 @@
 #include "bf16_dequant.cuh"
 #include "q8_0_ggml_args.h"
 #include "q8_0_matmul.cuh"
+#include "weight_tiles.h"
 
 namespace lucebox::kernels {
 namespace {
@@ -41,17 +50,61 @@ bool device_supported() {
     return k == 1;
 }
 
+std::atomic<bool> g_tiles_enabled{true};
+std::atomic<uint64_t> g_tiles_declined{0};
+
+// Whether weight w (2-D, w->ne[1] rows nb[1] apart) is row-tiled; aborts when it cuts a tiled
+// range's tiles (no kernel could read it).
+bool is_tiled(const ggml_tensor * w) {
+    if (w == nullptr) return false;
+    switch (tiles::find(w->data, w->ne[1], int64_t(w->nb[1]))) {
+        case tiles::lookup_result::not_tiled: return false;
+        case tiles::lookup_result::tiled: return true;
+        case tiles::lookup_result::misaligned: break;
+    }
+    GGML_ABORT("lucebox: %s reads rows of a row-tiled weight that do not start and end on its 16-row tiles",
+               ggml_get_name(w));
+}
+
 size_t mul_mat_hook(const ggml_tensor * w, const ggml_tensor * gate, int glu_op, const ggml_tensor * bias,
                     const ggml_tensor * x, const ggml_tensor * norm_w, float norm_eps, ggml_tensor * dst,
                     void * scratch, void * stream) {
-    if (!g_enabled.load(std::memory_order_relaxed)) return 0;
+    const bool tiled = is_tiled(w) || is_tiled(gate);
+    if (!tiled && !g_enabled.load(std::memory_order_relaxed)) return 0;
     q8_0::matmul_args a;
-    if (!q8_0::args_from_ggml(w, gate, glu_op, bias, x, dst, a, norm_w, norm_eps)) return 0;
-    if (scratch == nullptr) return device_supported() ? q8_0::scratch_bytes(a) : 0;
-    const cudaError_t err = q8_0::matmul(a, scratch, static_cast<cudaStream_t>(stream));
-    if (err != cudaSuccess) {
-        // ggml's own error path: it names the error and aborts, as for its kernels' launch failures
-        GGML_ABORT("lucebox q8_0 matmul (%s): %s", ggml_get_name(dst), cudaGetErrorString(err));
+    const bool fits = q8_0::args_from_ggml(w, gate, glu_op, bias, x, dst, a, norm_w, norm_eps, /*any_n =*/tiled);
+    if (!tiled) {
+        if (!fits) return 0;
+        if (scratch == nullptr) return device_supported() ? q8_0::scratch_bytes(a) : 0;
+    } else {
+        const bool fused = gate != nullptr || bias != nullptr || norm_w != nullptr;
+        if (fits && a.N > q8_0::MAX_COLS && ggml_backend_cuda_bf16_gemm_takes(w, x, dst)) return 0;  // the route's
+        if (!fits && fused) {  // ggml splits the fused nodes: the plain product comes back here
+            if (scratch == nullptr) g_tiles_declined.fetch_add(1, std::memory_order_relaxed);
+            return 0;
+        }
+        if (!fits || (gate != nullptr && !is_tiled(gate)) || !is_tiled(w) || !device_supported())
+            GGML_ABORT("lucebox: %s: a product of the row-tiled weight %s that lucebox's kernel cannot take",
+                       ggml_get_name(dst), ggml_get_name(w));
+        a.tiled = true;
+        if (scratch == nullptr) {
+            q8_0::matmul_args group = a;
+            group.N = std::min(a.N, q8_0::MAX_COLS);
+            return q8_0::scratch_bytes(group);
+        }
+    }
+    // in groups of at most 64 columns (one group but for tiled weights), one scratch after another
+    for (int n0 = 0; n0 < a.N; n0 += q8_0::MAX_COLS) {
+        q8_0::matmul_args group = a;
+        group.N = std::min(q8_0::MAX_COLS, a.N - n0);
+        group.x = a.x + int64_t(n0) * a.x_stride;
+        group.y = a.y + int64_t(n0) * a.y_stride;
+        if (a.bias != nullptr && a.bias_stride != 0) group.bias = a.bias + int64_t(n0) * a.bias_stride;
+        const cudaError_t err = q8_0::matmul(group, scratch, static_cast<cudaStream_t>(stream));
+        if (err != cudaSuccess) {
+            // ggml's own error path: it names the error and aborts, as for its kernels' launch failures
+            GGML_ABORT("lucebox q8_0 matmul (%s): %s", ggml_get_name(dst), cudaGetErrorString(err));
+        }
     }
     return 1;
 }
@@ -59,7 +112,8 @@ size_t mul_mat_hook(const ggml_tensor * w, const ggml_tensor * gate, int glu_op,
 // Patch 0004's converter: Q8_0, Q4_K and Q6_K weights (contiguous, checked by the patch) to BF16
 // with bf16_dequant.cuh; other types stay with ggml's converter.
 int bf16_converter(const ggml_tensor * w, void * dst, void * stream) {
-    if (!g_enabled.load(std::memory_order_relaxed)) return 0;
+    const bool tiled = is_tiled(w);  // then ggml's converter cannot read it
+    if (!tiled && !g_enabled.load(std::memory_order_relaxed)) return 0;
     bf16_dequant::format f;
     switch (w->type) {
         case GGML_TYPE_Q8_0: f = bf16_dequant::format::q8_0; break;
@@ -68,7 +122,8 @@ int bf16_converter(const ggml_tensor * w, void * dst, void * stream) {
         default: return 0;
     }
     const cudaError_t err = bf16_dequant::dequantize(f, w->data, ggml_nelements(w), static_cast<__nv_bfloat16 *>(dst),
-                                                     static_cast<cudaStream_t>(stream));
+                                                     static_cast<cudaStream_t>(stream), tiled ? w->ne[1] : 0,
+                                                     int64_t(w->nb[1]));
     if (err != cudaSuccess) GGML_ABORT("lucebox bf16 dequantization (%s): %s", ggml_get_name(w), cudaGetErrorString(err));
     return 1;
 }
@@ -91,5 +146,19 @@ void set_cuda_kernels_enabled(bool enabled) {
 }
 
 void set_bf16_gemm_min_cols(int64_t n) { ggml_backend_cuda_set_bf16_gemm_min_cols(n); }
+
+bool tile_weights_in(ggml_backend_buffer_t buffer) {
+    if (buffer == nullptr || !g_enabled.load() || !g_tiles_enabled.load()) return false;
+    const ggml_backend_buffer_type_t buft = ggml_backend_buffer_get_type(buffer);
+    for (int dev = 0; dev < ggml_backend_cuda_get_device_count(); ++dev) {
+        if (buft != ggml_backend_cuda_buffer_type(dev)) continue;
+        int major = 0;
+        return cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 8;
+    }
+    return false;  // host, split or another backend's buffer
+}
+
+void set_weight_tiles_enabled(bool enabled) { g_tiles_enabled.store(enabled); }
+uint64_t tiles_declined() { return g_tiles_declined.load(); }
 
 }  // namespace lucebox::kernels

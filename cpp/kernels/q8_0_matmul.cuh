@@ -8,8 +8,9 @@
 // feeds the product, fused: no normalized copy of x is written).
 //
 // W: [M rows][K] in ggml's Q8_0 layout (blocks of 34 bytes: fp16 scale d, 32 int8 q; value d*q)
-// or Q4_K layout (q8_0_matmul_args.h), rows row_bytes apart. x: [N][K] float; y: [N][M] float. The
-// activations are first quantized to int8 per 32 values (scale amax/127, round to nearest: the
+// or Q4_K layout (q8_0_matmul_args.h), rows row_bytes apart, or (a.tiled) the same blocks in
+// weight_tiles.h's row-tiled order, where each staged 16-row piece is one contiguous block.
+// x: [N][K] float; y: [N][M] float. The activations are first quantized to int8 per 32 values (scale amax/127, round to nearest: the
 // rounding of ggml's q8_1) into [K/32][8*NG][32] (NG groups of 8 columns). Each CTA then takes 16
 // or 32 weight rows (gated: 16 rows of U and the same 16 rows of G; see stage_bytes) and its WARPS
 // warps split K between them: each warp streams 256-value chunks of its rows, and the same blocks
@@ -33,6 +34,7 @@
 #include <utility>
 
 #include "q8_0_matmul_args.h"
+#include "weight_tiles.h"
 
 namespace lucebox::kernels::q8_0 {
 
@@ -60,13 +62,6 @@ static_assert(STAGES >= 2, "one chunk loads while another is multiplied");
 // first chunks instead of the early chunk loads was slower at every depth tried.
 #ifndef LUCEBOX_Q8_0_PDL  // 0: plain launches (for the probe's A/B)
 #define LUCEBOX_Q8_0_PDL 1
-#endif
-// 1 (bench/probes/q8_0_matmul_bench.cu --tiled only): the weights are read in a tiled layout, the
-// staged rows of each (CTA, chunk) one contiguous block of 16 * m_tiles * chunk bytes (gated: U's
-// rows then G's), instead of ggml's row-major one: whether contiguous DRAM reads would stream
-// faster than 272-byte pieces of 16 or 32 rows. Products are not correct in this mode.
-#ifndef LUCEBOX_Q8_0_TILED_PROBE
-#define LUCEBOX_Q8_0_TILED_PROBE 0
 #endif
 
 static_assert(CHUNK_BYTES % 16 == 0 && Q4K_BLOCK_BYTES % 16 == 0, "a staged row chunk must be whole 16-byte vectors");
@@ -234,15 +229,9 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
                 const int s = idx / CHUNK_VECS, v = idx - s * CHUNK_VECS;
                 const bool from_gate = GATED && s >= TILE_ROWS / 2;
                 const int row = min(r0 + (GATED ? s % (TILE_ROWS / 2) : s), a.M - 1);
-#if LUCEBOX_Q8_0_TILED_PROBE  // the probe's layout experiment: each (CTA, chunk) one contiguous block
-                (void) from_gate;
-                (void) row;
-                (void) v;
-                const uint8_t * src = a.w + (int64_t(blockIdx.x) * n_chunks + chunk) * W_BYTES + 16 * idx;
-#else
-                const uint8_t * src = (from_gate ? a.gate : a.w) + int64_t(row) * a.row_bytes +
-                                      int64_t(chunk) * CB + 16 * v;
-#endif
+                const int64_t at = a.tiled ? tiles::chunk_offset(row, chunk, a.M, a.row_bytes, CB)
+                                           : int64_t(row) * a.row_bytes + int64_t(chunk) * CB;
+                const uint8_t * src = (from_gate ? a.gate : a.w) + at + 16 * v;
                 cp_async16(st + 16 * idx, src);
             }
         }

@@ -30,6 +30,7 @@ struct matmul_args {
     const uint8_t * w = nullptr;     // [M][row_bytes] (U when gated)
     const uint8_t * gate = nullptr;  // [M][row_bytes] (G) or null
     int64_t row_bytes = 0;
+    bool tiled = false;              // w and gate in weight_tiles.h's row-tiled layout (M rows each)
     int K = 0, M = 0, N = 0;
     const float * x = nullptr;       // x[n * x_stride + k]
     int64_t x_stride = 0;

@@ -4,7 +4,7 @@
 // wherever the kernel's float arithmetic is ggml's (all of Q8_0 and Q6_K; Q4_K's d * q - m where
 // ggml's compiler did not contract it into an FMA: at most 1 BF16 ulp apart then). Sizes from one
 // block to a few hundred thousand values, odd block counts included; a size that is not whole
-// blocks is refused. Without a GPU at run time it says so and checks nothing (exit 0).
+// blocks is refused; row-tiled weights give their untiled values. Without a GPU at run time it says so and checks nothing (exit 0).
 #include "bf16_dequant.cuh"
 #include "cuda_check.h"
 #include "ggml.h"
@@ -68,6 +68,38 @@ void check(std::mt19937 & rng, ggml_type type, dq::format f, int64_t n, bool exa
                          got[worst_at], bf16_bits_of(ref[worst_at]));
 }
 
+// A row-tiled weight (weight_tiles.h) of M rows of K values dequantizes to the same BF16 values, in
+// row-major order, as its untiled blocks (M = 37: a partial last tile).
+void check_tiled(std::mt19937 & rng, ggml_type type, dq::format f, int64_t K, int64_t M) {
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    const int64_t n = K * M;
+    std::vector<float> x(n);
+    for (auto & v : x) v = nd(rng);
+    const int64_t row_bytes = K / dq::values_per_block(f) * dq::block_bytes(f);
+    std::vector<uint8_t> q(size_t(M * row_bytes)), t(q.size());
+    ggml_quantize_chunk(type, x.data(), q.data(), 0, M, K, nullptr);
+    lucebox::kernels::tiles::to_tiles(q.data(), t.data(), M, row_bytes, f == dq::format::q8_0 ? 272 : 144);
+    void * src = nullptr;
+    __nv_bfloat16 * dst = nullptr;
+    CHECK_CUDA(cudaMalloc(&src, q.size()));
+    CHECK_CUDA(cudaMalloc(&dst, size_t(n) * 2));
+    std::vector<uint16_t> plain(n), tiled(n);
+    CHECK_CUDA(cudaMemcpy(src, q.data(), q.size(), cudaMemcpyHostToDevice));
+    CHECK_CUDA(dq::dequantize(f, src, n, dst, nullptr));
+    CHECK_CUDA(cudaMemcpy(plain.data(), dst, size_t(n) * 2, cudaMemcpyDeviceToHost));
+    CHECK_CUDA(cudaMemcpy(src, t.data(), t.size(), cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemset(dst, 0xFF, size_t(n) * 2));
+    CHECK_CUDA(dq::dequantize(f, src, n, dst, nullptr, M, row_bytes));
+    CHECK_CUDA(cudaMemcpy(tiled.data(), dst, size_t(n) * 2, cudaMemcpyDeviceToHost));
+    const cudaError_t refused = dq::dequantize(f, src, n - K, dst, nullptr, M, row_bytes);  // not M rows
+    CHECK_CUDA(cudaFree(src));
+    CHECK_CUDA(cudaFree(dst));
+    const bool ok = plain == tiled && refused == cudaErrorInvalidValue;
+    if (!ok) ++failures;
+    std::printf("%s %-5s row-tiled K=%lld M=%lld: the untiled values bit for bit, a wrong size refused\n",
+                ok ? "ok  " : "FAIL", ggml_type_name(type), (long long) K, (long long) M);
+}
+
 }  // namespace
 
 int main() {
@@ -94,6 +126,13 @@ int main() {
         std::printf("%s %-5s refuses %lld and 0 values\n", refused ? "ok  " : "FAIL", ggml_type_name(fm.type),
                     (long long) (b + 16));
     }
+    for (int64_t M : {int64_t(1), int64_t(16), int64_t(37)}) {
+        check_tiled(rng, GGML_TYPE_Q8_0, dq::format::q8_0, 768, M);
+        check_tiled(rng, GGML_TYPE_Q4_K, dq::format::q4_k, 768, M);
+    }
+    const cudaError_t q6_tiled = dq::dequantize(dq::format::q6_k, nullptr, 256, nullptr, nullptr, 1, 210);
+    if (q6_tiled != cudaErrorInvalidValue) ++failures;
+    std::printf("%s q6_K row-tiled refused\n", q6_tiled == cudaErrorInvalidValue ? "ok  " : "FAIL");
     (void) cudaGetLastError();
     std::printf(failures == 0 ? "all passed\n" : "%d FAILED\n", failures);
     return failures == 0 ? 0 : 1;

@@ -175,3 +175,16 @@ TEST_CASE(a_fused_rms_norm_takes_one_f32_weight_per_input_row) {
 }
 
 TEST_MAIN()
+
+TEST_CASE(more_than_64_columns_only_for_row_tiled_weights) {
+    operands o;
+    ggml_tensor * w = o.t(GGML_TYPE_Q8_0, 512, 64);
+    ggml_tensor * x = o.t(GGML_TYPE_F32, 512, 300);
+    ggml_tensor * y = o.t(GGML_TYPE_F32, 64, 300);
+    matmul_args a;
+    CHECK(!args_from_ggml(w, nullptr, -1, nullptr, x, y, a));  // ggml's (MMQ or the BF16 route)
+    CHECK(args_from_ggml(w, nullptr, -1, nullptr, x, y, a, nullptr, 0.0f, /*any_n =*/true));
+    CHECK(a.N == 300);  // the full count: the hook runs it in groups of 64
+    CHECK(!args_from_ggml(o.t(GGML_TYPE_Q8_0, 500, 64), nullptr, -1, nullptr, o.t(GGML_TYPE_F32, 500, 300), y, a,
+                          nullptr, 0.0f, true));  // other refusals stay
+}

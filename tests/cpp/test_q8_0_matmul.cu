@@ -5,7 +5,9 @@
 // round to nearest) and sums the exact integer block dot products in double (Q4_K: minus dmin *
 // min times the block's float sum), so the only difference left is float rounding:
 // |gpu - ref| <= 4e-5 * sum |terms|.
-// Also checks that column 0 is bit-identical whatever N is (a decode step and a verify agree).
+// Also checks that column 0 is bit-identical whatever N is (a decode step and a verify agree), and
+// runs everything again with the weights in weight_tiles.h's row-tiled layout (the layout lucebox
+// loads them in), whose products must be the untiled ones bit for bit.
 // Without a GPU at run time it says so and checks nothing (exit 0), like the other GPU tests.
 #include "cuda_check.h"
 #include "q8_0_matmul.cuh"
@@ -25,6 +27,7 @@ namespace {
 int failures = 0;
 
 q8::weight_type g_type = q8::weight_type::q8_0;  // the format random_weights makes
+bool g_tiled = false;                            // run() uploads the weights row-tiled
 
 float half_at(const uint8_t * p) {
     __half h;
@@ -147,8 +150,13 @@ std::vector<float> run(const weights & w, const weights * gate, const std::vecto
                        bool in_place = false, const std::vector<float> * norm_w = nullptr) {
     device_buffer dw(w.bytes.size()), dg(gate ? gate->bytes.size() : 0), dx(x.size() * 4),
         dy(size_t(N) * y_stride * 4);
-    CHECK_CUDA(cudaMemcpy(dw.p, w.bytes.data(), w.bytes.size(), cudaMemcpyHostToDevice));
-    if (gate) CHECK_CUDA(cudaMemcpy(dg.p, gate->bytes.data(), gate->bytes.size(), cudaMemcpyHostToDevice));
+    auto upload = [&](const weights & m, const device_buffer & d) {
+        std::vector<uint8_t> b = m.bytes;
+        if (g_tiled) lucebox::kernels::tiles::to_tiles(m.bytes.data(), b.data(), m.M, m.row_bytes, q8::chunk_bytes(m.type));
+        CHECK_CUDA(cudaMemcpy(d.p, b.data(), b.size(), cudaMemcpyHostToDevice));
+    };
+    upload(w, dw);
+    if (gate) upload(*gate, dg);
     CHECK_CUDA(cudaMemcpy(dx.p, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
     device_buffer db(bias ? bias->size() * 4 : 0), dn(norm_w ? norm_w->size() * 4 : 0);
     if (bias) CHECK_CUDA(cudaMemcpy(db.p, bias->data(), bias->size() * 4, cudaMemcpyHostToDevice));
@@ -163,6 +171,7 @@ std::vector<float> run(const weights & w, const weights * gate, const std::vecto
     a.row_bytes = w.row_bytes;
     a.K = w.K;
     a.M = w.M;
+    a.tiled = g_tiled;
     a.N = N;
     a.x = dx.as<float>();
     a.x_stride = x_stride;
@@ -286,6 +295,28 @@ void check_column_independence(std::mt19937 & rng, bool gated, bool norm) {
     }
 }
 
+// The same product with the weights row-tiled and not: the same bits (M = 333: a partial last tile).
+void check_tiled_equals_untiled(std::mt19937 & rng, bool gated) {
+    const int K = 1280, M = 333;
+    const weights w = random_weights(rng, K, M, 0);
+    const weights g = random_weights(rng, K, M, 0);
+    std::vector<float> x(size_t(64) * K);
+    std::normal_distribution<float> xd(0.0f, 1.0f);
+    for (auto & v : x) v = xd(rng);
+    const bool saved = g_tiled;
+    for (int N : {1, 16, 64}) {
+        g_tiled = false;
+        const std::vector<float> plain = run(w, gated ? &g : nullptr, x, K, N, M);
+        g_tiled = true;
+        const std::vector<float> tiled = run(w, gated ? &g : nullptr, x, K, N, M);
+        const bool same = plain.size() == tiled.size() && std::memcmp(plain.data(), tiled.data(), plain.size() * 4) == 0;
+        std::printf("%s row-tiled weights give the untiled product bit for bit (N=%d, %s)\n", same ? "ok  " : "FAIL", N,
+                    gated ? "gated" : "plain");
+        if (!same) ++failures;
+    }
+    g_tiled = saved;
+}
+
 void check_refusals() {
     q8::matmul_args a;
     alignas(16) static uint8_t buf[64];
@@ -344,11 +375,13 @@ int main() {
                     prop.minor);
         return 0;
     }
-    std::mt19937 rng(7);
     check_refusals();
+    for (bool tiled : {false, true})
     for (q8::weight_type type : {q8::weight_type::q8_0, q8::weight_type::q4_k}) {
+    std::mt19937 rng(7);  // the same cases tiled and untiled
     g_type = type;
-    std::printf("-- %s weights\n", type == q8::weight_type::q8_0 ? "Q8_0" : "Q4_K");
+    g_tiled = tiled;
+    std::printf("-- %s weights%s\n", type == q8::weight_type::q8_0 ? "Q8_0" : "Q4_K", tiled ? ", row-tiled" : "");
     for (bool gated : {false, true}) {
         check_case(rng, 256, 1, 1, gated, 0, 0, 0);
         check_case(rng, 512, 17, 3, gated, 16, 5, 3);
@@ -360,6 +393,7 @@ int main() {
         check_case(rng, 4352, 1024, 64, gated, 0, 0, 0);
         check_case(rng, 17408, 64, 16, gated, 0, 0, 0);
         check_case(rng, 17408, 40, 1, gated, 16, 0, 2);
+        if (tiled) check_tiled_equals_untiled(rng, gated);
         check_column_independence(rng, gated, false);
         check_column_independence(rng, gated, true);
         // a fused RMS norm of the input (the layer norm before the DeltaNet / attention / FFN products)

@@ -41,7 +41,11 @@ class tensor_store {
     // them all; each member is then a view of the stack (view_src = the stack, at its row offset).
     // A group stacks the longest prefix of at least two members that are 2-D matrices of one type
     // and one row length; the rest load on their own, as does everything on a meta (tensor
-    // parallel) buffer type. Values are the file's bytes either way.
+    // parallel) buffer type. Values are the file's bytes either way, except that on a CUDA device
+    // (kernels::tile_weights_in) Q8_0 and Q4_K matrices of whole 256-value chunks, token_embd.weight
+    // aside (ggml_get_rows reads it), load row-tiled (cpp/kernels/weight_tiles.h; a stack only when
+    // its members' row counts, the last one's aside, are multiples of 16) and are registered as such
+    // until the store is released; only lucebox's kernels read them.
     static tensor_store load(const gguf_file & file, const std::vector<std::string> & names,
                              ggml_backend_buffer_type_t buft, ggml_backend_dev_t dev, const progress_callback & progress,
                              const std::vector<std::vector<std::string>> & stacks = {});
@@ -56,6 +60,7 @@ class tensor_store {
     ggml_context * ctx_ = nullptr;
     ggml_backend_buffer_t buffer_ = nullptr;
     std::unordered_map<std::string, ggml_tensor *> by_name_;
+    bool tiled_ = false;  // registered row-tiled ranges in buffer_ (released with it)
 };
 
 }  // namespace lucebox

@@ -5,9 +5,11 @@
 #include <memory>
 #include <unordered_set>
 
+#include "cuda_kernels.h"
 #include "lucebox/backend_buffers.h"
 #include "lucebox/errors.h"
 #include "lucebox/gguf_file.h"
+#include "weight_tiles.h"
 
 namespace lucebox {
 
@@ -20,9 +22,10 @@ std::string gib(uint64_t n) {
 }  // namespace
 
 tensor_store::tensor_store(tensor_store && o) noexcept
-    : ctx_(o.ctx_), buffer_(o.buffer_), by_name_(std::move(o.by_name_)) {
+    : ctx_(o.ctx_), buffer_(o.buffer_), by_name_(std::move(o.by_name_)), tiled_(o.tiled_) {
     o.ctx_ = nullptr;
     o.buffer_ = nullptr;
+    o.tiled_ = false;
 }
 
 tensor_store & tensor_store::operator=(tensor_store && o) noexcept {
@@ -31,8 +34,10 @@ tensor_store & tensor_store::operator=(tensor_store && o) noexcept {
         ctx_ = o.ctx_;
         buffer_ = o.buffer_;
         by_name_ = std::move(o.by_name_);
+        tiled_ = o.tiled_;
         o.ctx_ = nullptr;
         o.buffer_ = nullptr;
+        o.tiled_ = false;
     }
     return *this;
 }
@@ -42,6 +47,10 @@ tensor_store::~tensor_store() { release(); }
 void tensor_store::release() {
     by_name_.clear();
     if (buffer_) {
+        if (tiled_) {  // before the memory can be handed out again
+            kernels::tiles::remove_within(ggml_backend_buffer_get_base(buffer_), ggml_backend_buffer_get_size(buffer_));
+            tiled_ = false;
+        }
         ggml_backend_buffer_free(buffer_);
         buffer_ = nullptr;
     }
@@ -167,14 +176,35 @@ tensor_store tensor_store::load(const gguf_file & file, const std::vector<std::s
         throw gguf_error(file.where() + "cannot open for reading (" + std::strerror(errno) + ")");
     }
     const bool host = !meta && ggml_backend_buffer_is_host(s.buffer_);
-    std::vector<uint8_t> staging;
+    // Row-tiled matrices (weight_tiles.h): which entries, and a stack only as a whole.
+    std::unordered_set<const gguf_tensor_entry *> tiled;
+    if (!meta && !host && kernels::tile_weights_in(s.buffer_)) {
+        auto tileable = [](const gguf_tensor_entry * e) {
+            return (e->type == GGML_TYPE_Q8_0 || e->type == GGML_TYPE_Q4_K) && e->ne[2] == 1 && e->ne[3] == 1 &&
+                   e->ne[0] % kernels::tiles::CHUNK_VALUES == 0 && e->ne[1] > 0 && e->name != "token_embd.weight";
+        };
+        for (const gguf_tensor_entry * e : entries)
+            if (!in_stack.count(e->name) && tileable(e)) tiled.insert(e);
+        for (const auto & members : stacked) {
+            bool ok = true;
+            for (size_t i = 0; i < members.size(); ++i)
+                ok = ok && tileable(members[i]) && (i + 1 == members.size() || members[i]->ne[1] % kernels::tiles::TILE_ROWS == 0);
+            if (ok) tiled.insert(members.begin(), members.end());
+        }
+    }
+    std::vector<uint8_t> staging, tiles_staging;
+    std::unordered_set<const ggml_tensor *> registered;
     uint64_t done = 0;
     for (const gguf_tensor_entry * e : entries) {
         ggml_tensor * t = s.get(e->name);
         if (fseeko(fp.get(), static_cast<off_t>(e->offset), SEEK_SET) != 0) {
             throw gguf_error(file.where() + "seek failed for tensor '" + e->name + "'");
         }
-        const size_t chunk = meta ? std::max<size_t>(e->nbytes, 1) : 64u << 20;
+        const bool tile = tiled.count(e) != 0;
+        const int64_t row_bytes = tile ? int64_t(e->nbytes / uint64_t(e->ne[1])) : 0;
+        const int64_t tile_bytes = kernels::tiles::TILE_ROWS * row_bytes;
+        size_t chunk = meta ? std::max<size_t>(e->nbytes, 1) : 64u << 20;
+        if (tile) chunk = size_t(std::max<int64_t>(1, int64_t(chunk) / tile_bytes) * tile_bytes);  // whole tiles
         for (uint64_t off = 0; off < e->nbytes; off += chunk) {
             const size_t n = static_cast<size_t>(std::min<uint64_t>(chunk, e->nbytes - off));
             uint8_t * dst = nullptr;
@@ -187,12 +217,25 @@ tensor_store tensor_store::load(const gguf_file & file, const std::vector<std::s
             if (std::fread(dst, 1, n, fp.get()) != n) {
                 throw gguf_error(file.where() + "truncated while reading tensor '" + e->name + "'");
             }
+            if (tile) {  // these rows (whole tiles, or the matrix's last) in the tiled order
+                tiles_staging.resize(std::max(tiles_staging.size(), n));
+                kernels::tiles::to_tiles(dst, tiles_staging.data(), int64_t(n) / row_bytes, row_bytes,
+                                         e->type == GGML_TYPE_Q8_0 ? 272 : 144);
+                dst = tiles_staging.data();
+            }
             if (!host) {
                 ggml_backend_tensor_set(t, dst, off, n);
             }
             done += n;
             if (progress) {
                 progress(done, total);
+            }
+        }
+        if (tile) {  // the whole stack once (its members lie inside it), or the matrix
+            const ggml_tensor * whole = t->view_src != nullptr ? t->view_src : t;
+            if (registered.insert(whole).second) {
+                kernels::tiles::add(whole->data, whole->ne[1], row_bytes);
+                s.tiled_ = true;
             }
         }
     }

@@ -1,0 +1,67 @@
+// Row-tiled weights (weight_tiles.h): the host-side reorder and the registry of tiled ranges.
+#include "weight_tiles.h"
+
+#include <atomic>
+#include <cstring>
+#include <map>
+#include <mutex>
+
+namespace lucebox::kernels::tiles {
+
+void to_tiles(const uint8_t * src, uint8_t * dst, int64_t M, int64_t row_bytes, int64_t cb) {
+    const int64_t chunks = row_bytes / cb;
+    for (int64_t row = 0; row < M; ++row)
+        for (int64_t c = 0; c < chunks; ++c)
+            std::memcpy(dst + chunk_offset(row, c, M, row_bytes, cb), src + row * row_bytes + c * cb, size_t(cb));
+}
+
+void from_tiles(const uint8_t * src, uint8_t * dst, int64_t M, int64_t row_bytes, int64_t cb) {
+    const int64_t chunks = row_bytes / cb;
+    for (int64_t row = 0; row < M; ++row)
+        for (int64_t c = 0; c < chunks; ++c)
+            std::memcpy(dst + row * row_bytes + c * cb, src + chunk_offset(row, c, M, row_bytes, cb), size_t(cb));
+}
+
+namespace {
+
+std::mutex g_mutex;
+std::map<const uint8_t *, range> g_ranges;  // by begin
+std::atomic<size_t> g_count{0};
+
+}  // namespace
+
+void add(const void * begin, int64_t M, int64_t row_bytes) {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    const auto * b = static_cast<const uint8_t *>(begin);
+    g_ranges[b] = range{b, M, row_bytes};
+    g_count.store(g_ranges.size());
+}
+
+void remove_within(const void * begin, size_t bytes) {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    const auto * b = static_cast<const uint8_t *>(begin);
+    for (auto it = g_ranges.lower_bound(b); it != g_ranges.end() && it->first < b + bytes;) it = g_ranges.erase(it);
+    g_count.store(g_ranges.size());
+}
+
+bool any() { return g_count.load(std::memory_order_relaxed) != 0; }
+size_t count() { return g_count.load(); }
+
+lookup_result find(const void * data, int64_t M, int64_t row_bytes) {
+    if (!any()) return lookup_result::not_tiled;
+    const auto * p = static_cast<const uint8_t *>(data);
+    std::lock_guard<std::mutex> lock(g_mutex);
+    auto it = g_ranges.upper_bound(p);
+    if (it == g_ranges.begin()) return lookup_result::not_tiled;
+    --it;
+    const range & r = it->second;
+    const int64_t offset = p - r.begin;
+    if (offset >= r.M * r.row_bytes) return lookup_result::not_tiled;
+    const int64_t tile_bytes = TILE_ROWS * r.row_bytes;
+    const int64_t first = offset / r.row_bytes, end = first + M;
+    const bool ok = row_bytes == r.row_bytes && offset % tile_bytes == 0 && end <= r.M &&
+                    (end % TILE_ROWS == 0 || end == r.M);
+    return ok ? lookup_result::tiled : lookup_result::misaligned;
+}
+
+}  // namespace lucebox::kernels::tiles

@@ -1,0 +1,83 @@
+"""Row-tiled weights on CUDA (cpp/kernels/weight_tiles.h): Q8_0 and Q4_K product weights load in the
+layout lucebox's few-column kernel reads fastest, and compute the same bits as in ggml's layout with
+the same kernels (decode steps, a 16-token forward, a 300-token micro-batch on the BF16 route), stay
+close to the CPU where only tiled weights can take a product (300 columns with the BF16 route off:
+lucebox's kernel in groups of 64 columns), leave no fused product to ggml, and are unregistered
+when their engine goes."""
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pytest
+
+import lucebox
+from lucebox import _core, synth
+
+pytestmark = pytest.mark.gpu
+
+# lucebox's int8 kernel against the CPU reference, a 300-token micro-batch (same rounding of the
+# activations per 32 values as the CPU's q8_0): as MMQ in test_cuda_target.py.
+MAX_ABS = 0.5
+
+
+@pytest.fixture(scope="module", params=["q8_0", "q4_k"])
+def model(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
+    # hidden 256 and FFN 512: the matrices have whole 256-value chunks (tiny's 128 would not)
+    path = tmp_path_factory.mktemp("tiles") / f"tiny256-{request.param}.gguf"
+    synth.write_target(str(path), "tiny", type=request.param, seed=4, overrides={"n_embd": 256, "n_ff": 512})
+    return str(path)
+
+
+IDS = [int(x) for x in np.random.default_rng(8).integers(0, 1024, 320)]
+
+
+def forwards(engine: lucebox.Engine) -> list[np.ndarray]:
+    s = engine.session()
+    return [s.eval(IDS[:300]), *[s.eval([t]) for t in IDS[300:304]], s.eval(IDS[304:320])]
+
+
+def load(path: str, tiles: bool) -> tuple[lucebox.Engine, int]:
+    _core.set_weight_tiles(tiles)
+    try:
+        before = _core.tiled_weights()
+        engine = lucebox.Engine(path, ctx=512, device="cuda", ubatch=512)
+        return engine, _core.tiled_weights() - before
+    finally:
+        _core.set_weight_tiles(True)
+
+
+def test_tiled_weights_give_the_same_bits(model: str) -> None:
+    declined = _core.tiles_declined()
+    plain, n_plain = load(model, tiles=False)
+    want = forwards(plain)
+    del plain
+    gc.collect()
+    before = _core.tiled_weights()
+    tiled, n_tiled = load(model, tiles=True)
+    got = forwards(tiled)
+    print(f"{model}: {n_tiled} row-tiled ranges")
+    assert n_plain == 0 and n_tiled > 0
+    for a, b in zip(want, got):
+        np.testing.assert_array_equal(a, b)
+    assert _core.tiles_declined() == declined
+    del tiled
+    gc.collect()
+    assert _core.tiled_weights() == before  # unregistered with their buffer
+
+
+def test_tiled_weights_without_the_bf16_route_match_cpu(model: str) -> None:
+    ref = lucebox.Engine(model, ctx=512, device="cpu", ubatch=512).session().eval(IDS[:300])
+    engine, n_tiled = load(model, tiles=True)
+    assert n_tiled > 0
+    try:
+        _core.set_bf16_gemm_min_cols(0)  # the tiled products: lucebox's kernel, 64 columns at a time
+        got = engine.session().eval(IDS[:300])
+    finally:
+        _core.set_own_cuda_kernels(True)  # restores the default threshold
+    diff = np.abs(got - ref).max()
+    top2 = np.sort(ref, axis=-1)[:, -2:]
+    clear = (top2[:, 1] - top2[:, 0]) > 2 * MAX_ABS
+    print(f"{model}: max abs diff {diff:.4g} to the CPU")
+    assert diff <= MAX_ABS
+    assert (got.argmax(-1) == ref.argmax(-1))[clear].all()

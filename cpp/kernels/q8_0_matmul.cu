@@ -10,8 +10,8 @@
 // can be read by these kernels only, so every product of one is taken here whatever its column
 // count (more than 64: in groups of 64 columns), except where patch 0004's BF16 route will take it
 // (its converter below reads the tiles), and whatever set_cuda_kernels_enabled says. A fused form
-// the kernel refuses is left to ggml, which then computes its nodes one by one and brings the plain
-// product back here; lucebox's graphs build no such forms (tiles_declined() counts them: tests).
+// the kernel refuses is left to ggml only where ggml then brings a simpler form back here (else an
+// error); lucebox's graphs build no such forms (tiles_declined() counts them: tests).
 #include "cuda_kernels.h"
 
 #include <algorithm>
@@ -77,9 +77,12 @@ size_t mul_mat_hook(const ggml_tensor * w, const ggml_tensor * gate, int glu_op,
         if (!fits) return 0;
         if (scratch == nullptr) return device_supported() ? q8_0::scratch_bytes(a) : 0;
     } else {
-        const bool fused = gate != nullptr || bias != nullptr || norm_w != nullptr;
         if (fits && a.N > q8_0::MAX_COLS && ggml_backend_cuda_bf16_gemm_takes(w, x, dst)) return 0;  // the route's
-        if (!fits && fused) {  // ggml splits the fused nodes: the plain product comes back here
+        // A fused form the kernel refuses: ggml then asks again without the norm (it computes the norm
+        // nodes itself), or, past its one-column kernels' 8 columns, computes the nodes one by one;
+        // but a gate or residual ADD of <= 8 columns would go to ggml's fused MMVQ, which cannot
+        // read the tiles.
+        if (!fits && (norm_w != nullptr || ((gate != nullptr || bias != nullptr) && x->ne[1] > 8))) {
             if (scratch == nullptr) g_tiles_declined.fetch_add(1, std::memory_order_relaxed);
             return 0;
         }

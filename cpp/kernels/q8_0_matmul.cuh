@@ -47,6 +47,13 @@ constexpr int WARPS = 4;                               // per CTA, splitting K
 #ifndef LUCEBOX_Q8_0_STAGES
 #define LUCEBOX_Q8_0_STAGES 2
 #endif
+// LUCEBOX_Q8_0_ST3_MAX_M: Q4_K products of <= 8 columns and at most this many rows stage 3 chunks
+// per warp (few CTAs, long rows: more bytes in flight; H200 probe at STAGES=3 for everything:
+// ssm_out 15.1 -> 11.4 us, attn_gate 13.0 -> 10.1, the large shapes slower; UNMEASURED as chosen here:
+// the next GPU run compares -DLUCEBOX_Q8_0_ST3_MAX_M=0); 0: never.
+#ifndef LUCEBOX_Q8_0_ST3_MAX_M
+#define LUCEBOX_Q8_0_ST3_MAX_M 6144
+#endif
 #ifndef LUCEBOX_Q8_0_ONE_TILE_MAX_NG
 #define LUCEBOX_Q8_0_ONE_TILE_MAX_NG 1
 #endif
@@ -79,8 +86,8 @@ __host__ __device__ constexpr int stage_bytes(int cols, int m_tiles, bool q4k = 
 constexpr int NORM_PARTS = 8;
 
 // The warps' stages, then the columns' RMS norm factors [cols] and partial sums [cols][NORM_PARTS].
-__host__ __device__ constexpr int smem_bytes(int cols, int m_tiles, bool q4k = false) {
-    return WARPS * STAGES * stage_bytes(cols, m_tiles, q4k) + cols * 4 * (1 + NORM_PARTS);
+__host__ __device__ constexpr int smem_bytes(int cols, int m_tiles, bool q4k = false, int stages = STAGES) {
+    return WARPS * stages * stage_bytes(cols, m_tiles, q4k) + cols * 4 * (1 + NORM_PARTS);
 }
 
 namespace detail {
@@ -189,7 +196,7 @@ __device__ __forceinline__ void load_quants(bool odd_block, const uint8_t * p, i
 // the first weight chunks are in flight (NORM_PARTS partial sums per column, blocks p, p + 8, ..),
 // and add the partials in order after the main loop: a fixed order, so the factor of column n does
 // not depend on N either.
-template <int NG, bool GATED, int M_TILES, bool Q4K>
+template <int NG, bool GATED, int M_TILES, bool Q4K, int ST = STAGES>
 __global__ void __launch_bounds__(WARPS * 32)
 matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__ xd, const float * __restrict__ xs,
        const float * __restrict__ ss) {
@@ -208,20 +215,20 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
     const int r0 = blockIdx.x * OUT_ROWS;
     const int n_chunks = a.K / K_ALIGN;
     const int n_mine = n_chunks > warp ? (n_chunks - warp + WARPS - 1) / WARPS : 0;
-    uint8_t * stages = smem + warp * STAGES * STAGE;
+    uint8_t * stages = smem + warp * ST * STAGE;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     // the next kernel (ggml's launch with PDL, or the next quantization) may launch once every CTA
     // here has started; it waits for this grid's completion before it reads anything
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
 
-    // The i-th chunk of this warp (chunk warp + i*WARPS) into stage i % STAGES. Staged row s comes
+    // The i-th chunk of this warp (chunk warp + i*WARPS) into stage i % ST. Staged row s comes
     // from global row r0 + s (gated: rows 16..31 are the gate's rows r0..r0+15); rows past M repeat
     // row M-1 (their sums are never written). Activation columns >= N are zero-filled, not read.
     auto issue_weights = [&](int i) {
         if (i < n_mine) {
             const int chunk = warp + i * WARPS;
-            uint8_t * st = stages + (i % STAGES) * STAGE;
+            uint8_t * st = stages + (i % ST) * STAGE;
 #pragma unroll
             for (int c = 0; c < (TILE_ROWS * CHUNK_VECS + 31) / 32; ++c) {
                 const int idx = lane + 32 * c;
@@ -240,7 +247,7 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
     auto issue_x = [&](int i) {
         if (i < n_mine) {
             const int chunk = warp + i * WARPS;
-            uint8_t * st = stages + (i % STAGES) * STAGE;
+            uint8_t * st = stages + (i % ST) * STAGE;
             const int8_t * xsrc = xq + int64_t(chunk) * X_BYTES;
 #pragma unroll
             for (int c = 0; c < X_VECS / 32; ++c) {
@@ -274,14 +281,14 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
     // the first chunks: weights, then (PDL) the wait for quantize_columns (a no-op when not
     // launched as its dependent), then their activations; one commit group per chunk
 #pragma unroll
-    for (int i = 0; i < STAGES - 1; ++i) issue_weights(i);
+    for (int i = 0; i < ST - 1; ++i) issue_weights(i);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
 #pragma unroll
-    for (int i = 0; i < STAGES - 1; ++i) issue_x(i);
+    for (int i = 0; i < ST - 1; ++i) issue_x(i);
     // the columns' partial sums of squares (while the first chunks load), added after the main loop
-    float * norm_factor = reinterpret_cast<float *>(smem + WARPS * STAGES * STAGE);
+    float * norm_factor = reinterpret_cast<float *>(smem + WARPS * ST * STAGE);
     float * norm_part = norm_factor + COLS;  // [COLS][NORM_PARTS]
     if (a.norm_w != nullptr) {
         const int nb = a.K / QK;
@@ -294,10 +301,10 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
         }
     }
     for (int i = 0; i < n_mine; ++i) {
-        cp_async_wait<STAGES - 2>();
+        cp_async_wait<ST - 2>();
         __syncwarp();  // chunk i visible to the whole warp; everyone is done with chunk i-1's stage
-        issue(i + STAGES - 1);
-        const uint8_t * st = stages + (i % STAGES) * STAGE;
+        issue(i + ST - 1);
+        const uint8_t * st = stages + (i % ST) * STAGE;
         const int8_t * sx = reinterpret_cast<const int8_t *>(st + W_BYTES);
         const float * sd = reinterpret_cast<const float *>(st + W_BYTES + X_BYTES);
         if constexpr (Q4K) {
@@ -487,11 +494,11 @@ cudaError_t launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem
     return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
 }
 
-template <int NG, bool GATED, bool Q4K>
+template <int NG, bool GATED, bool Q4K, int ST = STAGES>
 cudaError_t launch_groups(const matmul_args & a, const int8_t * xq, const float * xd, const float * xs,
                           const float * ss, cudaStream_t stream) {
     constexpr int M_TILES = GATED || NG > LUCEBOX_Q8_0_ONE_TILE_MAX_NG ? 2 : 1;
-    constexpr int SMEM = smem_bytes(COL_GROUP * NG, M_TILES, Q4K);
+    constexpr int SMEM = smem_bytes(COL_GROUP * NG, M_TILES, Q4K, ST);
     // the shared-memory limit is a per-device attribute of the function: raise it once per device
     static unsigned long long configured = 0;  // bit d: device d done (devices 0..63)
     int dev = 0;
@@ -499,18 +506,20 @@ cudaError_t launch_groups(const matmul_args & a, const int8_t * xq, const float 
     if (err != cudaSuccess) return err;
     if (dev >= 64) return cudaErrorInvalidDevice;
     if (!(__atomic_load_n(&configured, __ATOMIC_ACQUIRE) & (1ull << dev))) {
-        err = cudaFuncSetAttribute(matmul<NG, GATED, M_TILES, Q4K>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
+        err = cudaFuncSetAttribute(matmul<NG, GATED, M_TILES, Q4K, ST>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
         if (err != cudaSuccess) return err;
         __atomic_fetch_or(&configured, 1ull << dev, __ATOMIC_ACQ_REL);
     }
     constexpr int OUT_ROWS = GATED ? 16 : 16 * M_TILES;
-    return launch(matmul<NG, GATED, M_TILES, Q4K>, dim3((a.M + OUT_ROWS - 1) / OUT_ROWS), dim3(WARPS * 32), SMEM, stream,
-                  pdl_kernel<matmul<NG, GATED, M_TILES, Q4K>>(dev), a, xq, xd, xs, ss);
+    return launch(matmul<NG, GATED, M_TILES, Q4K, ST>, dim3((a.M + OUT_ROWS - 1) / OUT_ROWS), dim3(WARPS * 32), SMEM, stream,
+                  pdl_kernel<matmul<NG, GATED, M_TILES, Q4K, ST>>(dev), a, xq, xd, xs, ss);
 }
 
 template <bool GATED, bool Q4K>
 cudaError_t launch_gated(const matmul_args & a, const int8_t * xq, const float * xd, const float * xs,
                          const float * ss, cudaStream_t stream) {
+    if constexpr (Q4K && LUCEBOX_Q8_0_ST3_MAX_M > 0 && STAGES != 3)
+        if (col_groups(a.N) == 1 && a.M <= LUCEBOX_Q8_0_ST3_MAX_M) return launch_groups<1, GATED, Q4K, 3>(a, xq, xd, xs, ss, stream);
     switch (col_groups(a.N)) {
         case 1: return launch_groups<1, GATED, Q4K>(a, xq, xd, xs, ss, stream);
         case 2: return launch_groups<2, GATED, Q4K>(a, xq, xd, xs, ss, stream);

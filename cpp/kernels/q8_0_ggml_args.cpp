@@ -54,9 +54,8 @@ bool args_from_ggml(const ggml_tensor * w, const ggml_tensor * gate, int glu_op,
     a.bias_stride = bias != nullptr && bias->ne[1] > 1 ? int64_t(bias->nb[1] / sizeof(float)) : 0;
     a.norm_w = norm_w != nullptr ? static_cast<const float *>(norm_w->data) : nullptr;
     a.norm_eps = norm_eps;
-    matmul_args group = a;  // what one launch of 64 columns at most sees
-    if (any_n && group.N > MAX_COLS) group.N = MAX_COLS;
-    return check_args(group) == nullptr;
+    if (!any_n && a.N > MAX_COLS) return false;  // ggml's MMQ or BF16 route
+    return check_args(a) == nullptr;
 }
 
 }  // namespace lucebox::kernels::q8_0

@@ -14,8 +14,8 @@ namespace lucebox::kernels::q8_0 {
 // gate) F32 [M] added to every column or [M, N] with contiguous rows (may be dst itself), and
 // check_args satisfied (K % 256, N <= 64, 16-byte alignment). With norm_w (F32 [K], contiguous),
 // the product's input is ggml_mul(ggml_rms_norm(x, norm_eps), norm_w), normalized inside the
-// product. False otherwise: ggml's kernels run. any_n: N > 64 passes too (a.N is the full count; the
-// caller runs groups of 64 columns: row-tiled weights).
+// product. False otherwise: ggml's kernels run. any_n: more than 64 columns too (row-tiled weights,
+// which only lucebox's kernel reads; it runs them 64 columns at a time).
 bool args_from_ggml(const ggml_tensor * w, const ggml_tensor * gate, int glu_op, const ggml_tensor * bias,
                     const ggml_tensor * x, const ggml_tensor * dst, matmul_args & a,
                     const ggml_tensor * norm_w = nullptr, float norm_eps = 0.0f, bool any_n = false);

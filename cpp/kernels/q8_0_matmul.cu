@@ -10,8 +10,9 @@
 // can be read by these kernels only, so every product of one is taken here whatever its column
 // count (more than 64: in groups of 64 columns), except where patch 0004's BF16 route will take it
 // (its converter below reads the tiles), and whatever set_cuda_kernels_enabled says. A fused form
-// the kernel refuses is left to ggml only where ggml then brings a simpler form back here (else an
-// error); lucebox's graphs build no such forms (tiles_declined() counts them: tests).
+// the kernel refuses is left to ggml, which brings a simpler form back here; should one of ggml's
+// own kernels get a tiled weight anyway, it aborts with a message (patch 0003's foreign-weights
+// check, foreign_weights below). lucebox's graphs build no refused forms (tiles_declined(): tests).
 #include "cuda_kernels.h"
 
 #include <algorithm>
@@ -50,6 +51,7 @@ bool device_supported() {
     return k == 1;
 }
 
+std::atomic<bool> g_installed{false};  // install_cuda_kernels ran: the hook reads tiled weights
 std::atomic<bool> g_tiles_enabled{true};
 std::atomic<uint64_t> g_tiles_declined{0};
 
@@ -78,11 +80,9 @@ size_t mul_mat_hook(const ggml_tensor * w, const ggml_tensor * gate, int glu_op,
         if (scratch == nullptr) return device_supported() ? q8_0::scratch_bytes(a) : 0;
     } else {
         if (fits && a.N > q8_0::MAX_COLS && ggml_backend_cuda_bf16_gemm_takes(w, x, dst)) return 0;  // the route's
-        // A fused form the kernel refuses: ggml then asks again without the norm (it computes the norm
-        // nodes itself), or, past its one-column kernels' 8 columns, computes the nodes one by one;
-        // but a gate or residual ADD of <= 8 columns would go to ggml's fused MMVQ, which cannot
-        // read the tiles.
-        if (!fits && (norm_w != nullptr || ((gate != nullptr || bias != nullptr) && x->ne[1] > 8))) {
+        // A fused form the kernel refuses: ggml then asks again with a simpler one (it computes the
+        // norm or the other nodes itself), or its own kernel refuses the tiles (foreign_weights).
+        if (!fits && (gate != nullptr || bias != nullptr || norm_w != nullptr)) {
             if (scratch == nullptr) g_tiles_declined.fetch_add(1, std::memory_order_relaxed);
             return 0;
         }
@@ -90,30 +90,24 @@ size_t mul_mat_hook(const ggml_tensor * w, const ggml_tensor * gate, int glu_op,
             GGML_ABORT("lucebox: %s: a product of the row-tiled weight %s that lucebox's kernel cannot take",
                        ggml_get_name(dst), ggml_get_name(w));
         a.tiled = true;
-        if (scratch == nullptr) {
-            q8_0::matmul_args group = a;
-            group.N = std::min(a.N, q8_0::MAX_COLS);
-            return q8_0::scratch_bytes(group);
-        }
+        if (scratch == nullptr) return q8_0::scratch_bytes(a);  // 64 columns' worth at most
     }
-    // in groups of at most 64 columns (one group but for tiled weights), one scratch after another
-    for (int n0 = 0; n0 < a.N; n0 += q8_0::MAX_COLS) {
-        q8_0::matmul_args group = a;
-        group.N = std::min(q8_0::MAX_COLS, a.N - n0);
-        group.x = a.x + int64_t(n0) * a.x_stride;
-        group.y = a.y + int64_t(n0) * a.y_stride;
-        if (a.bias != nullptr && a.bias_stride != 0) group.bias = a.bias + int64_t(n0) * a.bias_stride;
-        const cudaError_t err = q8_0::matmul(group, scratch, static_cast<cudaStream_t>(stream));
-        if (err != cudaSuccess) {
-            // ggml's own error path: it names the error and aborts, as for its kernels' launch failures
-            GGML_ABORT("lucebox q8_0 matmul (%s): %s", ggml_get_name(dst), cudaGetErrorString(err));
-        }
+    const cudaError_t err = q8_0::matmul(a, scratch, static_cast<cudaStream_t>(stream));
+    if (err != cudaSuccess) {
+        // ggml's own error path: it names the error and aborts, as for its kernels' launch failures
+        GGML_ABORT("lucebox q8_0 matmul (%s): %s", ggml_get_name(dst), cudaGetErrorString(err));
     }
     return 1;
 }
 
 // Patch 0004's converter: Q8_0, Q4_K and Q6_K weights (contiguous, checked by the patch) to BF16
 // with bf16_dequant.cuh; other types stay with ggml's converter.
+// Patch 0003's check before ggml's own kernels read a weight: row-tiled ones (or ranges cutting
+// their tiles) they cannot read.
+bool foreign_weights(const ggml_tensor * w) {
+    return tiles::find(w->data, w->ne[1], int64_t(w->nb[1])) != tiles::lookup_result::not_tiled;
+}
+
 int bf16_converter(const ggml_tensor * w, void * dst, void * stream) {
     const bool tiled = is_tiled(w);  // then ggml's converter cannot read it
     if (!tiled && !g_enabled.load(std::memory_order_relaxed)) return 0;
@@ -134,9 +128,9 @@ int bf16_converter(const ggml_tensor * w, void * dst, void * stream) {
 }  // namespace
 
 void install_cuda_kernels() {
-    static std::atomic<bool> installed{false};
-    if (installed.exchange(true)) return;
+    if (g_installed.exchange(true)) return;
     ggml_backend_cuda_set_mul_mat_hook(&mul_mat_hook);
+    ggml_backend_cuda_set_foreign_weights(&foreign_weights);
     ggml_backend_cuda_set_bf16_converter(&bf16_converter);
     install_gdn_prefill();
     set_cuda_kernels_enabled(g_enabled.load());  // and the BF16 GEMM threshold that goes with it
@@ -151,7 +145,7 @@ void set_cuda_kernels_enabled(bool enabled) {
 void set_bf16_gemm_min_cols(int64_t n) { ggml_backend_cuda_set_bf16_gemm_min_cols(n); }
 
 bool tile_weights_in(ggml_backend_buffer_t buffer) {
-    if (buffer == nullptr || !g_enabled.load() || !g_tiles_enabled.load()) return false;
+    if (buffer == nullptr || !g_installed.load() || !g_enabled.load() || !g_tiles_enabled.load()) return false;
     const ggml_backend_buffer_type_t buft = ggml_backend_buffer_get_type(buffer);
     for (int dev = 0; dev < ggml_backend_cuda_get_device_count(); ++dev) {
         if (buft != ggml_backend_cuda_buffer_type(dev)) continue;

@@ -20,7 +20,9 @@
 // column n does not depend on N or on the other columns: a decode step and a verify of the same
 // token compute bit-identical products.
 //
-// Requirements (checked by check_args): K % 256 == 0; 1 <= N <= MAX_COLS; W (and G) 16-byte
+// More than MAX_COLS (64) columns run as one launch pair per 64 columns, one after another on the
+// stream with the same scratch.
+// Requirements (checked by check_args): K % 256 == 0; N >= 1; W (and G) 16-byte
 // aligned with row_bytes % 16 == 0. Header-only so that tests/cpp/test_q8_0_matmul.cu can build it
 // without ggml; the arguments and their checks are q8_0_matmul_args.h (plain C++), the ggml hook
 // that routes MUL_MAT nodes here is q8_0_matmul.cu.
@@ -530,9 +532,8 @@ cudaError_t launch_gated(const matmul_args & a, const int8_t * xq, const float *
 
 }  // namespace detail
 
-// Runs the product on `stream` (activation quantization, then the product); scratch holds
-// scratch_bytes(a) bytes, 16-byte aligned. check_args(a) must have returned null.
-inline cudaError_t matmul(const matmul_args & a, void * scratch, cudaStream_t stream) {
+// Runs the product of at most 64 columns on `stream` (activation quantization, then the product).
+inline cudaError_t matmul_group(const matmul_args & a, void * scratch, cudaStream_t stream) {
     const int cols = COL_GROUP * col_groups(a.N);
     const size_t nb = size_t(a.K) / QK;
     int8_t * xq = static_cast<int8_t *>(scratch);
@@ -555,6 +556,22 @@ inline cudaError_t matmul(const matmul_args & a, void * scratch, cudaStream_t st
     }
     return a.gate != nullptr ? detail::launch_gated<true, false>(a, xq, xd, xs, ss, stream)
                              : detail::launch_gated<false, false>(a, xq, xd, xs, ss, stream);
+}
+
+// Runs the product on `stream`: per group of at most 64 columns, the activation quantization, then
+// the product (the next group's quantization waits for it before it overwrites the scratch); scratch
+// holds scratch_bytes(a) bytes, 16-byte aligned. check_args(a) must have returned null.
+inline cudaError_t matmul(const matmul_args & a, void * scratch, cudaStream_t stream) {
+    for (int n0 = 0; n0 < a.N; n0 += MAX_COLS) {
+        matmul_args group = a;
+        group.N = a.N - n0 < MAX_COLS ? a.N - n0 : MAX_COLS;
+        group.x = a.x + int64_t(n0) * a.x_stride;
+        group.y = a.y + int64_t(n0) * a.y_stride;
+        if (a.bias != nullptr && a.bias_stride != 0) group.bias = a.bias + int64_t(n0) * a.bias_stride;
+        const cudaError_t err = matmul_group(group, scratch, stream);
+        if (err != cudaSuccess) return err;
+    }
+    return cudaSuccess;
 }
 
 }  // namespace lucebox::kernels::q8_0

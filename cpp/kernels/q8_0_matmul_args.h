@@ -11,7 +11,7 @@ constexpr int QK = 32;                      // values per Q8_0 block
 constexpr int BLOCK_BYTES = 34;             // fp16 scale + 32 int8
 constexpr int CHUNK_BLOCKS = 8;             // blocks of one row the kernel stages at a time
 constexpr int COL_GROUP = 8;                // activation columns per mma (its N)
-constexpr int MAX_COLS = 64;
+constexpr int MAX_COLS = 64;               // columns of one launch (more: one launch per 64)
 constexpr int K_ALIGN = QK * CHUNK_BLOCKS;  // 256: a chunk of a row is whole 16-byte vectors
 
 // The weight formats the kernel reads, in ggml's block layouts:
@@ -45,11 +45,12 @@ struct matmul_args {
     float norm_eps = 0.0f;
 };
 
-// Column groups of 8 the kernel is instantiated for: 1, 2, 4 or 8 (N <= 8, 16, 32, 64).
+// Column groups of 8 the kernel is instantiated for: 1, 2, 4 or 8 (N <= 8, 16, 32, more).
 inline int col_groups(int N) { return N <= 8 ? 1 : N <= 16 ? 2 : N <= 32 ? 4 : 8; }
 
 // Scratch for the quantized activations: xq int8 [K/32][cols][32], then xd float [K/32][cols]
-// (cols = 8 * col_groups(N); columns >= N are zeros), then for q4_k xs float [K/32][cols] (the
+// (cols = 8 * col_groups(N), at most 64: groups of 64 columns reuse it one after another; columns
+// >= N are zeros), then for q4_k xs float [K/32][cols] (the
 // sums of each block's 32 values, for the mins), then with norm_w ss float [K/32][cols] (the sums
 // of each block's 32 squares of x).
 inline size_t scratch_bytes(const matmul_args & a) {
@@ -63,7 +64,7 @@ inline size_t scratch_bytes(const matmul_args & a) {
 inline const char * check_args(const matmul_args & a) {
     if (a.K <= 0 || a.K % K_ALIGN != 0) return "K must be a positive multiple of 256";
     if (a.M <= 0) return "M must be positive";
-    if (a.N < 1 || a.N > MAX_COLS) return "N must be 1..64";
+    if (a.N < 1) return "N must be positive";
     if (a.row_bytes < int64_t(a.K) / K_ALIGN * chunk_bytes(a.type) || a.row_bytes % 16 != 0) return "row stride";
     if (reinterpret_cast<uintptr_t>(a.w) % 16 != 0) return "weights not 16-byte aligned";
     if (a.gate != nullptr && reinterpret_cast<uintptr_t>(a.gate) % 16 != 0) return "gate not 16-byte aligned";

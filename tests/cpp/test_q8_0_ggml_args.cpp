@@ -185,6 +185,6 @@ TEST_CASE(more_than_64_columns_only_for_row_tiled_weights) {
     CHECK(!args_from_ggml(w, nullptr, -1, nullptr, x, y, a));  // ggml's (MMQ or the BF16 route)
     CHECK(args_from_ggml(w, nullptr, -1, nullptr, x, y, a, nullptr, 0.0f, /*any_n =*/true));
     CHECK(a.N == 300);  // the full count: the hook runs it in groups of 64
-    CHECK(!args_from_ggml(o.t(GGML_TYPE_Q8_0, 500, 64), nullptr, -1, nullptr, o.t(GGML_TYPE_F32, 500, 300), y, a,
+    CHECK(!args_from_ggml(o.t(GGML_TYPE_Q8_0, 288, 64), nullptr, -1, nullptr, o.t(GGML_TYPE_F32, 288, 300), y, a,
                           nullptr, 0.0f, true));  // other refusals stay
 }

@@ -332,8 +332,10 @@ void check_refusals() {
     b.K = 128;
     const bool k_refused = q8::check_args(b) != nullptr;
     b = a;
-    b.N = 65;
+    b.N = 0;
     const bool n_refused = q8::check_args(b) != nullptr;
+    b.N = 1000;  // any count: launches of 64 columns
+    const bool many_ok = q8::check_args(b) == nullptr && q8::scratch_bytes(b) == [&] { q8::matmul_args c = a; c.N = 64; return q8::scratch_bytes(c); }();
     b = a;
     b.w = buf + 2;
     const bool align_refused = q8::check_args(b) != nullptr;
@@ -353,9 +355,9 @@ void check_refusals() {
     const bool norm_ok = q8::check_args(b) == nullptr;
     b.norm_eps = -1.0f;
     const bool eps_refused = q8::check_args(b) != nullptr;
-    const bool ok = base_ok && k_refused && n_refused && align_refused && stride_refused && gated_bias_refused &&
+    const bool ok = base_ok && k_refused && n_refused && many_ok && align_refused && stride_refused && gated_bias_refused &&
                     bias_stride_refused && norm_ok && eps_refused;
-    std::printf("%s check_args accepts a valid product and refuses K %% 256, N > 64, misalignment, row stride, gated + bias, bias stride, a negative norm eps\n",
+    std::printf("%s check_args accepts a valid product and refuses K %% 256, N = 0 (takes N = 1000 with a 64-column scratch), misalignment, row stride, gated + bias, bias stride, a negative norm eps\n",
                 ok ? "ok  " : "FAIL");
     if (!ok) ++failures;
 }
@@ -393,6 +395,7 @@ int main() {
         check_case(rng, 4352, 1024, 64, gated, 0, 0, 0);
         check_case(rng, 17408, 64, 16, gated, 0, 0, 0);
         check_case(rng, 17408, 40, 1, gated, 16, 0, 2);
+        check_case(rng, 1024, 77, 150, gated, 0, 3, 5);  // more than 64 columns: three launches
         if (tiled) check_tiled_equals_untiled(rng, gated);
         check_column_independence(rng, gated, false);
         check_column_independence(rng, gated, true);
@@ -409,6 +412,8 @@ int main() {
     check_case(rng, 6144, 5120, 16, false, 0, 0, 0, 3);  // ... in place (ssm_out / attn_output shape)
     check_case(rng, 2048, 200, 64, false, 0, 4, 9, 3);
     check_case(rng, 512, 17, 33, false, 0, 0, 5, 2);
+    check_case(rng, 1024, 200, 150, false, 0, 0, 3, 3, true);  // 150 columns: a norm, a residual in place
+    check_case(rng, 1024, 40, 130, false, 16, 0, 3, 2);         // ... a per-column residual
     }
     std::printf(failures ? "%d FAILED\n" : "all passed\n", failures);
     return failures ? 1 : 0;

@@ -81,7 +81,9 @@ def test_large_prefill_products_match_cpu(model: tuple[str, str]) -> None:
     engine = lucebox.Engine(path, ctx=512, device="cuda", ubatch=512)
     got = {}
     try:
-        for min_cols in (0, 65):  # 0: MMQ; 65: every product of this micro-batch as a BF16 GEMM
+        # 0: MMQ (lucebox's kernel for row-tiled weights: tiny's ffn_down); 65: every product of this
+        # micro-batch as a BF16 GEMM
+        for min_cols in (0, 65):
             _core.set_bf16_gemm_min_cols(min_cols)
             got[min_cols] = engine.session().eval(ids)
     finally:

@@ -23,13 +23,16 @@ MAX_ABS = 0.5
 
 @pytest.fixture(scope="module", params=["q8_0", "q4_k"])
 def model(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
-    # hidden 256 and FFN 512: the matrices have whole 256-value chunks (tiny's 128 would not)
+    # hidden 256 and FFN 512: the matrices have whole 256-value chunks (tiny's 128 would not); 16 V
+    # heads: the DeltaNet stack's beta and alpha have 16 rows, so the stack tiles (as the 27B's 48);
+    # a vocabulary of 1000: the output head ends in a partial tile of 8 rows
     path = tmp_path_factory.mktemp("tiles") / f"tiny256-{request.param}.gguf"
-    synth.write_target(str(path), "tiny", type=request.param, seed=4, overrides={"n_embd": 256, "n_ff": 512})
+    synth.write_target(str(path), "tiny", type=request.param, seed=4,
+                       overrides={"n_embd": 256, "n_ff": 512, "ssm_n_v_heads": 16, "n_vocab": 1000})
     return str(path)
 
 
-IDS = [int(x) for x in np.random.default_rng(8).integers(0, 1024, 320)]
+IDS = [int(x) for x in np.random.default_rng(8).integers(0, 1000, 320)]
 
 
 def forwards(engine: lucebox.Engine) -> list[np.ndarray]:

@@ -24,6 +24,9 @@ void set_cuda_kernels_enabled(bool enabled);
 // measured default; for the threshold sweep of bench/probes/prefill_gemm_sweep.py.
 void set_bf16_gemm_min_cols(int64_t n);
 
+// Whether the current CUDA device runs lucebox's kernels (compute capability >= 8.0; cached per device).
+bool device_runs_own_kernels();
+
 // How many gated delta nets lucebox's prefill kernel (gdn_prefill.cuh, ggml patch 0005) has run in
 // this process: tests check that it was used.
 uint64_t gdn_prefill_runs();

@@ -26,9 +26,11 @@ std::atomic<bool> g_enabled{true};
 // micro-batches, 0.98x at 256, 1.32x at 512 (the weights' dequantization is paid per micro-batch).
 constexpr int64_t k_bf16_gemm_min_cols = 256;
 
-// mma.m16n8k32 needs compute capability 8.0: asked of the driver once per device (this runs for
-// every MUL_MAT node ggml dispatches).
-bool device_supported() {
+}  // namespace
+
+// mma.m16n8k32 and cp.async need compute capability 8.0: asked of the driver once per device (this
+// runs for every MUL_MAT node ggml dispatches).
+bool device_runs_own_kernels() {
     static std::atomic<int> known[64] = {};  // 0: not asked yet, 1: yes, -1: no
     int dev = 0;
     if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
@@ -41,13 +43,15 @@ bool device_supported() {
     return k == 1;
 }
 
+namespace {
+
 size_t mul_mat_hook(const ggml_tensor * w, const ggml_tensor * gate, int glu_op, const ggml_tensor * bias,
                     const ggml_tensor * x, const ggml_tensor * norm_w, float norm_eps, ggml_tensor * dst,
                     void * scratch, void * stream) {
     if (!g_enabled.load(std::memory_order_relaxed)) return 0;
     q8_0::matmul_args a;
     if (!q8_0::args_from_ggml(w, gate, glu_op, bias, x, dst, a, norm_w, norm_eps)) return 0;
-    if (scratch == nullptr) return device_supported() ? q8_0::scratch_bytes(a) : 0;
+    if (scratch == nullptr) return device_runs_own_kernels() ? q8_0::scratch_bytes(a) : 0;
     const cudaError_t err = q8_0::matmul(a, scratch, static_cast<cudaStream_t>(stream));
     if (err != cudaSuccess) {
         // ggml's own error path: it names the error and aborts, as for its kernels' launch failures

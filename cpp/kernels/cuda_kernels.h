@@ -35,6 +35,9 @@ void set_weight_tiles_enabled(bool enabled);
 // Fused products of tiled weights the hook left to ggml to split (lucebox's graphs build none).
 uint64_t tiles_declined();
 
+// Whether the current CUDA device runs lucebox's kernels (compute capability >= 8.0; cached per device).
+bool device_runs_own_kernels();
+
 // How many gated delta nets lucebox's prefill kernel (gdn_prefill.cuh, ggml patch 0005) has run in
 // this process: tests check that it was used.
 uint64_t gdn_prefill_runs();

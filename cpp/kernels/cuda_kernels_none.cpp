@@ -7,6 +7,7 @@ void install_cuda_kernels() {}
 void set_cuda_kernels_enabled(bool) {}
 void set_bf16_gemm_min_cols(int64_t) {}
 uint64_t gdn_prefill_runs() { return 0; }
+bool device_runs_own_kernels() { return false; }
 void install_gdn_prefill() {}
 void set_gdn_prefill_enabled(bool) {}
 bool tile_weights_in(ggml_backend_buffer_t) { return false; }

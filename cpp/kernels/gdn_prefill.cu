@@ -18,7 +18,7 @@ std::atomic<uint64_t> g_gdn_runs{0};
 
 int gdn_prefill_hook(const ggml_tensor * dst, float * state, int64_t state_slot_stride, void * stream) {
     (void) state_slot_stride;  // one slot: the final state
-    if (!g_gdn_enabled.load(std::memory_order_relaxed)) return 0;
+    if (!g_gdn_enabled.load(std::memory_order_relaxed) || !device_runs_own_kernels()) return 0;  // cp.async: sm_80
     const ggml_tensor * q = dst->src[0], * k = dst->src[1], * v = dst->src[2], * g = dst->src[3],
                       * beta = dst->src[4], * s0 = dst->src[5];
     int32_t snapshots = 0;  // op param 0: the kept states K

@@ -36,9 +36,11 @@ std::atomic<bool> g_enabled{true};
 // micro-batches, 0.98x at 256, 1.32x at 512 (the weights' dequantization is paid per micro-batch).
 constexpr int64_t k_bf16_gemm_min_cols = 256;
 
-// mma.m16n8k32 needs compute capability 8.0: asked of the driver once per device (this runs for
-// every MUL_MAT node ggml dispatches).
-bool device_supported() {
+}  // namespace
+
+// mma.m16n8k32 and cp.async need compute capability 8.0: asked of the driver once per device (this
+// runs for every MUL_MAT node ggml dispatches).
+bool device_runs_own_kernels() {
     static std::atomic<int> known[64] = {};  // 0: not asked yet, 1: yes, -1: no
     int dev = 0;
     if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
@@ -50,6 +52,8 @@ bool device_supported() {
     }
     return k == 1;
 }
+
+namespace {
 
 std::atomic<bool> g_installed{false};  // install_cuda_kernels ran: the hook reads tiled weights
 std::atomic<bool> g_tiles_enabled{true};
@@ -77,7 +81,7 @@ size_t mul_mat_hook(const ggml_tensor * w, const ggml_tensor * gate, int glu_op,
     const bool fits = q8_0::args_from_ggml(w, gate, glu_op, bias, x, dst, a, norm_w, norm_eps, /*any_n =*/tiled);
     if (!tiled) {
         if (!fits) return 0;
-        if (scratch == nullptr) return device_supported() ? q8_0::scratch_bytes(a) : 0;
+        if (scratch == nullptr) return device_runs_own_kernels() ? q8_0::scratch_bytes(a) : 0;
     } else {
         if (fits && a.N > q8_0::MAX_COLS && ggml_backend_cuda_bf16_gemm_takes(w, x, dst)) return 0;  // the route's
         // A fused form the kernel refuses: ggml then asks again with a simpler one (it computes the
@@ -86,7 +90,7 @@ size_t mul_mat_hook(const ggml_tensor * w, const ggml_tensor * gate, int glu_op,
             if (scratch == nullptr) g_tiles_declined.fetch_add(1, std::memory_order_relaxed);
             return 0;
         }
-        if (!fits || (gate != nullptr && !is_tiled(gate)) || !is_tiled(w) || !device_supported())
+        if (!fits || (gate != nullptr && !is_tiled(gate)) || !is_tiled(w) || !device_runs_own_kernels())
             GGML_ABORT("lucebox: %s: a product of the row-tiled weight %s that lucebox's kernel cannot take",
                        ggml_get_name(dst), ggml_get_name(w));
         a.tiled = true;

@@ -122,7 +122,11 @@ __device__ __forceinline__ float silu(float v) { return v / (1.0f + expf(-v)); }
 
 // One warp per (block b, column n) of v = x (or x * norm_w): xq[b][n][0..31], xd[b][n], xs[b][n] =
 // the sum of v when xs is not null, ss[b][n] = the sum of x^2 when norm_w is not null.
-__global__ void quantize_columns(const float * __restrict__ x, int64_t x_stride, int K, int N, int cols,
+// x is not __restrict__ and is read with ld.global.cg: under PDL this kernel is resident while the
+// kernel that writes x still runs, and a restrict-qualified const pointer would be read through the
+// non-coherent cache (LDG.E.CONSTANT), which is only valid for data read-only for the kernel's whole
+// lifetime (llama.cpp hit races from exactly this).
+__global__ void quantize_columns(const float * x, int64_t x_stride, int K, int N, int cols,
                                  int8_t * __restrict__ xq, float * __restrict__ xd, float * __restrict__ xs,
                                  const float * __restrict__ norm_w, float * __restrict__ ss) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -134,7 +138,7 @@ __global__ void quantize_columns(const float * __restrict__ x, int64_t x_stride,
     const int nb = K / QK;
     if (wid >= int64_t(nb) * cols) return;
     const int b = int(wid / cols), n = int(wid % cols);
-    float v = n < N ? x[int64_t(n) * x_stride + int64_t(b) * QK + lane] : 0.0f;
+    float v = n < N ? __ldcg(x + int64_t(n) * x_stride + int64_t(b) * QK + lane) : 0.0f;
     if (norm_w != nullptr) {
         float sq = v * v;
 #pragma unroll
@@ -201,7 +205,7 @@ __device__ __forceinline__ void load_quants(bool odd_block, const uint8_t * p, i
 template <int NG, bool GATED, int M_TILES, bool Q4K, int ST = STAGES>
 __global__ void __launch_bounds__(WARPS * 32)
 matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__ xd, const float * __restrict__ xs,
-       const float * __restrict__ ss) {
+       const float * ss) {  // ss: quantize_columns' output, read after griddepcontrol.wait: not restrict, ld.global.cg
     extern __shared__ __align__(16) uint8_t smem[];
     constexpr int COLS = COL_GROUP * NG;
     static_assert(!GATED || M_TILES == 2, "a gated warp takes 16 rows of U and the same 16 of G");
@@ -298,7 +302,7 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
             const int c = cp / NORM_PARTS;
             float sq = 0.0f;
             if (c < a.N)  // padded columns: never written
-                for (int b = cp % NORM_PARTS; b < nb; b += NORM_PARTS) sq += ss[b * COLS + c];
+                for (int b = cp % NORM_PARTS; b < nb; b += NORM_PARTS) sq += __ldcg(ss + b * COLS + c);
             norm_part[cp] = sq;
         }
     }

@@ -2,11 +2,13 @@
 // cpp/kernels/): a MUL_MAT of Q8_0 / Q4_K / Q6_K weights (lucebox's converter) and Q5_K weights
 // (ggml's converter) with 300 activation columns on the GPU backend, with the route on and off
 // (MMQ), against a double-precision reference over the CPU-dequantized weights. One case has more
-// than 2^26 weight values, so the route converts and multiplies it in two row chunks (16384 rows,
-// then 16); rows around the chunk boundary are among those checked. Bound: the route rounds
+// than 2^26 weight values, so the route converts and multiplies it in two row chunks (patch 0004:
+// equal chunks rounded up to 256 rows, 8448 then 7952); rows around the chunk boundary are among
+// those checked. Bound: the route rounds
 // weights and activations to BF16 (relative 2^-9 each), so |y - ref| <= 2^-7 * sum_k |w x| + 1e-6;
 // MMQ's bound is its q8_1 activation rounding, |y - ref| <= 2^-5 * sum_k |w x|. The two routes must
 // also give different bits (the route was taken). Without a GPU it checks nothing.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <random>
@@ -61,7 +63,9 @@ void check_type(ggml_backend_t be, ggml_type type, int64_t K, int64_t M, uint32_
 
     std::vector<int64_t> rows;  // a spread of rows, and those around the 2^26-value chunk boundary
     for (int64_t m = 0; m < M; m += 37) rows.push_back(m);
-    const int64_t boundary = (int64_t(1) << 26) / K;
+    // patch 0004's chunking: ceil(M * K / 2^26) chunks of ceil(M / chunks) rows rounded up to 256
+    const int64_t chunks = (M * K + (int64_t(1) << 26) - 1) >> 26;
+    const int64_t boundary = std::min<int64_t>(M, ((M + chunks - 1) / chunks + 255) / 256 * 256);
     for (int64_t m = boundary - 2; m <= boundary + 1; ++m)
         if (m > 0 && m < M) rows.push_back(m);
     rows.push_back(M - 1);

@@ -32,12 +32,13 @@ std::vector<float> distinct_rows(int64_t cols, int64_t rows, uint32_t seed) {
     return v;
 }
 
-// ggml_top_k on `backend` (null: CPU): [k, rows] indices, each row sorted ascending for comparison.
-std::vector<int32_t> run_top_k(const std::vector<float> & x, int64_t cols, int64_t rows, int k, ggml_backend_t backend) {
+// out = op(ctx, in) of an F32 [cols, rows] input on `backend` (null: CPU): its I32 elements.
+template <typename Op>
+std::vector<int32_t> run_index_op(const std::vector<float> & x, int64_t cols, int64_t rows, ggml_backend_t backend, Op op) {
     ggml_init_params ip{ggml_tensor_overhead() * 8 + ggml_graph_overhead(), nullptr, true};
     ggml_context * ctx = ggml_init(ip);
     ggml_tensor * in = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, cols, rows);
-    ggml_tensor * out = ggml_top_k(ctx, in, k);
+    ggml_tensor * out = op(ctx, in);
     ggml_cgraph * gf = ggml_new_graph(ctx);
     ggml_build_forward_expand(gf, out);
     ggml_backend_t cpu = backend == nullptr ? ggml_backend_cpu_init() : nullptr;
@@ -45,11 +46,18 @@ std::vector<int32_t> run_top_k(const std::vector<float> & x, int64_t cols, int64
     ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors(ctx, be);
     ggml_backend_tensor_set(in, x.data(), 0, x.size() * sizeof(float));
     CHECK(ggml_backend_graph_compute(be, gf) == GGML_STATUS_SUCCESS);
-    std::vector<int32_t> res(size_t(k * rows));
+    std::vector<int32_t> res(static_cast<size_t>(ggml_nelements(out)));
     ggml_backend_tensor_get(out, res.data(), 0, res.size() * sizeof(int32_t));
     ggml_backend_buffer_free(buf);
     ggml_free(ctx);
     if (cpu != nullptr) ggml_backend_free(cpu);
+    return res;
+}
+
+// ggml_top_k on `backend` (null: CPU): [k, rows] indices, each row sorted ascending for comparison.
+std::vector<int32_t> run_top_k(const std::vector<float> & x, int64_t cols, int64_t rows, int k, ggml_backend_t backend) {
+    std::vector<int32_t> res =
+        run_index_op(x, cols, rows, backend, [k](ggml_context * ctx, ggml_tensor * in) { return ggml_top_k(ctx, in, k); });
     for (int64_t r = 0; r < rows; ++r) std::sort(res.begin() + r * k, res.begin() + (r + 1) * k);
     return res;
 }
@@ -76,23 +84,7 @@ const std::vector<shape> SHAPES{{1000, 3, 8}, {5000, 1, 64}, {5000, 15, 8}, {151
 
 // ggml_argmax on `backend` (null: CPU): one index per row.
 std::vector<int32_t> run_argmax(const std::vector<float> & x, int64_t cols, int64_t rows, ggml_backend_t backend) {
-    ggml_init_params ip{ggml_tensor_overhead() * 8 + ggml_graph_overhead(), nullptr, true};
-    ggml_context * ctx = ggml_init(ip);
-    ggml_tensor * in = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, cols, rows);
-    ggml_tensor * out = ggml_argmax(ctx, in);
-    ggml_cgraph * gf = ggml_new_graph(ctx);
-    ggml_build_forward_expand(gf, out);
-    ggml_backend_t cpu = backend == nullptr ? ggml_backend_cpu_init() : nullptr;
-    ggml_backend_t be = backend != nullptr ? backend : cpu;
-    ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors(ctx, be);
-    ggml_backend_tensor_set(in, x.data(), 0, x.size() * sizeof(float));
-    CHECK(ggml_backend_graph_compute(be, gf) == GGML_STATUS_SUCCESS);
-    std::vector<int32_t> res(static_cast<size_t>(rows));
-    ggml_backend_tensor_get(out, res.data(), 0, res.size() * sizeof(int32_t));
-    ggml_backend_buffer_free(buf);
-    ggml_free(ctx);
-    if (cpu != nullptr) ggml_backend_free(cpu);
-    return res;
+    return run_index_op(x, cols, rows, backend, [](ggml_context * ctx, ggml_tensor * in) { return ggml_argmax(ctx, in); });
 }
 
 // distinct_rows with, in rows wider than 8192, the maximum planted again before and after it.

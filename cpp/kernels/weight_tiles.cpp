@@ -1,18 +1,38 @@
 // Row-tiled weights (weight_tiles.h): the host-side reorder and the registry of tiled ranges.
 #include "weight_tiles.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <thread>
+#include <vector>
 
 namespace lucebox::kernels::tiles {
 
 void to_tiles(const uint8_t * src, uint8_t * dst, int64_t M, int64_t row_bytes, int64_t cb) {
     const int64_t chunks = row_bytes / cb;
-    for (int64_t row = 0; row < M; ++row)
-        for (int64_t c = 0; c < chunks; ++c)
-            std::memcpy(dst + chunk_offset(row, c, M, row_bytes, cb), src + row * row_bytes + c * cb, size_t(cb));
+    auto rows = [&](int64_t begin, int64_t end) {
+        for (int64_t row = begin; row < end; ++row)
+            for (int64_t c = 0; c < chunks; ++c)
+                std::memcpy(dst + chunk_offset(row, c, M, row_bytes, cb), src + row * row_bytes + c * cb, size_t(cb));
+    };
+    // a model load reorders every weight (5 GB/s on one core): large batches on several threads,
+    // each taking whole tiles (disjoint bytes)
+    const int64_t tiles_n = (M + TILE_ROWS - 1) / TILE_ROWS;
+    const int threads = int(std::min<int64_t>({int64_t(std::max(1u, std::thread::hardware_concurrency())), 8,
+                                               M * row_bytes / (int64_t(8) << 20), tiles_n}));
+    if (threads <= 1) {
+        rows(0, M);
+        return;
+    }
+    std::vector<std::thread> pool;
+    for (int t = 0; t < threads; ++t) {
+        const int64_t first = tiles_n * t / threads * TILE_ROWS, last = std::min(M, tiles_n * (t + 1) / threads * TILE_ROWS);
+        pool.emplace_back(rows, first, last);
+    }
+    for (std::thread & th : pool) th.join();
 }
 
 void from_tiles(const uint8_t * src, uint8_t * dst, int64_t M, int64_t row_bytes, int64_t cb) {

@@ -49,6 +49,23 @@ TEST_CASE(tiling_is_a_permutation_inside_each_tile) {
     }
 }
 
+TEST_CASE(a_large_weight_tiles_the_same_on_several_threads) {
+    // 4101 rows of 16 Q8_0 chunks (17.8 MB: the threaded path, split on tile boundaries; a partial
+    // last tile): back to the source bytes, and every chunk where chunk_offset says
+    const int64_t cb = 272, row_bytes = 16 * cb, M = 4101;
+    const std::vector<uint8_t> src = random_bytes(size_t(M * row_bytes), 9);
+    std::vector<uint8_t> t(src.size()), back(src.size());
+    tiles::to_tiles(src.data(), t.data(), M, row_bytes, cb);
+    tiles::from_tiles(t.data(), back.data(), M, row_bytes, cb);
+    CHECK(back == src);
+    bool placed = true;
+    for (int64_t row = 0; row < M; row += 97)
+        for (int64_t c = 0; c < 16; c += 5)
+            placed = placed && std::equal(src.begin() + row * row_bytes + c * cb, src.begin() + row * row_bytes + (c + 1) * cb,
+                                          t.begin() + tiles::chunk_offset(row, c, M, row_bytes, cb));
+    CHECK(placed);
+}
+
 TEST_CASE(whole_tiles_tile_alone) {
     // rows [0, 32) and [32, 45) tiled alone are the 45 rows tiled together (a stack of two members)
     const int64_t cb = 272, row_bytes = 2 * cb;

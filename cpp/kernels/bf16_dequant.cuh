@@ -28,6 +28,7 @@
 #include <cstdint>
 
 #include "weight_tiles.h"
+#include "q8_0_matmul_args.h"  // q4k_scale_min
 
 namespace lucebox::kernels::bf16_dequant {
 
@@ -52,17 +53,6 @@ __device__ __forceinline__ void store8(__nv_bfloat16 * dst, const float (&v)[8])
     for (int i = 0; i < 4; ++i) p[i] = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
     memcpy(&out, p, 16);
     *reinterpret_cast<uint4 *>(dst) = out;
-}
-
-// Six-bit scale and min of q4_k sub-block s from the 12 packed bytes (ggml's layout).
-__device__ __forceinline__ void q4k_scale_min(int s, const uint8_t * q, int & scale, int & min) {
-    if (s < 4) {
-        scale = q[s] & 63;
-        min = q[s + 4] & 63;
-    } else {
-        scale = (q[s + 4] & 0xF) | ((q[s - 4] >> 6) << 4);
-        min = (q[s + 4] >> 4) | ((q[s] >> 6) << 4);
-    }
 }
 
 // The block holding values 32i..32i+31 (q8_0: its 34-byte block; q4_k: its 144-byte super-block):
@@ -99,8 +89,10 @@ __global__ void dequantize(const uint8_t * __restrict__ src, int64_t n_groups, _
     } else if constexpr (F == format::q4_k) {
         const uint8_t * b = block_at<F>(src, i, tiled_M, row_bytes);
         const int s = int(i % 8);  // sub-block
+        const uint32_t * packed = reinterpret_cast<const uint32_t *>(b + 4);  // 4-byte aligned blocks
+        const uint32_t words[3] = {packed[0], packed[1], packed[2]};
         int sc, mn;
-        q4k_scale_min(s, b + 4, sc, mn);
+        q8_0::q4k_scale_min(s, words, sc, mn);
         const float d = half_at(b) * float(sc), m = half_at(b + 2) * float(mn);
         const uint8_t * q = b + 16 + 32 * (s / 2);
         const int shift = 4 * (s % 2);

@@ -38,19 +38,11 @@ constexpr int64_t k_bf16_gemm_min_cols = 256;
 
 }  // namespace
 
-// mma.m16n8k32 and cp.async need compute capability 8.0: asked of the driver once per device (this
-// runs for every MUL_MAT node ggml dispatches).
+// mma.m16n8k32 and cp.async need compute capability 8.0 (this runs for every MUL_MAT node ggml
+// dispatches: the answer is cached per device).
 bool device_runs_own_kernels() {
-    static std::atomic<int> known[64] = {};  // 0: not asked yet, 1: yes, -1: no
     int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
-    int k = known[dev].load(std::memory_order_relaxed);
-    if (k == 0) {
-        int major = 0;
-        k = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 8 ? 1 : -1;
-        known[dev].store(k, std::memory_order_relaxed);
-    }
-    return k == 1;
+    return cudaGetDevice(&dev) == cudaSuccess && q8_0::detail::device_major(dev) >= 8;
 }
 
 namespace {
@@ -152,9 +144,7 @@ bool tile_weights_in(ggml_backend_buffer_t buffer) {
     if (buffer == nullptr || !g_installed.load() || !g_enabled.load() || !g_tiles_enabled.load()) return false;
     const ggml_backend_buffer_type_t buft = ggml_backend_buffer_get_type(buffer);
     for (int dev = 0; dev < ggml_backend_cuda_get_device_count(); ++dev) {
-        if (buft != ggml_backend_cuda_buffer_type(dev)) continue;
-        int major = 0;
-        return cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 8;
+        if (buft == ggml_backend_cuda_buffer_type(dev)) return q8_0::detail::device_major(dev) >= 8;
     }
     return false;  // host, split or another backend's buffer
 }

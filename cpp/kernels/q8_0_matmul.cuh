@@ -160,18 +160,6 @@ __global__ void quantize_columns(const float * x, int64_t x_stride, int K, int N
     }
 }
 
-// Six-bit scale and min of q4_k sub-block s from the super-block's 12 packed bytes (as 3 words).
-__device__ __forceinline__ void q4k_scale_min(int s, const uint32_t (&w)[3], int & scale, int & min) {
-    auto byte = [&](int i) { return int((w[i / 4] >> (8 * (i % 4))) & 0xFFu); };
-    if (s < 4) {
-        scale = byte(s) & 63;
-        min = byte(s + 4) & 63;
-    } else {
-        scale = (byte(s + 4) & 0xF) | ((byte(s - 4) >> 6) << 4);
-        min = (byte(s + 4) >> 4) | ((byte(s) >> 6) << 4);
-    }
-}
-
 // 8 bytes at p + 2 (a Q8_0 block's quants 8t..8t+7 when p = block + 8t): p is 4-byte aligned when
 // odd_block is false (the quants then sit 2 bytes off a word), p + 2 is when it is true. Called
 // from fully unrolled loops, so odd_block is a constant there.
@@ -450,19 +438,22 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
     }
 }
 
-// Whether this device runs programmatic dependent launches (compute capability >= 9.0), asked of
-// the driver once per device; false where LUCEBOX_Q8_0_PDL is 0.
-inline bool pdl_device(int dev) {
-    static int known[64] = {};  // 0: not asked yet, 1: yes, -1: no
-    if (!LUCEBOX_Q8_0_PDL || dev < 0 || dev >= 64) return false;
+// The compute capability major of device dev (0 if the driver cannot say), asked once per device.
+inline int device_major(int dev) {
+    static int known[64] = {};  // major + 1; 0: not asked yet
+    if (dev < 0 || dev >= 64) return 0;
     int k = __atomic_load_n(&known[dev], __ATOMIC_ACQUIRE);
     if (k == 0) {
         int major = 0;
-        k = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 9 ? 1 : -1;
+        k = 1 + (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess ? major : 0);
         __atomic_store_n(&known[dev], k, __ATOMIC_RELEASE);
     }
-    return k == 1;
+    return k - 1;
 }
+
+// Whether this device runs programmatic dependent launches (compute capability >= 9.0); false
+// where LUCEBOX_Q8_0_PDL is 0.
+inline bool pdl_device(int dev) { return LUCEBOX_Q8_0_PDL && device_major(dev) >= 9; }
 
 // Whether `kernel` launches with PDL on this device: pdl_device and the kernel's code compiled for
 // compute capability >= 9.0 (code JIT-compiled from older PTX has no griddepcontrol.wait and would

@@ -22,6 +22,27 @@ constexpr int K_ALIGN = QK * CHUNK_BLOCKS;  // 256: a chunk of a row is whole 16
 //         their low nibbles and 2j+1 in their high ones.
 enum class weight_type : uint8_t { q8_0, q4_k };
 constexpr int Q4K_BLOCK_BYTES = 144;
+
+#if defined(__CUDACC__)
+#define LUCEBOX_Q4K_FN __host__ __device__ __forceinline__
+#else
+#define LUCEBOX_Q4K_FN inline
+#endif
+// Six-bit scale and min of q4_k sub-block s (0..7) from a super-block's 12 packed scale/min bytes
+// (bytes 4..15 of the block, read as 3 little-endian words), in ggml's packing: sub-blocks 0..3 in
+// the low six bits of bytes s and s + 4; 4..7 in the nibbles of byte s + 4 plus the top two bits
+// of bytes s - 4 (scale) and s (min). Shared by the product and the BF16 conversion.
+LUCEBOX_Q4K_FN void q4k_scale_min(int s, const uint32_t (&w)[3], int & scale, int & min) {
+    auto byte = [&](int i) { return int((w[i / 4] >> (8 * (i % 4))) & 0xFFu); };
+    if (s < 4) {
+        scale = byte(s) & 63;
+        min = byte(s + 4) & 63;
+    } else {
+        scale = (byte(s + 4) & 0xF) | ((byte(s - 4) >> 6) << 4);
+        min = (byte(s + 4) >> 4) | ((byte(s) >> 6) << 4);
+    }
+}
+#undef LUCEBOX_Q4K_FN
 // bytes of 256 values of one row (one staged chunk)
 constexpr int chunk_bytes(weight_type t) { return t == weight_type::q4_k ? Q4K_BLOCK_BYTES : CHUNK_BLOCKS * BLOCK_BYTES; }
 

@@ -6,7 +6,7 @@ lucebox's int8 kernel in groups of 64 columns; with --untiled the weights load i
 the route-off products run on ggml's MMQ.
 
 For each --ubatch size, prefills the same --tokens random prompt with the route off and on
-(every product of >= 65 columns), --reps times each after one warm-up, and prints the median
+(every product of >= min(ubatch, 65) columns), --reps times each after one warm-up, and prints the median
 tok/s, the ratio, and the largest |logit difference| of the last position between the routes
 (0 would mean the route did not switch).
 Usage (GPU machine, repository root):
@@ -43,7 +43,8 @@ def main() -> int:
         ids = [int(x) for x in np.random.default_rng(0).integers(10, engine.hparams.n_vocab, args.tokens)]
         rate: dict[int, float] = {}
         logits: dict[int, np.ndarray] = {}
-        for min_cols in (0, 65):
+        on = min(ub, 65)  # every product of the micro-batch's columns on the BF16 route
+        for min_cols in (0, on):
             _core.set_bf16_gemm_min_cols(min_cols)
             runs = []
             for _ in range(args.reps + 1):
@@ -54,8 +55,8 @@ def main() -> int:
                 runs.append(args.tokens / (time.perf_counter() - t))
             rate[min_cols] = statistics.median(runs[1:])
             logits[min_cols] = out.reshape(-1)
-        diff = float(np.max(np.abs(logits[0] - logits[65])))
-        print(f"{ub:6d} {rate[0]:12.1f} {rate[65]:11.1f} {rate[65] / rate[0]:5.2f}x {diff:13.4f}", flush=True)
+        diff = float(np.max(np.abs(logits[0] - logits[on])))
+        print(f"{ub:6d} {rate[0]:12.1f} {rate[on]:11.1f} {rate[on] / rate[0]:5.2f}x {diff:13.4f}", flush=True)
         del engine
     return 0
 

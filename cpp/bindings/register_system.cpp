@@ -28,7 +28,8 @@ void register_system(py::module_ & m) {
 
     m.def("set_bf16_gemm_min_cols", &kernels::set_bf16_gemm_min_cols, py::arg("n"),
           "Quantized products of at least n activation columns (prefill micro-batches) run as BF16 cuBLAS "
-          "GEMMs on dequantized weights instead of ggml's MMQ; 0: never. The default is set when the first "
+          "GEMMs on dequantized weights instead of ggml's MMQ (row-tiled weights: lucebox's kernel, which "
+          "keeps those of up to 8 columns); 0: never. The defaults are set when the first "
           "CUDA device is used; for the threshold sweep (bench/probes/prefill_gemm_sweep.py). No effect "
           "without CUDA.");
 

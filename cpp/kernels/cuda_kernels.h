@@ -21,9 +21,11 @@ void install_cuda_kernels();
 // Off also turns off the BF16 GEMM route of large quantized products (patch 0004).
 void set_cuda_kernels_enabled(bool enabled);
 
-// Quantized products of at least n activation columns dequantize their weights to BF16 and run one
-// cuBLAS GEMM (FP32 accumulation) instead of ggml's MMQ; 0: never. Installing the kernels sets the
-// measured default; for the threshold sweep of bench/probes/prefill_gemm_sweep.py.
+// Quantized products of at least n activation columns dequantize their weights to BF16 and run
+// cuBLAS GEMMs (FP32 accumulation) instead of ggml's MMQ or, for row-tiled weights, lucebox's
+// kernel (those of up to 8 columns stay the kernel's); 0: never. Installing the kernels sets the
+// measured defaults (k_bf16_gemm_min_cols, k_bf16_gemm_min_cols_tiled; set_cuda_kernels_enabled
+// restores them); for the threshold sweep of bench/probes/prefill_gemm_sweep.py.
 void set_bf16_gemm_min_cols(int64_t n);
 
 // Whether Q8_0 / Q4_K product weights loaded into `buffer` are to be row-tiled (weight_tiles.h):

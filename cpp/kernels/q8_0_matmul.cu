@@ -31,10 +31,16 @@ namespace {
 std::atomic<bool> g_enabled{true};
 
 // Quantized products of at least this many columns (prefill micro-batches) run as BF16 cuBLAS GEMMs
-// on dequantized weights (ggml patch 0004) instead of ggml's MMQ; products of 1..64 columns are the
-// hook's. H200, 27B Q8_0, bench/probes/prefill_gemm_sweep.py: BF16 / MMQ prefill 0.61x at 128-token
-// micro-batches, 0.98x at 256, 1.32x at 512 (the weights' dequantization is paid per micro-batch).
+// on dequantized weights (ggml patch 0004) instead of ggml's MMQ; products of 1..64 columns of
+// weights in ggml's layout are the hook's. H200, 27B Q8_0, bench/probes/prefill_gemm_sweep.py
+// --untiled: BF16 / MMQ prefill 0.87x at 128-token micro-batches, 1.26x at 256 (the weights'
+// dequantization is paid per micro-batch).
 constexpr int64_t k_bf16_gemm_min_cols = 256;
+// The same for row-tiled weights, which MMQ cannot read: the alternative is lucebox's kernel, whose
+// time per 8 columns grows past 16 columns (mma-bound: 33..64 columns take as long as 64) while the
+// BF16 route's is mostly the dequantization. Same sweep, tiled: BF16 / kernel 1.17x at 96-token
+// micro-batches, 1.63x at 128, 2.80x at 256.
+constexpr int64_t k_bf16_gemm_min_cols_tiled = 33;
 
 }  // namespace
 
@@ -75,7 +81,9 @@ size_t mul_mat_hook(const ggml_tensor * w, const ggml_tensor * gate, int glu_op,
         if (!fits) return 0;
         if (scratch == nullptr) return device_runs_own_kernels() ? q8_0::scratch_bytes(a) : 0;
     } else {
-        if (fits && a.N > q8_0::MAX_COLS && ggml_backend_cuda_bf16_gemm_takes(w, x, dst)) return 0;  // the route's
+        // the BF16 route's (k_bf16_gemm_min_cols_tiled); up to 8 columns always the kernel's (ggml's
+        // next choice there, MMVQ, cannot read tiles)
+        if (fits && a.N > q8_0::COL_GROUP && ggml_backend_cuda_bf16_gemm_takes(w, x, dst)) return 0;
         // A fused form the kernel refuses: ggml then asks again with a simpler one (it computes the
         // norm or the other nodes itself), or its own kernel refuses the tiles (foreign_weights).
         if (!fits && (gate != nullptr || bias != nullptr || norm_w != nullptr)) {
@@ -135,10 +143,11 @@ void install_cuda_kernels() {
 void set_cuda_kernels_enabled(bool enabled) {
     g_enabled.store(enabled);
     set_gdn_prefill_enabled(enabled);
-    ggml_backend_cuda_set_bf16_gemm_min_cols(enabled ? k_bf16_gemm_min_cols : 0);
+    // row-tiled weights keep theirs: only the hook and the route read them
+    ggml_backend_cuda_set_bf16_gemm_min_cols(enabled ? k_bf16_gemm_min_cols : 0, k_bf16_gemm_min_cols_tiled);
 }
 
-void set_bf16_gemm_min_cols(int64_t n) { ggml_backend_cuda_set_bf16_gemm_min_cols(n); }
+void set_bf16_gemm_min_cols(int64_t n) { ggml_backend_cuda_set_bf16_gemm_min_cols(n, n); }
 
 bool tile_weights_in(ggml_backend_buffer_t buffer) {
     if (buffer == nullptr || !g_installed.load() || !g_enabled.load() || !g_tiles_enabled.load()) return false;

@@ -148,10 +148,14 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--ggml-kernels", action="store_true",
                     help="run every matmul on ggml's own CUDA kernels, not lucebox's (A/B comparison)")
+    ap.add_argument("--untiled", action="store_true",
+                    help="load the weights in ggml's layout, not row-tiled (A/B comparison of the tiles)")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
     if args.ggml_kernels:
         _core.set_own_cuda_kernels(False)
+    if args.untiled:
+        _core.set_weight_tiles(False)
 
     bw = copy_bandwidth()
     bpt = decode_bytes_per_token(args.model)

@@ -36,11 +36,10 @@ std::atomic<bool> g_enabled{true};
 // --untiled: BF16 / MMQ prefill 0.87x at 128-token micro-batches, 1.26x at 256 (the weights'
 // dequantization is paid per micro-batch).
 constexpr int64_t k_bf16_gemm_min_cols = 256;
-// The same for row-tiled weights, which MMQ cannot read: the alternative is lucebox's kernel, whose
-// time per 8 columns grows past 16 columns (mma-bound: 33..64 columns take as long as 64) while the
-// BF16 route's is mostly the dequantization. Same sweep, tiled: BF16 / kernel 1.17x at 96-token
-// micro-batches, 1.63x at 128, 2.80x at 256.
-constexpr int64_t k_bf16_gemm_min_cols_tiled = 33;
+// The same for row-tiled weights, which MMQ cannot read: the alternative is lucebox's kernel (up to
+// 64 columns a launch). Same sweep, tiled: BF16 / kernel 0.50x at 32-token micro-batches, 0.94x at
+// 40, 0.97x at 48, 0.95x at 64, 1.17x at 96, 1.63x at 128, 2.80x at 256.
+constexpr int64_t k_bf16_gemm_min_cols_tiled = 65;
 
 }  // namespace
 

@@ -5,14 +5,19 @@ Uses PyTorch's profiler (CUPTI) to record every CUDA kernel launched in this pro
 ggml's, over 33 generated tokens after a prompt of --depth tokens (default 256): plain greedy decoding, then the same with
 16-token verify steps whose proposals are all rejected (each step = one 16-token target forward +
 commit). Prints the per-step kernel time and the 22 most expensive kernels of each.
-With --prefill N, also the kernels of one N-token prefill. Needs torch with CUDA. Usage (repository root, GPU machine):
+With --prefill N, also the kernels of one N-token prefill. With programmatic dependent launches
+(the default on Hopper) a kernel may start before its predecessor ends and wait on the device, so
+its time includes that wait and the per-step sum exceeds the wall time; --no-pdl (GGML_CUDA_PDL=0,
+which lucebox's kernels honour too) gives each kernel's own time, and the gap line (wall minus
+kernel time) the device's idle time between kernels. Needs torch with CUDA. Usage (repository root, GPU machine):
     lucebox synth qwen3.6-27b -o /tmp/t27.gguf --type q8_0
-    python bench/bench_kernels.py /tmp/t27.gguf [--depth 4096] [--prefill 4096]
+    python bench/bench_kernels.py /tmp/t27.gguf [--depth 4096] [--prefill 4096] [--no-pdl]
 """
 from __future__ import annotations
 
 import argparse
 import collections
+import os
 import sys
 
 import numpy as np
@@ -41,8 +46,13 @@ def print_kernels(prof, label: str, steps: int, wall_seconds: float | None) -> N
             agg[ev.name][0] += ev.device_time_total
             agg[ev.name][1] += 1
     total = sum(v[0] for v in agg.values())
-    wall = f"; wall {1e3 * wall_seconds / steps:.2f} ms per step" if wall_seconds is not None else ""
-    print(f"== {label}: {steps} steps; kernel time {total / 1e3 / steps:.2f} ms per step{wall}")
+    launches = sum(v[1] for v in agg.values())
+    wall = ""
+    if wall_seconds is not None:
+        gap = 1e3 * wall_seconds / steps - total / 1e3 / steps
+        wall = f"; wall {1e3 * wall_seconds / steps:.2f} ms per step, gaps {gap:.2f} ms"
+    print(f"== {label}: {steps} steps; {launches / steps:.0f} kernels and kernel time {total / 1e3 / steps:.2f} ms "
+          f"per step{wall}")
     for name, (us, n) in sorted(agg.items(), key=lambda x: -x[1][0])[:22]:
         print(f"  {us / 1e3 / steps:7.3f} ms/step {n / steps:6.1f}x  {us / max(1, n):8.1f} us  {name[:100]}")
 
@@ -65,7 +75,11 @@ def main() -> int:
     ap.add_argument("--depth", type=int, default=256, help="prompt tokens before the profiled steps")
     ap.add_argument("--prefill", type=int, default=0,
                     help="also profile the prefill of a prompt of this many tokens (one step)")
+    ap.add_argument("--no-pdl", action="store_true",
+                    help="programmatic dependent launches off (GGML_CUDA_PDL=0): each kernel's own time")
     args = ap.parse_args()
+    if args.no_pdl:
+        os.environ["GGML_CUDA_PDL"] = "0"  # read at the first launch, after this
     if args.ggml_kernels:
         from lucebox import _core as core
 

@@ -33,6 +33,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <utility>
 
 #include "q8_0_matmul_args.h"
@@ -451,9 +452,19 @@ inline int device_major(int dev) {
     return k - 1;
 }
 
+// Whether ggml's own switch GGML_CUDA_PDL=0 turns programmatic dependent launches off: its kernels'
+// and then these (bench/bench_kernels.py --no-pdl: kernel times without the overlap). Read once.
+inline bool pdl_off_by_env() {
+    static const bool off = [] {
+        const char * env = std::getenv("GGML_CUDA_PDL");
+        return env != nullptr && std::atoi(env) == 0;
+    }();
+    return off;
+}
+
 // Whether this device runs programmatic dependent launches (compute capability >= 9.0); false
-// where LUCEBOX_Q8_0_PDL is 0.
-inline bool pdl_device(int dev) { return LUCEBOX_Q8_0_PDL && device_major(dev) >= 9; }
+// where LUCEBOX_Q8_0_PDL is 0 or GGML_CUDA_PDL=0.
+inline bool pdl_device(int dev) { return LUCEBOX_Q8_0_PDL && device_major(dev) >= 9 && !pdl_off_by_env(); }
 
 // Whether `kernel` launches with PDL on this device: pdl_device and the kernel's code compiled for
 // compute capability >= 9.0 (code JIT-compiled from older PTX has no griddepcontrol.wait and would

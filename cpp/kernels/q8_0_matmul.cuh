@@ -10,8 +10,9 @@
 // W: [M rows][K] in ggml's Q8_0 layout (blocks of 34 bytes: fp16 scale d, 32 int8 q; value d*q)
 // or Q4_K layout (q8_0_matmul_args.h), rows row_bytes apart, or (a.tiled) the same blocks in
 // weight_tiles.h's row-tiled order, where each staged 16-row piece is one contiguous block.
-// x: [N][K] float; y: [N][M] float. The activations are first quantized to int8 per 32 values (scale amax/127, round to nearest: the
-// rounding of ggml's q8_1) into [K/32][8*NG][32] (NG groups of 8 columns). Each CTA then takes 16
+// x: [N][K] float; y: [N][M] float. The activations are first quantized to int8 (scale amax/127,
+// round to nearest: the rounding of ggml's q8_1) per 32 values for Q8_0 weights, per 256 for Q4_K
+// (as ggml's CPU q8_K), into [K/32][8*NG][32] (NG groups of 8 columns). Each CTA then takes 16
 // or 32 weight rows (gated: 16 rows of U and the same 16 rows of G; see stage_bytes) and its WARPS
 // warps split K between them: each warp streams 256-value chunks of its rows, and the same blocks
 // of the quantized activations, into shared memory with 16-byte cp.async (STAGES deep), and
@@ -121,12 +122,16 @@ __device__ __forceinline__ void mma_s8(int (&c)[4], const int (&a)[4], int b0, i
 
 __device__ __forceinline__ float silu(float v) { return v / (1.0f + expf(-v)); }  // as ggml's CUDA swiglu
 
-// One warp per (block b, column n) of v = x (or x * norm_w): xq[b][n][0..31], xd[b][n], xs[b][n] =
-// the sum of v when xs is not null, ss[b][n] = the sum of x^2 when norm_w is not null.
+// One warp per (group of GROUP blocks, column n) of v = x (or x * norm_w): xq[b][n][0..31], xd[b][n]
+// (the group's scale, the same for its blocks: amax / 127 over GROUP * 32 values), xs[b][n] = the
+// sum of block b's v when xs is not null, ss[b][n] = the sum of its x^2 when norm_w is not null.
+// GROUP 1 for Q8_0 weights (their blocks' 32 values), CHUNK_BLOCKS for Q4_K (one scale per 256
+// values, as ggml's CPU q8_K: the product then sums a chunk's sub-blocks in integers).
 // x is not __restrict__ and is read with ld.global.cg: under PDL this kernel is resident while the
 // kernel that writes x still runs, and a restrict-qualified const pointer would be read through the
 // non-coherent cache (LDG.E.CONSTANT), which is only valid for data read-only for the kernel's whole
 // lifetime (llama.cpp hit races from exactly this).
+template <int GROUP>
 __global__ void quantize_columns(const float * x, int64_t x_stride, int K, int N, int cols,
                                  int8_t * __restrict__ xq, float * __restrict__ xd, float * __restrict__ xs,
                                  const float * __restrict__ norm_w, float * __restrict__ ss) {
@@ -136,28 +141,38 @@ __global__ void quantize_columns(const float * x, int64_t x_stride, int K, int N
 #endif
     const int64_t wid = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
     const int lane = threadIdx.x % 32;
-    const int nb = K / QK;
-    if (wid >= int64_t(nb) * cols) return;
-    const int b = int(wid / cols), n = int(wid % cols);
-    float v = n < N ? __ldcg(x + int64_t(n) * x_stride + int64_t(b) * QK + lane) : 0.0f;
-    if (norm_w != nullptr) {
-        float sq = v * v;
+    const int n_groups = K / QK / GROUP;
+    if (wid >= int64_t(n_groups) * cols) return;
+    const int b0 = int(wid / cols) * GROUP, n = int(wid % cols);
+    float v[GROUP];
+    float amax = 0.0f;
 #pragma unroll
-        for (int o = 16; o > 0; o /= 2) sq += __shfl_xor_sync(0xffffffffu, sq, o);
-        if (lane == 0) ss[wid] = sq;
-        v *= norm_w[b * QK + lane];
+    for (int i = 0; i < GROUP; ++i) {
+        const int b = b0 + i;
+        v[i] = n < N ? __ldcg(x + int64_t(n) * x_stride + int64_t(b) * QK + lane) : 0.0f;
+        if (norm_w != nullptr) {
+            float sq = v[i] * v[i];
+#pragma unroll
+            for (int o = 16; o > 0; o /= 2) sq += __shfl_xor_sync(0xffffffffu, sq, o);
+            if (lane == 0) ss[int64_t(b) * cols + n] = sq;
+            v[i] *= norm_w[b * QK + lane];
+        }
+        if (xs != nullptr) {
+            float sum = v[i];
+#pragma unroll
+            for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+            if (lane == 0) xs[int64_t(b) * cols + n] = sum;
+        }
+        amax = fmaxf(amax, fabsf(v[i]));
     }
-    float amax = fabsf(v);
 #pragma unroll
     for (int o = 16; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
     const float d = amax / 127;
-    xq[wid * QK + lane] = int8_t(amax == 0.0f ? 0.0f : roundf(v / d));
-    if (lane == 0) xd[wid] = d;
-    if (xs != nullptr) {
-        float sum = v;
 #pragma unroll
-        for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-        if (lane == 0) xs[wid] = sum;
+    for (int i = 0; i < GROUP; ++i) {
+        const int64_t at = int64_t(b0 + i) * cols + n;
+        xq[at * QK + lane] = int8_t(amax == 0.0f ? 0.0f : roundf(v[i] / d));
+        if (lane == 0) xd[at] = d;
     }
 }
 
@@ -184,8 +199,11 @@ __device__ __forceinline__ void load_quants(bool odd_block, const uint8_t * p, i
 // 8t+4..8t+7 in its second, so each lane reads 8 consecutive bytes of a weight row and of a column.
 //
 // q4_k (Q4K): a chunk is one 144-byte super-block per row; its 8 sub-blocks meet the chunk's 8
-// activation blocks one mma each (the 4-bit quants widened to int8 0..15 with a shift and a mask),
-// scaled by d * scale_s and the activations' scale, minus dmin * min_s times the activations' sum.
+// activation blocks one mma each (the 4-bit quants widened to int8 0..15 with a shift and a mask).
+// The activations have one scale per chunk (quantize_columns<CHUNK_BLOCKS>), so the sub-blocks'
+// integer sums times their 6-bit scales add up exactly in int32 (|sum| <= 8 * 63 * 32 * 15 * 127);
+// the chunk's sum is scaled once by d and the activations' scale, and dmin * min_s times each
+// activation block's float sum is subtracted per sub-block.
 // With a.norm_w, ss holds quantize_columns' per-block sums of squares and every column's sums are
 // scaled by its norm factor rsqrt(sum / K + eps). The threads load all blocks' sums at once while
 // the first weight chunks are in flight (NORM_PARTS partial sums per column, blocks p, p + 8, ..),
@@ -315,6 +333,13 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
 #pragma unroll
                     for (int i = 0; i < 3; ++i) sc[mt][hr][i] = reinterpret_cast<const uint32_t *>(row + 4)[i];
                 }
+            int isum[M_TILES][NG][4];  // the chunk's sub-block sums times their scales
+#pragma unroll
+            for (int mt = 0; mt < M_TILES; ++mt)
+#pragma unroll
+                for (int j = 0; j < NG; ++j)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) isum[mt][j][e] = 0;
 #pragma unroll
             for (int jq = 0; jq < 4; ++jq) {
                 uint2 qw[M_TILES][2];  // quant bytes 32jq + 8t .. + 7 of rows g and g + 8
@@ -327,13 +352,12 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
                 for (int h = 0; h < 2; ++h) {
                     const int s = 2 * jq + h;  // sub-block = activation block of the chunk
                     int bf[NG][2];
-                    float2 dx[NG], sx2[NG];
+                    float2 sx2[NG];
 #pragma unroll
                     for (int j = 0; j < NG; ++j) {
                         const int2 v = *reinterpret_cast<const int2 *>(sx + (s * COLS + COL_GROUP * j + g) * QK + 8 * t);
                         bf[j][0] = v.x;
                         bf[j][1] = v.y;
-                        dx[j] = *reinterpret_cast<const float2 *>(sd + s * COLS + COL_GROUP * j + 2 * t);
                         sx2[j] = *reinterpret_cast<const float2 *>(sums + s * COLS + COL_GROUP * j + 2 * t);
                     }
 #pragma unroll
@@ -346,18 +370,33 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
                         int sl, ml, sh, mh;
                         q4k_scale_min(s, sc[mt][0], sl, ml);
                         q4k_scale_min(s, sc[mt][1], sh, mh);
-                        const float fd_lo = dm[mt][0].x * float(sl), fm_lo = dm[mt][0].y * float(ml);
-                        const float fd_hi = dm[mt][1].x * float(sh), fm_hi = dm[mt][1].y * float(mh);
+                        const float fm_lo = dm[mt][0].y * float(ml), fm_hi = dm[mt][1].y * float(mh);
 #pragma unroll
                         for (int j = 0; j < NG; ++j) {
                             int c[4] = {0, 0, 0, 0};
                             mma_s8(c, af, bf[j][0], bf[j][1]);
-                            acc[mt][j][0] = __fmaf_rn(-fm_lo, sx2[j].x, __fmaf_rn(__fmul_rn(fd_lo, dx[j].x), float(c[0]), acc[mt][j][0]));
-                            acc[mt][j][1] = __fmaf_rn(-fm_lo, sx2[j].y, __fmaf_rn(__fmul_rn(fd_lo, dx[j].y), float(c[1]), acc[mt][j][1]));
-                            acc[mt][j][2] = __fmaf_rn(-fm_hi, sx2[j].x, __fmaf_rn(__fmul_rn(fd_hi, dx[j].x), float(c[2]), acc[mt][j][2]));
-                            acc[mt][j][3] = __fmaf_rn(-fm_hi, sx2[j].y, __fmaf_rn(__fmul_rn(fd_hi, dx[j].y), float(c[3]), acc[mt][j][3]));
+                            isum[mt][j][0] += c[0] * sl;
+                            isum[mt][j][1] += c[1] * sl;
+                            isum[mt][j][2] += c[2] * sh;
+                            isum[mt][j][3] += c[3] * sh;
+                            acc[mt][j][0] = __fmaf_rn(-fm_lo, sx2[j].x, acc[mt][j][0]);
+                            acc[mt][j][1] = __fmaf_rn(-fm_lo, sx2[j].y, acc[mt][j][1]);
+                            acc[mt][j][2] = __fmaf_rn(-fm_hi, sx2[j].x, acc[mt][j][2]);
+                            acc[mt][j][3] = __fmaf_rn(-fm_hi, sx2[j].y, acc[mt][j][3]);
                         }
                     }
+                }
+            }
+            // the chunk's scale of each column (every block of the chunk holds it)
+#pragma unroll
+            for (int j = 0; j < NG; ++j) {
+                const float2 dx = *reinterpret_cast<const float2 *>(sd + COL_GROUP * j + 2 * t);
+#pragma unroll
+                for (int mt = 0; mt < M_TILES; ++mt) {
+                    acc[mt][j][0] = __fmaf_rn(__fmul_rn(dm[mt][0].x, dx.x), float(isum[mt][j][0]), acc[mt][j][0]);
+                    acc[mt][j][1] = __fmaf_rn(__fmul_rn(dm[mt][0].x, dx.y), float(isum[mt][j][1]), acc[mt][j][1]);
+                    acc[mt][j][2] = __fmaf_rn(__fmul_rn(dm[mt][1].x, dx.x), float(isum[mt][j][2]), acc[mt][j][2]);
+                    acc[mt][j][3] = __fmaf_rn(__fmul_rn(dm[mt][1].x, dx.y), float(isum[mt][j][3]), acc[mt][j][3]);
                 }
             }
         } else {
@@ -547,14 +586,19 @@ inline cudaError_t matmul_group(const matmul_args & a, void * scratch, cudaStrea
     const bool q4k = a.type == weight_type::q4_k;
     float * xs = q4k ? xd + nb * cols : nullptr;
     float * ss = a.norm_w != nullptr ? xd + nb * cols * (q4k ? 2 : 1) : nullptr;
-    const int64_t warps = int64_t(nb) * cols;
     const int threads = 256;
     int dev = 0;
     cudaError_t err = cudaGetDevice(&dev);
     if (err != cudaSuccess) return err;
-    err = detail::launch(detail::quantize_columns, dim3(unsigned((warps * 32 + threads - 1) / threads)), dim3(threads), 0,
-                         stream, detail::pdl_kernel<detail::quantize_columns>(dev), a.x, a.x_stride, a.K, a.N, cols, xq, xd,
-                         xs, a.norm_w, ss);
+    // one warp per group of blocks and column: a block (Q8_0 weights) or a chunk (Q4_K)
+    const int64_t warps = int64_t(nb) / (q4k ? CHUNK_BLOCKS : 1) * cols;
+    const dim3 grid(unsigned((warps * 32 + threads - 1) / threads));
+    err = q4k ? detail::launch(detail::quantize_columns<CHUNK_BLOCKS>, grid, dim3(threads), 0, stream,
+                               detail::pdl_kernel<detail::quantize_columns<CHUNK_BLOCKS>>(dev), a.x, a.x_stride, a.K,
+                               a.N, cols, xq, xd, xs, a.norm_w, ss)
+              : detail::launch(detail::quantize_columns<1>, grid, dim3(threads), 0, stream,
+                               detail::pdl_kernel<detail::quantize_columns<1>>(dev), a.x, a.x_stride, a.K, a.N, cols,
+                               xq, xd, xs, a.norm_w, ss);
     if (err != cudaSuccess) return err;
     if (q4k) {
         return a.gate != nullptr ? detail::launch_gated<true, true>(a, xq, xd, xs, ss, stream)

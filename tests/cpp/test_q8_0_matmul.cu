@@ -1,8 +1,8 @@
 // cpp/kernels/q8_0_matmul.cuh against a CPU reference: random Q8_0 and Q4_K weights (ggml's block
 // layouts, decoded here from the format's description in q8_0_matmul_args.h) and activations, plain
 // and gated (SwiGLU) products, 1..64 columns, padded strides, M not a multiple of the row tile. The
-// reference quantizes the activations exactly as the kernel does (per 32 values, scale amax/127,
-// round to nearest) and sums the exact integer block dot products in double (Q4_K: minus dmin *
+// reference quantizes the activations exactly as the kernel does (per 32 values for Q8_0 weights,
+// per 256 for Q4_K, scale amax/127, round to nearest) and sums the exact integer block dot products in double (Q4_K: minus dmin *
 // min times the block's float sum), so the only difference left is float rounding:
 // |gpu - ref| <= 4e-5 * sum |terms|.
 // Also checks that column 0 is bit-identical whatever N is (a decode step and a verify agree), and
@@ -95,20 +95,22 @@ weights random_weights(std::mt19937 & rng, int K, int M, int64_t pad) {
     return w;
 }
 
-// x quantized per 32 values as the kernel does; returns the exact integer block sums in double.
+// x quantized as the kernel does (one scale per 32 values for Q8_0 weights, per 256 for Q4_K);
+// returns the exact integer block sums in double.
 void reference(const weights & w, const std::vector<float> & x, int64_t x_stride, int N, std::vector<double> & y,
                std::vector<double> & mag) {
     const int nb = w.K / q8::QK;
+    const int group = w.type == q8::weight_type::q4_k ? q8::CHUNK_BLOCKS * q8::QK : q8::QK;
     std::vector<int> xq(size_t(N) * w.K);
     std::vector<float> xd(size_t(N) * nb);
     for (int n = 0; n < N; ++n)
-        for (int b = 0; b < nb; ++b) {
+        for (int g0 = 0; g0 < w.K; g0 += group) {
             float amax = 0;
-            for (int i = 0; i < q8::QK; ++i) amax = std::fmax(amax, std::fabs(x[n * x_stride + b * q8::QK + i]));
+            for (int i = 0; i < group; ++i) amax = std::fmax(amax, std::fabs(x[n * x_stride + g0 + i]));
             const float d = amax / 127;
-            xd[n * nb + b] = d;
-            for (int i = 0; i < q8::QK; ++i)
-                xq[size_t(n) * w.K + b * q8::QK + i] = amax == 0.0f ? 0 : int(std::round(x[n * x_stride + b * q8::QK + i] / d));
+            for (int b = g0 / q8::QK; b < (g0 + group) / q8::QK; ++b) xd[n * nb + b] = d;
+            for (int i = 0; i < group; ++i)
+                xq[size_t(n) * w.K + g0 + i] = amax == 0.0f ? 0 : int(std::round(x[n * x_stride + g0 + i] / d));
         }
     std::vector<double> xsum(size_t(N) * nb, 0.0);  // the blocks' float sums (the Q4_K mins)
     for (int n = 0; n < N; ++n)

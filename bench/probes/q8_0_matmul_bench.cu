@@ -25,7 +25,7 @@ static float time_ms(cudaEvent_t a, cudaEvent_t b) {
 }
 
 // With arguments `K M N gated(0|1)`: that one product only (e.g. under ncu). Options first:
-// --q4k: Q4_K weights instead of Q8_0; --cols N,N,..: these column counts only; --norm: each
+// --q4k: Q4_K weights instead of Q8_0; --q6k: Q6_K (row-tiled, as the kernel reads it); --cols N,N,..: these column counts only; --norm: each
 // product also RMS-normalizes its input (the fused layer norm); --graph: the timed launches run as
 // one captured CUDA graph (as ggml runs a step), not as stream launches.
 // --tiled: the weights read in weight_tiles.h's row-tiled layout (the layout lucebox loads them in
@@ -45,11 +45,13 @@ std::vector<int> int_list(const char * s) {
 }
 
 int main(int argc, char ** argv) {
-    bool q4k = false, norm = false, graph = false, tiled = false;
+    bool q4k = false, q6k = false, norm = false, graph = false, tiled = false;
     std::vector<int> only_cols;
     while (argc > 1 && std::strncmp(argv[1], "--", 2) == 0) {
         if (std::strcmp(argv[1], "--q4k") == 0) {
             q4k = true;
+        } else if (std::strcmp(argv[1], "--q6k") == 0) {
+            q6k = tiled = true;  // the kernel reads q6_k row-tiled only
         } else if (std::strcmp(argv[1], "--norm") == 0) {
             norm = true;
         } else if (std::strcmp(argv[1], "--graph") == 0) {
@@ -67,8 +69,8 @@ int main(int argc, char ** argv) {
         --argc;
         ++argv;
     }
-    const q8::weight_type type = q4k ? q8::weight_type::q4_k : q8::weight_type::q8_0;
-    std::printf("%s weights%s%s\n", q4k ? "Q4_K" : "Q8_0", norm ? ", RMS-normed input" : "",
+    const q8::weight_type type = q6k ? q8::weight_type::q6_k : q4k ? q8::weight_type::q4_k : q8::weight_type::q8_0;
+    std::printf("%s weights%s%s\n", q6k ? "Q6_K" : q4k ? "Q4_K" : "Q8_0", norm ? ", RMS-normed input" : "",
                 tiled ? ", row-tiled layout" : "");
     cudaStream_t stream;
     CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -121,6 +123,11 @@ int main(int argc, char ** argv) {
             for (size_t i = 0; i < mat; ++i) host[i] = uint8_t(rng());
             const __half d = __float2half(0.01f);  // sane fp16 scales (random bytes may be inf/nan)
             for (size_t r = 0; r < size_t(s.M); ++r) {
+                if (q6k) {
+                    for (int b = 0; b < s.K / q8::K_ALIGN; ++b)  // d of each super-block (any layout: timing only)
+                        std::memcpy(host.data() + r * row_bytes + b * q8::Q6K_BLOCK_BYTES + 208, &d, 2);
+                    continue;
+                }
                 if (q4k) {
                     for (int b = 0; b < s.K / q8::K_ALIGN; ++b) {  // d and dmin of each super-block
                         std::memcpy(host.data() + r * row_bytes + b * q8::Q4K_BLOCK_BYTES, &d, 2);

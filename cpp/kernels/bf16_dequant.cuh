@@ -34,8 +34,8 @@ namespace lucebox::kernels::bf16_dequant {
 
 enum class format : uint8_t { q8_0, q4_k, q6_k };
 
-constexpr int values_per_block(format f) { return f == format::q8_0 ? 32 : 256; }
-constexpr int block_bytes(format f) { return f == format::q8_0 ? 34 : f == format::q4_k ? 144 : 210; }
+__host__ __device__ constexpr int values_per_block(format f) { return f == format::q8_0 ? 32 : 256; }
+__host__ __device__ constexpr int block_bytes(format f) { return f == format::q8_0 ? 34 : f == format::q4_k ? 144 : 210; }
 
 namespace detail {
 
@@ -55,14 +55,16 @@ __device__ __forceinline__ void store8(__nv_bfloat16 * dst, const float (&v)[8])
     *reinterpret_cast<uint4 *>(dst) = out;
 }
 
-// The block holding values 32i..32i+31 (q8_0: its 34-byte block; q4_k: its 144-byte super-block):
+// Bytes of 256 values of a row: eight q8_0 blocks or one super-block.
+__host__ __device__ constexpr int64_t chunk_bytes(format f) { return f == format::q8_0 ? 272 : block_bytes(f); }
+
+// The block holding values 32i..32i+31 (q8_0: its 34-byte block; q4_k, q6_k: its super-block):
 // consecutive blocks, or (tiled_M > 0) a row-tiled weight of tiled_M rows, row_bytes apart
 // (weight_tiles.h), whose 256 values of a row are one contiguous chunk.
 template <format F>
 __device__ __forceinline__ const uint8_t * block_at(const uint8_t * src, int64_t i, int64_t tiled_M, int64_t row_bytes) {
-    constexpr int64_t CB = F == format::q8_0 ? 272 : 144;  // bytes of 256 values
-    static_assert(F != format::q6_k, "q6_k weights are never tiled");
-    if (tiled_M == 0) return F == format::q8_0 ? src + 34 * i : src + 144 * (i / 8);
+    constexpr int64_t CB = chunk_bytes(F);
+    if (tiled_M == 0) return F == format::q8_0 ? src + 34 * i : src + CB * (i / 8);
     const int64_t groups_per_row = row_bytes / CB * 8;
     const int64_t row = i / groups_per_row, g = i - row * groups_per_row;
     const uint8_t * chunk = src + tiles::chunk_offset(row, g / 8, tiled_M, row_bytes, CB);
@@ -104,7 +106,7 @@ __global__ void dequantize(const uint8_t * __restrict__ src, int64_t n_groups, _
             store8(out + 8 * c, v);
         }
     } else {
-        const uint8_t * b = src + 210 * (i / 8);
+        const uint8_t * b = block_at<F>(src, i, tiled_M, row_bytes);
         const int g = int(i % 8), h = g / 4, k = g % 4;  // values 128h + 32k .. + 31
         const uint8_t * ql = b + 64 * h + 32 * (k % 2);
         const uint8_t * qh = b + 128 + 32 * h;
@@ -130,12 +132,12 @@ __global__ void dequantize(const uint8_t * __restrict__ src, int64_t n_groups, _
 
 // Dequantizes n_values values (a multiple of values_per_block(f)) of contiguous blocks at src into
 // dst (16-byte aligned, row-major values), asynchronously on stream. tiled_M > 0: src is a
-// row-tiled weight (weight_tiles.h) of tiled_M rows, row_bytes apart (q8_0 and q4_k only).
+// row-tiled weight (weight_tiles.h) of tiled_M rows, row_bytes apart.
 inline cudaError_t dequantize(format f, const void * src, int64_t n_values, __nv_bfloat16 * dst, cudaStream_t stream,
                               int64_t tiled_M = 0, int64_t row_bytes = 0) {
     if (n_values <= 0 || n_values % values_per_block(f) != 0) return cudaErrorInvalidValue;
-    if (tiled_M != 0 && (f == format::q6_k || tiled_M < 0 || row_bytes <= 0 || row_bytes % (f == format::q8_0 ? 272 : 144) != 0 ||
-                         n_values != tiled_M * (row_bytes / (f == format::q8_0 ? 272 : 144)) * 256))
+    if (tiled_M != 0 && (tiled_M < 0 || row_bytes <= 0 || row_bytes % detail::chunk_bytes(f) != 0 ||
+                         n_values != tiled_M * (row_bytes / detail::chunk_bytes(f)) * 256))
         return cudaErrorInvalidValue;
     const int64_t n_groups = n_values / 32;
     const int threads = 256;

@@ -8,8 +8,9 @@ namespace lucebox::kernels::q8_0 {
 
 bool args_from_ggml(const ggml_tensor * w, const ggml_tensor * gate, int glu_op, const ggml_tensor * bias,
                     const ggml_tensor * x, const ggml_tensor * dst, matmul_args & a, const ggml_tensor * norm_w,
-                    float norm_eps, bool any_n) {
-    if ((w->type != GGML_TYPE_Q8_0 && w->type != GGML_TYPE_Q4_K) || x->type != GGML_TYPE_F32 || dst->type != GGML_TYPE_F32) {
+                    float norm_eps, bool tiled) {
+    const bool type_ok = w->type == GGML_TYPE_Q8_0 || w->type == GGML_TYPE_Q4_K || (tiled && w->type == GGML_TYPE_Q6_K);
+    if (!type_ok || x->type != GGML_TYPE_F32 || dst->type != GGML_TYPE_F32) {
         return false;
     }
     // 2-D operands only: [K, M] weights with contiguous blocks, [K, N] activations, [M, N] result
@@ -39,7 +40,8 @@ bool args_from_ggml(const ggml_tensor * w, const ggml_tensor * gate, int glu_op,
         return false;  // one weight per input row, the same for every column
     }
     if (w->ne[0] > INT32_MAX || w->ne[1] > INT32_MAX || x->ne[1] > INT32_MAX) return false;
-    a.type = w->type == GGML_TYPE_Q4_K ? weight_type::q4_k : weight_type::q8_0;
+    a.type = w->type == GGML_TYPE_Q4_K ? weight_type::q4_k : w->type == GGML_TYPE_Q6_K ? weight_type::q6_k : weight_type::q8_0;
+    a.tiled = tiled;
     a.w = static_cast<const uint8_t *>(w->data);
     a.gate = gate != nullptr ? static_cast<const uint8_t *>(gate->data) : nullptr;
     a.row_bytes = int64_t(w->nb[1]);
@@ -54,7 +56,7 @@ bool args_from_ggml(const ggml_tensor * w, const ggml_tensor * gate, int glu_op,
     a.bias_stride = bias != nullptr && bias->ne[1] > 1 ? int64_t(bias->nb[1] / sizeof(float)) : 0;
     a.norm_w = norm_w != nullptr ? static_cast<const float *>(norm_w->data) : nullptr;
     a.norm_eps = norm_eps;
-    if (!any_n && a.N > MAX_COLS) return false;  // ggml's MMQ or BF16 route
+    if (!tiled && a.N > MAX_COLS) return false;  // ggml's MMQ or BF16 route
     return check_args(a) == nullptr;
 }
 

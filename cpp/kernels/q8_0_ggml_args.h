@@ -8,16 +8,17 @@
 namespace lucebox::kernels::q8_0 {
 
 // Fills `a` and returns true when the kernel takes the product dst = w x (+ bias), or with gate,
-// dst = (w x) * silu(gate x): Q8_0 or Q4_K weights [K, M] with whole blocks per row, F32 activations
+// dst = (w x) * silu(gate x): Q8_0 or Q4_K weights (Q6_K when tiled) [K, M] with whole blocks per row, F32 activations
 // [K, N] and result [M, N] (2-D, contiguous rows, any row strides), gate of w's type and strides
 // with glu_op GGML_GLU_OP_SWIGLU, bias (the other operand of a fused residual ADD, not with a
 // gate) F32 [M] added to every column or [M, N] with contiguous rows (may be dst itself), and
 // check_args satisfied (K % 256, N <= 64, 16-byte alignment). With norm_w (F32 [K], contiguous),
 // the product's input is ggml_mul(ggml_rms_norm(x, norm_eps), norm_w), normalized inside the
-// product. False otherwise: ggml's kernels run. any_n: more than 64 columns too (row-tiled weights,
-// which only lucebox's kernel reads; it runs them 64 columns at a time).
+// product. False otherwise: ggml's kernels run. tiled: the weights are row-tiled (weight_tiles.h),
+// which only lucebox's kernel reads: more than 64 columns too (it runs them 64 columns at a time),
+// Q6_K too, and a.tiled is set.
 bool args_from_ggml(const ggml_tensor * w, const ggml_tensor * gate, int glu_op, const ggml_tensor * bias,
                     const ggml_tensor * x, const ggml_tensor * dst, matmul_args & a,
-                    const ggml_tensor * norm_w = nullptr, float norm_eps = 0.0f, bool any_n = false);
+                    const ggml_tensor * norm_w = nullptr, float norm_eps = 0.0f, bool tiled = false);
 
 }  // namespace lucebox::kernels::q8_0

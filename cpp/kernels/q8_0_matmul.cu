@@ -75,7 +75,7 @@ size_t mul_mat_hook(const ggml_tensor * w, const ggml_tensor * gate, int glu_op,
     const bool tiled = is_tiled(w) || is_tiled(gate);
     if (!tiled && !g_enabled.load(std::memory_order_relaxed)) return 0;
     q8_0::matmul_args a;
-    const bool fits = q8_0::args_from_ggml(w, gate, glu_op, bias, x, dst, a, norm_w, norm_eps, /*any_n =*/tiled);
+    const bool fits = q8_0::args_from_ggml(w, gate, glu_op, bias, x, dst, a, norm_w, norm_eps, /*tiled =*/tiled);
     if (!tiled) {
         if (!fits) return 0;
         if (scratch == nullptr) return device_runs_own_kernels() ? q8_0::scratch_bytes(a) : 0;

@@ -76,6 +76,7 @@ static_assert(STAGES >= 2, "one chunk loads while another is multiplied");
 #endif
 
 static_assert(CHUNK_BYTES % 16 == 0 && Q4K_BLOCK_BYTES % 16 == 0, "a staged row chunk must be whole 16-byte vectors");
+static_assert(16 * Q6K_BLOCK_BYTES % 16 == 0, "a staged q6_k tile chunk (16 rows) must be whole 16-byte vectors");
 
 // One stage of a warp: the weight chunk [16 * m_tiles rows][272], the activations' int8
 // [8][cols][32] and their scales [8][cols] (cols = 8 * column groups). A warp takes one m16 tile
@@ -83,15 +84,15 @@ static_assert(CHUNK_BYTES % 16 == 0 && Q4K_BLOCK_BYTES % 16 == 0, "a staged row 
 // 4 CTAs of 53 KB), else two (a gated product: U's and G's; 9..64 columns: each activation chunk
 // serves 32 rows, halving its shared-memory and L2 traffic).
 // q4_k: 144-byte row chunks, and the activation sums [8][cols] after the scales.
-__host__ __device__ constexpr int stage_bytes(int cols, int m_tiles, bool q4k = false) {
-    return 16 * m_tiles * (q4k ? Q4K_BLOCK_BYTES : CHUNK_BYTES) + CHUNK_BLOCKS * cols * (QK + 4 + (q4k ? 4 : 0));
+__host__ __device__ constexpr int stage_bytes(int cols, int m_tiles, weight_type wt = weight_type::q8_0) {
+    return 16 * m_tiles * chunk_bytes(wt) + CHUNK_BLOCKS * cols * (QK + 4 + (wt == weight_type::q4_k ? 4 : 0));
 }
 // A column's sum of squares is added as NORM_PARTS partial sums (blocks b = p mod NORM_PARTS).
 constexpr int NORM_PARTS = 8;
 
 // The warps' stages, then the columns' RMS norm factors [cols] and partial sums [cols][NORM_PARTS].
-__host__ __device__ constexpr int smem_bytes(int cols, int m_tiles, bool q4k = false, int stages = STAGES) {
-    return WARPS * stages * stage_bytes(cols, m_tiles, q4k) + cols * 4 * (1 + NORM_PARTS);
+__host__ __device__ constexpr int smem_bytes(int cols, int m_tiles, weight_type wt = weight_type::q8_0, int stages = STAGES) {
+    return WARPS * stages * stage_bytes(cols, m_tiles, wt) + cols * 4 * (1 + NORM_PARTS);
 }
 
 namespace detail {
@@ -118,6 +119,33 @@ __device__ __forceinline__ void mma_s8(int (&c)[4], const int (&a)[4], int b0, i
 #else
     __trap();  // the host side only launches on compute capability >= 8.0
 #endif
+}
+
+// c += A (16x16 s8, row-major) * B (16x8 s8, column-major): a0 = row g, k 4t..4t+3; a1 = row g+8,
+// same k; b = k 4t..4t+3 of column g; c as in mma_s8.
+__device__ __forceinline__ void mma_s8_k16(int (&c)[4], const int (&a)[2], int b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(b));
+#else
+    __trap();
+#endif
+}
+
+// The 4 bytes at p, p = q + 2 * odd with q 4-byte aligned (a q6_k row staged at an odd multiple of
+// 210 bytes): two aligned words and a funnel shift.
+__device__ __forceinline__ uint32_t load_u32_at(const uint8_t * p, int odd) {
+    const uint32_t * q = reinterpret_cast<const uint32_t *>(p - 2 * odd);
+    return __funnelshift_r(q[0], q[1], 16 * odd);
+}
+
+// q6_k quants q (0..63, four bytes) -> the signed bytes q - 32: q ^ 32 is q - 32 mod 64, and its
+// bit 5 then spreads to bits 6 and 7 (0x20 * 6 = 0xC0: no carry between bytes).
+__device__ __forceinline__ int q6_centered(uint32_t q) {
+    const uint32_t x = q ^ 0x20202020u;
+    return int(x | ((x & 0x20202020u) * 6u));
 }
 
 __device__ __forceinline__ float silu(float v) { return v / (1.0f + expf(-v)); }  // as ggml's CUDA swiglu
@@ -209,7 +237,7 @@ __device__ __forceinline__ void load_quants(bool odd_block, const uint8_t * p, i
 // the first weight chunks are in flight (NORM_PARTS partial sums per column, blocks p, p + 8, ..),
 // and add the partials in order after the main loop: a fixed order, so the factor of column n does
 // not depend on N either.
-template <int NG, bool GATED, int M_TILES, bool Q4K, int ST = STAGES>
+template <int NG, bool GATED, int M_TILES, weight_type WT, int ST = STAGES>
 __global__ void __launch_bounds__(WARPS * 32)
 matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__ xd, const float * __restrict__ xs,
        const float * ss) {  // ss: quantize_columns' output, read after griddepcontrol.wait: not restrict, ld.global.cg
@@ -217,8 +245,9 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
     constexpr int COLS = COL_GROUP * NG;
     static_assert(!GATED || M_TILES == 2, "a gated warp takes 16 rows of U and the same 16 of G");
     constexpr int TILE_ROWS = 16 * M_TILES;
-    constexpr int CB = Q4K ? Q4K_BLOCK_BYTES : CHUNK_BYTES, CHUNK_VECS = CB / 16;
-    constexpr int STAGE = stage_bytes(COLS, M_TILES, Q4K);
+    constexpr bool Q4K = WT == weight_type::q4_k, Q6K = WT == weight_type::q6_k;
+    constexpr int CB = chunk_bytes(WT), CHUNK_VECS = CB / 16;
+    constexpr int STAGE = stage_bytes(COLS, M_TILES, WT);
     constexpr int W_BYTES = TILE_ROWS * CB;
     constexpr int X_BYTES = CHUNK_BLOCKS * COLS * QK;
     constexpr int X_VECS = X_BYTES / 16, D_VECS = CHUNK_BLOCKS * COLS * 4 / 16;
@@ -239,7 +268,24 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
     // from global row r0 + s (gated: rows 16..31 are the gate's rows r0..r0+15); rows past M repeat
     // row M-1 (their sums are never written). Activation columns >= N are zero-filled, not read.
     auto issue_weights = [&](int i) {
-        if (i < n_mine) {
+        if (i >= n_mine) return;
+        if constexpr (Q6K) {
+            // q6_k (tiled, M % 16 == 0): the chunk of each 16-row tile is 16 x 210 contiguous bytes;
+            // a tile past M repeats the last one (its sums are never written)
+            const int chunk = warp + i * WARPS;
+            uint8_t * st = stages + (i % ST) * STAGE;
+            constexpr int PIECE_VECS = 16 * CB / 16;
+#pragma unroll
+            for (int c = 0; c < (M_TILES * PIECE_VECS + 31) / 32; ++c) {
+                const int idx = lane + 32 * c;
+                if (idx >= M_TILES * PIECE_VECS) break;
+                const int piece = idx / PIECE_VECS, v = idx - piece * PIECE_VECS;
+                const bool from_gate = GATED && piece == 1;
+                const int row0 = min(r0 + (GATED ? 0 : 16 * piece), a.M - 16);
+                const uint8_t * src = (from_gate ? a.gate : a.w) + tiles::chunk_offset(row0, chunk, a.M, a.row_bytes, CB);
+                cp_async16(st + 16 * idx, src + 16 * v);
+            }
+        } else {
             const int chunk = warp + i * WARPS;
             uint8_t * st = stages + (i % ST) * STAGE;
 #pragma unroll
@@ -399,6 +445,81 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
                     acc[mt][j][3] = __fmaf_rn(__fmul_rn(dm[mt][1].x, dx.y), float(isum[mt][j][3]), acc[mt][j][3]);
                 }
             }
+        } else if constexpr (Q6K) {
+            // sub-block s = 4h + p (32 values) in two halves u of 16 values, one k16 mma each (a
+            // scale per 16 values); the halves' sums times their int8 scales add up in int32
+            // (|sum| <= 16 * 16 * 32 * 127 * 128), scaled once a chunk by d and the activations' scale
+            const int odd = g & 1;  // rows g and g + 8 sit at an odd multiple of 210 bytes: 2 bytes off
+            float dq[M_TILES][2];
+#pragma unroll
+            for (int mt = 0; mt < M_TILES; ++mt)
+#pragma unroll
+                for (int hr = 0; hr < 2; ++hr)
+                    dq[mt][hr] = __half2float(*reinterpret_cast<const __half *>(st + (16 * mt + g + 8 * hr) * CB + 208));
+            int isum[M_TILES][NG][4];
+#pragma unroll
+            for (int mt = 0; mt < M_TILES; ++mt)
+#pragma unroll
+                for (int j = 0; j < NG; ++j)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) isum[mt][j][e] = 0;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+#pragma unroll
+                for (int u = 0; u < 2; ++u) {
+                    const int l = 16 * u + 4 * t;  // this lane's 4 values of every sub-block of half h
+                    uint32_t lo[M_TILES][2], hi[M_TILES][2], qh[M_TILES][2];  // ql[64h + l], ql[64h + 32 + l], qh[32h + l]
+#pragma unroll
+                    for (int mt = 0; mt < M_TILES; ++mt)
+#pragma unroll
+                        for (int hr = 0; hr < 2; ++hr) {
+                            const uint8_t * row = st + (16 * mt + g + 8 * hr) * CB;
+                            lo[mt][hr] = load_u32_at(row + 64 * h + l, odd);
+                            hi[mt][hr] = load_u32_at(row + 64 * h + 32 + l, odd);
+                            qh[mt][hr] = load_u32_at(row + 128 + 32 * h + l, odd);
+                        }
+#pragma unroll
+                    for (int p = 0; p < 4; ++p) {
+                        const int s = 4 * h + p;
+                        int bf[NG];
+#pragma unroll
+                        for (int j = 0; j < NG; ++j)
+                            bf[j] = *reinterpret_cast<const int *>(sx + (s * COLS + COL_GROUP * j + g) * QK + l);
+#pragma unroll
+                        for (int mt = 0; mt < M_TILES; ++mt) {
+                            int af[2];
+                            int sc[2];
+#pragma unroll
+                            for (int hr = 0; hr < 2; ++hr) {
+                                const uint32_t ql = p % 2 == 0 ? lo[mt][hr] : hi[mt][hr];
+                                af[hr] = q6_centered(((ql >> (4 * (p / 2))) & 0x0F0F0F0Fu) |
+                                                     (((qh[mt][hr] >> (2 * p)) & 0x03030303u) << 4));
+                                sc[hr] = int(*reinterpret_cast<const int8_t *>(st + (16 * mt + g + 8 * hr) * CB + 192 + 8 * h + 2 * p + u));
+                            }
+#pragma unroll
+                            for (int j = 0; j < NG; ++j) {
+                                int c[4] = {0, 0, 0, 0};
+                                mma_s8_k16(c, af, bf[j]);
+                                isum[mt][j][0] += c[0] * sc[0];
+                                isum[mt][j][1] += c[1] * sc[0];
+                                isum[mt][j][2] += c[2] * sc[1];
+                                isum[mt][j][3] += c[3] * sc[1];
+                            }
+                        }
+                    }
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < NG; ++j) {
+                const float2 dx = *reinterpret_cast<const float2 *>(sd + COL_GROUP * j + 2 * t);
+#pragma unroll
+                for (int mt = 0; mt < M_TILES; ++mt) {
+                    acc[mt][j][0] = __fmaf_rn(__fmul_rn(dq[mt][0], dx.x), float(isum[mt][j][0]), acc[mt][j][0]);
+                    acc[mt][j][1] = __fmaf_rn(__fmul_rn(dq[mt][0], dx.y), float(isum[mt][j][1]), acc[mt][j][1]);
+                    acc[mt][j][2] = __fmaf_rn(__fmul_rn(dq[mt][1], dx.x), float(isum[mt][j][2]), acc[mt][j][2]);
+                    acc[mt][j][3] = __fmaf_rn(__fmul_rn(dq[mt][1], dx.y), float(isum[mt][j][3]), acc[mt][j][3]);
+                }
+            }
         } else {
 #pragma unroll
         for (int jb = 0; jb < CHUNK_BLOCKS; ++jb) {
@@ -541,11 +662,11 @@ cudaError_t launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem
     return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
 }
 
-template <int NG, bool GATED, bool Q4K, int ST = STAGES>
+template <int NG, bool GATED, weight_type WT, int ST = STAGES>
 cudaError_t launch_groups(const matmul_args & a, const int8_t * xq, const float * xd, const float * xs,
                           const float * ss, cudaStream_t stream) {
     constexpr int M_TILES = GATED || NG > LUCEBOX_Q8_0_ONE_TILE_MAX_NG ? 2 : 1;
-    constexpr int SMEM = smem_bytes(COL_GROUP * NG, M_TILES, Q4K, ST);
+    constexpr int SMEM = smem_bytes(COL_GROUP * NG, M_TILES, WT, ST);
     // the shared-memory limit is a per-device attribute of the function: raise it once per device
     static unsigned long long configured = 0;  // bit d: device d done (devices 0..63)
     int dev = 0;
@@ -553,25 +674,25 @@ cudaError_t launch_groups(const matmul_args & a, const int8_t * xq, const float 
     if (err != cudaSuccess) return err;
     if (dev >= 64) return cudaErrorInvalidDevice;
     if (!(__atomic_load_n(&configured, __ATOMIC_ACQUIRE) & (1ull << dev))) {
-        err = cudaFuncSetAttribute(matmul<NG, GATED, M_TILES, Q4K, ST>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
+        err = cudaFuncSetAttribute(matmul<NG, GATED, M_TILES, WT, ST>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
         if (err != cudaSuccess) return err;
         __atomic_fetch_or(&configured, 1ull << dev, __ATOMIC_ACQ_REL);
     }
     constexpr int OUT_ROWS = GATED ? 16 : 16 * M_TILES;
-    return launch(matmul<NG, GATED, M_TILES, Q4K, ST>, dim3((a.M + OUT_ROWS - 1) / OUT_ROWS), dim3(WARPS * 32), SMEM, stream,
-                  pdl_kernel<matmul<NG, GATED, M_TILES, Q4K, ST>>(dev), a, xq, xd, xs, ss);
+    return launch(matmul<NG, GATED, M_TILES, WT, ST>, dim3((a.M + OUT_ROWS - 1) / OUT_ROWS), dim3(WARPS * 32), SMEM, stream,
+                  pdl_kernel<matmul<NG, GATED, M_TILES, WT, ST>>(dev), a, xq, xd, xs, ss);
 }
 
-template <bool GATED, bool Q4K>
+template <bool GATED, weight_type WT>
 cudaError_t launch_gated(const matmul_args & a, const int8_t * xq, const float * xd, const float * xs,
                          const float * ss, cudaStream_t stream) {
-    if constexpr (Q4K && LUCEBOX_Q8_0_ST3_MAX_M > 0 && STAGES != 3)
-        if (col_groups(a.N) == 1 && a.M <= LUCEBOX_Q8_0_ST3_MAX_M) return launch_groups<1, GATED, Q4K, 3>(a, xq, xd, xs, ss, stream);
+    if constexpr (WT == weight_type::q4_k && LUCEBOX_Q8_0_ST3_MAX_M > 0 && STAGES != 3)
+        if (col_groups(a.N) == 1 && a.M <= LUCEBOX_Q8_0_ST3_MAX_M) return launch_groups<1, GATED, WT, 3>(a, xq, xd, xs, ss, stream);
     switch (col_groups(a.N)) {
-        case 1: return launch_groups<1, GATED, Q4K>(a, xq, xd, xs, ss, stream);
-        case 2: return launch_groups<2, GATED, Q4K>(a, xq, xd, xs, ss, stream);
-        case 4: return launch_groups<4, GATED, Q4K>(a, xq, xd, xs, ss, stream);
-        default: return launch_groups<8, GATED, Q4K>(a, xq, xd, xs, ss, stream);
+        case 1: return launch_groups<1, GATED, WT>(a, xq, xd, xs, ss, stream);
+        case 2: return launch_groups<2, GATED, WT>(a, xq, xd, xs, ss, stream);
+        case 4: return launch_groups<4, GATED, WT>(a, xq, xd, xs, ss, stream);
+        default: return launch_groups<8, GATED, WT>(a, xq, xd, xs, ss, stream);
     }
 }
 
@@ -583,29 +704,35 @@ inline cudaError_t matmul_group(const matmul_args & a, void * scratch, cudaStrea
     const size_t nb = size_t(a.K) / QK;
     int8_t * xq = static_cast<int8_t *>(scratch);
     float * xd = reinterpret_cast<float *>(xq + nb * cols * QK);
-    const bool q4k = a.type == weight_type::q4_k;
+    const bool q4k = a.type == weight_type::q4_k, per_chunk = chunk_scaled(a.type);
     float * xs = q4k ? xd + nb * cols : nullptr;
     float * ss = a.norm_w != nullptr ? xd + nb * cols * (q4k ? 2 : 1) : nullptr;
     const int threads = 256;
     int dev = 0;
     cudaError_t err = cudaGetDevice(&dev);
     if (err != cudaSuccess) return err;
-    // one warp per group of blocks and column: a block (Q8_0 weights) or a chunk (Q4_K)
-    const int64_t warps = int64_t(nb) / (q4k ? CHUNK_BLOCKS : 1) * cols;
+    // one warp per group of blocks and column: a block (Q8_0 weights) or a chunk (Q4_K, Q6_K)
+    const int64_t warps = int64_t(nb) / (per_chunk ? CHUNK_BLOCKS : 1) * cols;
     const dim3 grid(unsigned((warps * 32 + threads - 1) / threads));
-    err = q4k ? detail::launch(detail::quantize_columns<CHUNK_BLOCKS>, grid, dim3(threads), 0, stream,
+    err = per_chunk ? detail::launch(detail::quantize_columns<CHUNK_BLOCKS>, grid, dim3(threads), 0, stream,
                                detail::pdl_kernel<detail::quantize_columns<CHUNK_BLOCKS>>(dev), a.x, a.x_stride, a.K,
                                a.N, cols, xq, xd, xs, a.norm_w, ss)
               : detail::launch(detail::quantize_columns<1>, grid, dim3(threads), 0, stream,
                                detail::pdl_kernel<detail::quantize_columns<1>>(dev), a.x, a.x_stride, a.K, a.N, cols,
                                xq, xd, xs, a.norm_w, ss);
     if (err != cudaSuccess) return err;
-    if (q4k) {
-        return a.gate != nullptr ? detail::launch_gated<true, true>(a, xq, xd, xs, ss, stream)
-                                 : detail::launch_gated<false, true>(a, xq, xd, xs, ss, stream);
+    const bool gated = a.gate != nullptr;
+    switch (a.type) {
+        case weight_type::q4_k:
+            return gated ? detail::launch_gated<true, weight_type::q4_k>(a, xq, xd, xs, ss, stream)
+                         : detail::launch_gated<false, weight_type::q4_k>(a, xq, xd, xs, ss, stream);
+        case weight_type::q6_k:
+            return gated ? detail::launch_gated<true, weight_type::q6_k>(a, xq, xd, xs, ss, stream)
+                         : detail::launch_gated<false, weight_type::q6_k>(a, xq, xd, xs, ss, stream);
+        default:
+            return gated ? detail::launch_gated<true, weight_type::q8_0>(a, xq, xd, xs, ss, stream)
+                         : detail::launch_gated<false, weight_type::q8_0>(a, xq, xd, xs, ss, stream);
     }
-    return a.gate != nullptr ? detail::launch_gated<true, false>(a, xq, xd, xs, ss, stream)
-                             : detail::launch_gated<false, false>(a, xq, xd, xs, ss, stream);
 }
 
 // Runs the product on `stream`: per group of at most 64 columns, the activation quantization, then

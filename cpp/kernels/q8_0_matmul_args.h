@@ -19,9 +19,16 @@ constexpr int K_ALIGN = QK * CHUNK_BLOCKS;  // 256: a chunk of a row is whole 16
 //   q4_k: super-blocks of 256 values, 144 bytes (fp16 d, fp16 dmin, 12 bytes packing 8 six-bit
 //         scales and 8 six-bit mins, 128 bytes of 4-bit q): value of sub-block s (32 values) is
 //         d * scale_s * q - dmin * min_s; bytes 32j..32j+31 of the quants hold sub-block 2j in
-//         their low nibbles and 2j+1 in their high ones.
-enum class weight_type : uint8_t { q8_0, q4_k };
+//         their low nibbles and 2j+1 in their high ones;
+//   q6_k: super-blocks of 256 values, 210 bytes (128 bytes ql: low 4 bits, 64 bytes qh: high 2
+//         bits, 16 int8 scales, fp16 d): value d * scale * (q - 32); for half h (128 values) and
+//         l < 32, value 128h + 32p + l has the low (p < 2) or high (p >= 2) nibble of
+//         ql[64h + 32(p % 2) + l], bits 2p, 2p + 1 of qh[32h + l] and scales[8h + 2p + l / 16].
+//         Row-tiled weights only (a row's 210-byte chunks are not 16-byte aligned in ggml's
+//         layout; a 16-row tile's chunk is 16 x 210 bytes).
+enum class weight_type : uint8_t { q8_0, q4_k, q6_k };
 constexpr int Q4K_BLOCK_BYTES = 144;
+constexpr int Q6K_BLOCK_BYTES = 210;
 
 #if defined(__CUDACC__)
 #define LUCEBOX_Q4K_FN __host__ __device__ __forceinline__
@@ -44,7 +51,18 @@ LUCEBOX_Q4K_FN void q4k_scale_min(int s, const uint32_t (&w)[3], int & scale, in
 }
 #undef LUCEBOX_Q4K_FN
 // bytes of 256 values of one row (one staged chunk)
-constexpr int chunk_bytes(weight_type t) { return t == weight_type::q4_k ? Q4K_BLOCK_BYTES : CHUNK_BLOCKS * BLOCK_BYTES; }
+#if defined(__CUDACC__)
+#define LUCEBOX_ARGS_HD __host__ __device__
+#else
+#define LUCEBOX_ARGS_HD
+#endif
+LUCEBOX_ARGS_HD constexpr int chunk_bytes(weight_type t) {
+    return t == weight_type::q4_k ? Q4K_BLOCK_BYTES : t == weight_type::q6_k ? Q6K_BLOCK_BYTES : CHUNK_BLOCKS * BLOCK_BYTES;
+}
+// Whether the activations are quantized with one scale per 256-value chunk (the super-block
+// formats, whose products sum a chunk in integers) rather than per 32 values.
+LUCEBOX_ARGS_HD constexpr bool chunk_scaled(weight_type t) { return t != weight_type::q8_0; }
+#undef LUCEBOX_ARGS_HD
 
 struct matmul_args {
     weight_type type = weight_type::q8_0;  // of w and gate
@@ -70,7 +88,7 @@ struct matmul_args {
 inline int col_groups(int N) { return N <= 8 ? 1 : N <= 16 ? 2 : N <= 32 ? 4 : 8; }
 
 // Scratch for the quantized activations: xq int8 [K/32][cols][32], then xd float [K/32][cols]
-// (their scales; for q4_k the 8 blocks of a 256-value chunk hold the chunk's one scale) (cols = 8 * col_groups(N), at most 64: groups of 64 columns reuse it one after another; columns
+// (their scales; for q4_k and q6_k the 8 blocks of a 256-value chunk hold the chunk's one scale) (cols = 8 * col_groups(N), at most 64: groups of 64 columns reuse it one after another; columns
 // >= N are zeros), then for q4_k xs float [K/32][cols] (the
 // sums of each block's 32 values, for the mins), then with norm_w ss float [K/32][cols] (the sums
 // of each block's 32 squares of x).
@@ -86,7 +104,13 @@ inline const char * check_args(const matmul_args & a) {
     if (a.K <= 0 || a.K % K_ALIGN != 0) return "K must be a positive multiple of 256";
     if (a.M <= 0) return "M must be positive";
     if (a.N < 1) return "N must be positive";
-    if (a.row_bytes < int64_t(a.K) / K_ALIGN * chunk_bytes(a.type) || a.row_bytes % 16 != 0) return "row stride";
+    if (a.type == weight_type::q6_k) {
+        if (!a.tiled) return "q6_k weights must be row-tiled";
+        if (a.M % 16 != 0) return "q6_k weights need whole 16-row tiles";
+        if (a.row_bytes != int64_t(a.K) / K_ALIGN * Q6K_BLOCK_BYTES) return "row stride";
+    } else if (a.row_bytes < int64_t(a.K) / K_ALIGN * chunk_bytes(a.type) || a.row_bytes % 16 != 0) {
+        return "row stride";
+    }
     if (reinterpret_cast<uintptr_t>(a.w) % 16 != 0) return "weights not 16-byte aligned";
     if (a.gate != nullptr && reinterpret_cast<uintptr_t>(a.gate) % 16 != 0) return "gate not 16-byte aligned";
     if (a.x_stride < a.K || a.y_stride < a.M) return "column strides";

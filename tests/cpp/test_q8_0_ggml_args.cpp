@@ -8,7 +8,9 @@
 #include "q8_0_ggml_args.h"
 
 using lucebox::kernels::q8_0::args_from_ggml;
+using lucebox::kernels::q8_0::check_args;
 using lucebox::kernels::q8_0::matmul_args;
+using lucebox::kernels::q8_0::weight_type;
 
 namespace {
 
@@ -183,8 +185,22 @@ TEST_CASE(more_than_64_columns_only_for_row_tiled_weights) {
     ggml_tensor * y = o.t(GGML_TYPE_F32, 64, 300);
     matmul_args a;
     CHECK(!args_from_ggml(w, nullptr, -1, nullptr, x, y, a));  // ggml's (MMQ or the BF16 route)
-    CHECK(args_from_ggml(w, nullptr, -1, nullptr, x, y, a, nullptr, 0.0f, /*any_n =*/true));
+    CHECK(args_from_ggml(w, nullptr, -1, nullptr, x, y, a, nullptr, 0.0f, /*tiled =*/true));
     CHECK(a.N == 300);  // the full count: the hook runs it in groups of 64
     CHECK(!args_from_ggml(o.t(GGML_TYPE_Q8_0, 288, 64), nullptr, -1, nullptr, o.t(GGML_TYPE_F32, 288, 300), y, a,
                           nullptr, 0.0f, true));  // other refusals stay
+}
+
+TEST_CASE(q6_k_only_for_row_tiled_weights_of_whole_tiles) {
+    operands o;
+    ggml_tensor * x = o.t(GGML_TYPE_F32, 512, 1);
+    matmul_args a;
+    ggml_tensor * w = o.t(GGML_TYPE_Q6_K, 512, 64);
+    ggml_tensor * y = o.t(GGML_TYPE_F32, 64, 1);
+    CHECK(!args_from_ggml(w, nullptr, -1, nullptr, x, y, a));  // ggml's layout: ggml's kernels
+    CHECK(args_from_ggml(w, nullptr, -1, nullptr, x, y, a, nullptr, 0.0f, /*tiled =*/true));
+    CHECK(a.type == weight_type::q6_k && a.tiled && a.row_bytes == 2 * 210);
+    ggml_tensor * w40 = o.t(GGML_TYPE_Q6_K, 512, 40);  // a partial last tile
+    CHECK(!args_from_ggml(w40, nullptr, -1, nullptr, x, o.t(GGML_TYPE_F32, 40, 1), a, nullptr, 0.0f, true));
+    CHECK(check_args(a) != nullptr);
 }

@@ -7,7 +7,8 @@
 // |gpu - ref| <= 4e-5 * sum |terms|.
 // Also checks that column 0 is bit-identical whatever N is (a decode step and a verify agree), and
 // runs everything again with the weights in weight_tiles.h's row-tiled layout (the layout lucebox
-// loads them in), whose products must be the untiled ones bit for bit.
+// loads them in), whose products must be the untiled ones bit for bit. Q6_K (16 values a scale,
+// one k16 mma each) runs row-tiled only.
 // Without a GPU at run time it says so and checks nothing (exit 0), like the other GPU tests.
 #include "cuda_check.h"
 #include "q8_0_matmul.cuh"
@@ -54,9 +55,23 @@ struct weights {
         return double(half_at(q4k_block(m, b))) * q4k_six_bit(m, b, 0);
     }
     double min(int m, int b) const {
-        return type == q8::weight_type::q8_0 ? 0.0 : double(half_at(q4k_block(m, b) + 2)) * q4k_six_bit(m, b, 1);
+        return type != q8::weight_type::q4_k ? 0.0 : double(half_at(q4k_block(m, b) + 2)) * q4k_six_bit(m, b, 1);
+    }
+    // q6_k: the super-block of value k, and that value's position (half h, quarter p, index l)
+    const uint8_t * q6k_block(int m, int k) const { return bytes.data() + m * row_bytes + (k / 256) * q8::Q6K_BLOCK_BYTES; }
+    // the weight scale of value k (q6_k: one per 16 values; else per block of 32)
+    double scale_at(int m, int k) const {
+        if (type != q8::weight_type::q6_k) return scale(m, k / q8::QK);
+        const int v = k % 256, h = v / 128, p = (v % 128) / 32, l = v % 32;
+        return double(half_at(q6k_block(m, k) + 208)) * int(int8_t(q6k_block(m, k)[192 + 8 * h + 2 * p + l / 16]));
     }
     int q(int m, int k) const {
+        if (type == q8::weight_type::q6_k) {
+            const uint8_t * b = q6k_block(m, k);
+            const int v = k % 256, h = v / 128, p = (v % 128) / 32, l = v % 32;
+            const int lo = (b[64 * h + 32 * (p % 2) + l] >> (4 * (p / 2))) & 0xF, hi = (b[128 + 32 * h + l] >> (2 * p)) & 3;
+            return (lo | (hi << 4)) - 32;
+        }
         if (type == q8::weight_type::q8_0)
             return int(int8_t(bytes[m * row_bytes + (k / q8::QK) * q8::BLOCK_BYTES + 2 + k % q8::QK]));
         const int s = (k / q8::QK) % 8, i = k % q8::QK;  // bytes 32 (s / 2) + i, nibble s % 2
@@ -75,6 +90,15 @@ weights random_weights(std::mt19937 & rng, int K, int M, int64_t pad) {
     std::uniform_real_distribution<float> sd(1e-3f, 2e-2f);
     for (int m = 0; m < M; ++m) {
         uint8_t * row = w.bytes.data() + m * w.row_bytes;
+        if (g_type == q8::weight_type::q6_k) {
+            for (int sb = 0; sb < K / q8::K_ALIGN; ++sb) {
+                uint8_t * blk = row + sb * q8::Q6K_BLOCK_BYTES;
+                for (int i = 0; i < 208; ++i) blk[i] = uint8_t(rng());  // quants and int8 scales: any bytes
+                const __half d = __float2half(sd(rng) / 64 * (rng() % 2 ? 1.0f : -1.0f));
+                std::memcpy(blk + 208, &d, 2);
+            }
+            continue;
+        }
         if (g_type == q8::weight_type::q4_k) {
             for (int sb = 0; sb < K / q8::K_ALIGN; ++sb) {
                 uint8_t * blk = row + sb * q8::Q4K_BLOCK_BYTES;
@@ -100,7 +124,7 @@ weights random_weights(std::mt19937 & rng, int K, int M, int64_t pad) {
 void reference(const weights & w, const std::vector<float> & x, int64_t x_stride, int N, std::vector<double> & y,
                std::vector<double> & mag) {
     const int nb = w.K / q8::QK;
-    const int group = w.type == q8::weight_type::q4_k ? q8::CHUNK_BLOCKS * q8::QK : q8::QK;
+    const int group = q8::chunk_scaled(w.type) ? q8::CHUNK_BLOCKS * q8::QK : q8::QK;
     std::vector<int> xq(size_t(N) * w.K);
     std::vector<float> xd(size_t(N) * nb);
     for (int n = 0; n < N; ++n)
@@ -121,13 +145,18 @@ void reference(const weights & w, const std::vector<float> & x, int64_t x_stride
     for (int n = 0; n < N; ++n)
         for (int m = 0; m < w.M; ++m) {
             double s = 0, a = 0;
+            const int wg = w.type == q8::weight_type::q6_k ? 16 : q8::QK;  // values per weight scale
             for (int b = 0; b < nb; ++b) {
-                long long dot = 0;
-                for (int i = 0; i < q8::QK; ++i) dot += (long long)w.q(m, b * q8::QK + i) * xq[size_t(n) * w.K + b * q8::QK + i];
-                const double term = w.scale(m, b) * xd[n * nb + b] * double(dot);
+                for (int k0 = b * q8::QK; k0 < (b + 1) * q8::QK; k0 += wg) {
+                    long long dot = 0;
+                    for (int i = 0; i < wg; ++i) dot += (long long)w.q(m, k0 + i) * xq[size_t(n) * w.K + k0 + i];
+                    const double term = w.scale_at(m, k0) * xd[n * nb + b] * double(dot);
+                    s += term;
+                    a += std::fabs(term);
+                }
                 const double min_term = w.min(m, b) * xsum[size_t(n) * nb + b];
-                s += term - min_term;
-                a += std::fabs(term) + std::fabs(min_term);
+                s -= min_term;
+                a += std::fabs(min_term);
             }
             y[size_t(n) * w.M + m] = s;
             mag[size_t(n) * w.M + m] = a;
@@ -279,7 +308,7 @@ void check_case(std::mt19937 & rng, int K, int M, int N, bool gated, int64_t w_p
 
 // Column 0 of a product is the same bits for every N (no dependence on the other columns).
 void check_column_independence(std::mt19937 & rng, bool gated, bool norm) {
-    const int K = 8192, M = 200;
+    const int K = 8192, M = g_type == q8::weight_type::q6_k ? 208 : 200;  // q6_k: whole 16-row tiles
     const weights w = random_weights(rng, K, M, 0);
     const weights g = random_weights(rng, K, M, 0);
     std::vector<float> x(size_t(64) * K), norm_w(K);
@@ -416,6 +445,52 @@ int main() {
     check_case(rng, 512, 17, 33, false, 0, 0, 5, 2);
     check_case(rng, 1024, 200, 150, false, 0, 0, 3, 3, true);  // 150 columns: a norm, a residual in place
     check_case(rng, 1024, 40, 130, false, 16, 0, 3, 2);         // ... a per-column residual
+    }
+    // Q6_K: row-tiled weights only, whole 16-row tiles, no row padding
+    {
+        std::mt19937 rng(11);
+        g_type = q8::weight_type::q6_k;
+        g_tiled = true;
+        std::printf("-- Q6_K weights, row-tiled\n");
+        for (bool gated : {false, true}) {
+            check_case(rng, 256, 16, 1, gated, 0, 0, 0);
+            check_case(rng, 512, 48, 3, gated, 0, 5, 3);
+            check_case(rng, 5120, 96, 1, gated, 0, 0, 0);
+            check_case(rng, 5120, 112, 8, gated, 0, 0, 0);
+            check_case(rng, 1280, 336, 17, gated, 0, 1, 7);
+            check_case(rng, 17408, 64, 16, gated, 0, 0, 0);
+            check_case(rng, 2048, 64, 40, gated, 0, 0, 0);
+            check_case(rng, 1024, 80, 150, gated, 0, 3, 5);
+            check_column_independence(rng, gated, false);
+            check_column_independence(rng, gated, true);
+            check_case(rng, 5120, 96, 1, gated, 0, 0, 0, 0, true);
+            check_case(rng, 4352, 1024, 64, gated, 0, 8, 0, 0, true);
+        }
+        check_case(rng, 5120, 336, 1, false, 0, 0, 0, 3);  // a fused residual add in place (ffn_down's)
+        check_case(rng, 17408, 5120, 1, false, 0, 0, 0, 3);  // the 27B's ffn_down shape
+        check_case(rng, 5120, 1024, 16, false, 0, 0, 0, 0);  // attn_v's
+        q8::matmul_args a;
+        alignas(16) static uint8_t buf[16];
+        a.type = q8::weight_type::q6_k;
+        a.w = buf;
+        a.K = 256;
+        a.M = 16;
+        a.N = 1;
+        a.row_bytes = 210;
+        a.x_stride = 256;
+        a.y_stride = 16;
+        a.tiled = true;
+        const bool ok_tiled = q8::check_args(a) == nullptr;
+        a.tiled = false;
+        const bool untiled_refused = q8::check_args(a) != nullptr;
+        a.tiled = true;
+        a.M = 20;
+        a.y_stride = 20;
+        const bool partial_refused = q8::check_args(a) != nullptr;
+        const bool ok = ok_tiled && untiled_refused && partial_refused;
+        std::printf("%s check_args takes row-tiled Q6_K of whole tiles, refuses it untiled or with a partial tile\n",
+                    ok ? "ok  " : "FAIL");
+        if (!ok) ++failures;
     }
     std::printf(failures ? "%d FAILED\n" : "all passed\n", failures);
     return failures ? 1 : 0;

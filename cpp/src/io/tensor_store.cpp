@@ -9,6 +9,7 @@
 #include "lucebox/backend_buffers.h"
 #include "lucebox/errors.h"
 #include "lucebox/gguf_file.h"
+#include "q8_0_matmul_args.h"
 #include "weight_tiles.h"
 
 namespace lucebox {
@@ -179,9 +180,13 @@ tensor_store tensor_store::load(const gguf_file & file, const std::vector<std::s
     // Row-tiled matrices (weight_tiles.h): which entries, and a stack only as a whole.
     std::unordered_set<const gguf_tensor_entry *> tiled;
     if (!meta && !host && kernels::tile_weights_in(s.buffer_)) {
+        // Q6_K (210-byte chunks) only in whole 16-row tiles: the kernel stages a tile's chunk as 16 x 210
+        // bytes of 16-byte vectors
         auto tileable = [](const gguf_tensor_entry * e) {
-            return (e->type == GGML_TYPE_Q8_0 || e->type == GGML_TYPE_Q4_K) && e->ne[2] == 1 && e->ne[3] == 1 &&
-                   e->ne[0] % kernels::tiles::CHUNK_VALUES == 0 && e->ne[1] > 0 && e->name != "token_embd.weight";
+            const bool type_ok = e->type == GGML_TYPE_Q8_0 || e->type == GGML_TYPE_Q4_K ||
+                                 (e->type == GGML_TYPE_Q6_K && e->ne[1] % kernels::tiles::TILE_ROWS == 0);
+            return type_ok && e->ne[2] == 1 && e->ne[3] == 1 && e->ne[0] % kernels::tiles::CHUNK_VALUES == 0 &&
+                   e->ne[1] > 0 && e->name != "token_embd.weight";
         };
         for (const gguf_tensor_entry * e : entries)
             if (!in_stack.count(e->name) && tileable(e)) tiled.insert(e);
@@ -219,8 +224,11 @@ tensor_store tensor_store::load(const gguf_file & file, const std::vector<std::s
             }
             if (tile) {  // these rows (whole tiles, or the matrix's last) in the tiled order
                 tiles_staging.resize(std::max(tiles_staging.size(), n));
-                kernels::tiles::to_tiles(dst, tiles_staging.data(), int64_t(n) / row_bytes, row_bytes,
-                                         e->type == GGML_TYPE_Q8_0 ? 272 : 144);
+                namespace q8 = kernels::q8_0;
+                const q8::weight_type wt = e->type == GGML_TYPE_Q8_0 ? q8::weight_type::q8_0
+                                           : e->type == GGML_TYPE_Q4_K ? q8::weight_type::q4_k
+                                                                       : q8::weight_type::q6_k;
+                kernels::tiles::to_tiles(dst, tiles_staging.data(), int64_t(n) / row_bytes, row_bytes, q8::chunk_bytes(wt));
                 dst = tiles_staging.data();
             }
             if (!host) {

@@ -3,7 +3,8 @@ layout lucebox's few-column kernel reads fastest, and compute the same bits as i
 the same kernels (decode steps, a 16-token forward, a 300-token micro-batch on the BF16 route), stay
 close to the CPU where only tiled weights can take a product (300 columns with the BF16 route off:
 lucebox's kernel in groups of 64 columns; 96 columns on the BF16 route, which only tiled weights
-take there), leave no fused product to ggml, and are unregistered when their engine goes."""
+take there), leave no fused product to ggml, and are unregistered when their engine goes. Q6_K
+weights (whole 16-row tiles) are tiled too and stay as close to the CPU as ggml's kernels are."""
 from __future__ import annotations
 
 import gc
@@ -127,3 +128,32 @@ def test_tiled_products_past_64_columns_take_the_bf16_route(model: str) -> None:
     assert not np.array_equal(mmq, forced)  # and the untiled default did not take it
     assert _core.tiles_declined() == declined
     assert diff <= max(0.6, 1.25 * diff_mmq)  # as test_cuda_target.py's MAX_ABS_BF16_ROUTE
+
+
+@pytest.fixture(scope="module", params=["q6_k", "q4_k_m"])
+def q6_model(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
+    # the same shapes; q4_k_m: Q6_K ffn_down, attn_v and head (1000 rows: not whole tiles, so that
+    # one stays in ggml's layout), Q4_K elsewhere
+    path = tmp_path_factory.mktemp("tiles_q6") / f"tiny256-{request.param}.gguf"
+    synth.write_target(str(path), "tiny", type=request.param, seed=5,
+                       overrides={"n_embd": 256, "n_ff": 512, "ssm_n_v_heads": 16, "n_vocab": 1000})
+    return str(path)
+
+
+def test_tiled_q6_k_products_stay_as_close_to_the_cpu_as_ggml(q6_model: str) -> None:
+    """Row-tiled Q6_K weights run on lucebox's kernel (decode steps, a 16-token forward) and the BF16
+    route (300 tokens, its converter reading the tiles); in ggml's layout they run on ggml's own
+    kernels, which round differently: each forward's error to the CPU may not exceed ggml's by
+    more than a quarter."""
+    ref = forwards(lucebox.Engine(q6_model, ctx=512, device="cpu", ubatch=512))
+    untiled, n_untiled = load(q6_model, tiles=False)
+    ggml_out = forwards(untiled)
+    del untiled
+    gc.collect()
+    tiled, n_tiled = load(q6_model, tiles=True)
+    assert n_untiled == 0 and n_tiled > 0
+    got = forwards(tiled)
+    for i, (r, a, b) in enumerate(zip(ref, got, ggml_out)):
+        diff, diff_ggml = np.abs(a - r).max(), np.abs(b - r).max()
+        print(f"{q6_model} forward {i}: max abs diff to the CPU {diff:.4g} tiled, {diff_ggml:.4g} ggml")
+        assert diff <= max(MAX_ABS, 1.25 * diff_ggml)

@@ -30,8 +30,8 @@ void register_system(py::module_ & m) {
           "Quantized products of at least n activation columns (prefill micro-batches) run as BF16 cuBLAS "
           "GEMMs on dequantized weights instead of ggml's MMQ (row-tiled weights: lucebox's kernel, which "
           "keeps those of up to 8 columns); 0: never. The defaults are set when the first "
-          "CUDA device is used; for the threshold sweep (bench/probes/prefill_gemm_sweep.py). No effect "
-          "without CUDA.");
+          "CUDA device is used; for the threshold sweep (bench/probes/prefill_gemm_sweep.py). A step graph "
+          "ggml captured earlier keeps the choice it was captured with. No effect without CUDA.");
 
     m.def("set_weight_tiles", &kernels::set_weight_tiles_enabled, py::arg("enabled"),
           "Whether Q8_0 / Q4_K product weights load row-tiled on a CUDA device (default True; the layout "

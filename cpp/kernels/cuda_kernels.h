@@ -18,7 +18,9 @@ void install_cuda_kernels();
 // Whether installed kernels take products (default: yes). Off: ggml's own kernels run everything,
 // for A/B benchmarks and tests; takes effect at the next graph computed (a CUDA graph captured
 // before keeps the kernels it captured until ggml captures again).
-// Off also turns off the BF16 GEMM route of large quantized products (patch 0004).
+// Off also turns off the BF16 GEMM route of large quantized products (patch 0004) for weights in
+// ggml's layout; row-tiled weights loaded before keep the hook and the route (only they read tiles),
+// and no weight loaded while off is tiled.
 void set_cuda_kernels_enabled(bool enabled);
 
 // Quantized products of at least n activation columns dequantize their weights to BF16 and run

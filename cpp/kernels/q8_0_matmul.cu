@@ -85,7 +85,9 @@ size_t mul_mat_hook(const ggml_tensor * w, const ggml_tensor * gate, int glu_op,
         if (fits && a.N > q8_0::COL_GROUP && ggml_backend_cuda_bf16_gemm_takes(w, x, dst)) return 0;
         // A fused form the kernel refuses: ggml then asks again with a simpler one (it computes the
         // norm or the other nodes itself), or its own kernel refuses the tiles (foreign_weights).
-        if (!fits && (gate != nullptr || bias != nullptr || norm_w != nullptr)) {
+        // (as is a gated pair of which only one weight is tiled: each product then comes alone)
+        const bool mixed_pair = gate != nullptr && is_tiled(w) != is_tiled(gate);
+        if ((!fits || mixed_pair) && (gate != nullptr || bias != nullptr || norm_w != nullptr)) {
             if (scratch == nullptr) g_tiles_declined.fetch_add(1, std::memory_order_relaxed);
             return 0;
         }

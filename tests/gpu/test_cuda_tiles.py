@@ -97,15 +97,23 @@ def test_tiled_weights_without_the_bf16_route_match_cpu(model: str) -> None:
 
 def test_tiled_products_past_64_columns_take_the_bf16_route(model: str) -> None:
     """A 96-token micro-batch: products of tiled weights run on the BF16 route (k_bf16_gemm_min_cols_tiled:
-    faster there than lucebox's kernel), as close to the CPU as the route is elsewhere, while in
-    ggml's layout they stay with MMQ (ggml's threshold is higher)."""
+    faster there than lucebox's kernel), bit for bit as ggml's layout does with the route forced
+    from 65 columns (every product weight of these models is tiled), as close to the CPU as the
+    route is elsewhere, while in ggml's layout they stay with MMQ by default (its threshold is higher)."""
     n = 96
+    declined = _core.tiles_declined()
     ref = lucebox.Engine(model, ctx=512, device="cpu", ubatch=512).session().eval(IDS[:n])
-    untiled, _ = load(model, tiles=False)
+    untiled, n_untiled = load(model, tiles=False)
     mmq = untiled.session().eval(IDS[:n])
+    try:
+        _core.set_bf16_gemm_min_cols(65)
+        forced = untiled.session().eval(IDS[:n])
+    finally:
+        _core.set_own_cuda_kernels(True)
     del untiled
     gc.collect()
-    engine, _ = load(model, tiles=True)
+    engine, n_tiled = load(model, tiles=True)
+    assert n_untiled == 0 and n_tiled > 0
     routed = engine.session().eval(IDS[:n])
     try:
         _core.set_bf16_gemm_min_cols(0)
@@ -115,5 +123,7 @@ def test_tiled_products_past_64_columns_take_the_bf16_route(model: str) -> None:
     diff, diff_mmq = np.abs(routed - ref).max(), np.abs(mmq - ref).max()
     print(f"{model}: {n} columns, max abs diff to the CPU {diff:.4g} (BF16 route), {diff_mmq:.4g} (MMQ), "
           f"{np.abs(kernel - ref).max():.4g} (kernel)")
-    assert not np.array_equal(routed, kernel)  # the route took them
+    np.testing.assert_array_equal(routed, forced)  # every product on the route, none on the kernel
+    assert not np.array_equal(mmq, forced)  # and the untiled default did not take it
+    assert _core.tiles_declined() == declined
     assert diff <= max(0.6, 1.25 * diff_mmq)  # as test_cuda_target.py's MAX_ABS_BF16_ROUTE

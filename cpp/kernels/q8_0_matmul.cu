@@ -52,6 +52,16 @@ bool device_runs_own_kernels() {
 
 namespace {
 
+// Most columns the product kernel takes in one launch on the current device (0: it does not run).
+int own_kernel_cols() {
+    int dev = 0;
+    return cudaGetDevice(&dev) == cudaSuccess && q8_0::detail::device_major(dev) >= 8 ? q8_0::max_cols(dev) : 0;
+}
+
+}  // namespace
+
+namespace {
+
 std::atomic<bool> g_installed{false};  // install_cuda_kernels ran: the hook reads tiled weights
 std::atomic<bool> g_tiles_enabled{true};
 std::atomic<uint64_t> g_tiles_declined{0};
@@ -78,7 +88,8 @@ size_t mul_mat_hook(const ggml_tensor * w, const ggml_tensor * gate, int glu_op,
     const bool fits = q8_0::args_from_ggml(w, gate, glu_op, bias, x, dst, a, norm_w, norm_eps, /*any_n =*/tiled);
     if (!tiled) {
         if (!fits) return 0;
-        if (scratch == nullptr) return device_runs_own_kernels() ? q8_0::scratch_bytes(a) : 0;
+        // more columns than one launch takes on this device (its shared memory): ggml's kernels
+        if (scratch == nullptr) return a.N <= own_kernel_cols() ? q8_0::scratch_bytes(a) : 0;
     } else {
         // the BF16 route's (k_bf16_gemm_min_cols_tiled); up to 8 columns always the kernel's (ggml's
         // next choice there, MMVQ, cannot read tiles)

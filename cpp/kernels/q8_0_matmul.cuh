@@ -21,7 +21,8 @@
 // token compute bit-identical products.
 //
 // More than MAX_COLS (64) columns run as one launch pair per 64 columns, one after another on the
-// stream with the same scratch.
+// stream with the same scratch (per max_cols(dev) columns on a device whose shared memory per block
+// cannot hold the 64-column launch).
 // Requirements (checked by check_args): K % 256 == 0; N >= 1; W (and G) 16-byte
 // aligned with row_bytes % 16 == 0. Header-only so that tests/cpp/test_q8_0_matmul.cu can build it
 // without ggml; the arguments and their checks are q8_0_matmul_args.h (plain C++), the ggml hook
@@ -454,6 +455,50 @@ inline int device_major(int dev) {
     return k - 1;
 }
 
+// The opt-in shared memory per block of device dev (bytes; 0 when unknown), cached.
+inline int device_smem_optin(int dev) {
+    static int known[64] = {};  // bytes + 1; 0: not asked yet
+    if (dev < 0 || dev >= 64) return 0;
+    int k = __atomic_load_n(&known[dev], __ATOMIC_ACQUIRE);
+    if (k == 0) {
+        int bytes = 0;
+        k = 1 + (cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess ? bytes : 0);
+        __atomic_store_n(&known[dev], k, __ATOMIC_RELEASE);
+    }
+    return k - 1;
+}
+
+// The most shared memory a launch for products of up to 8 * ng columns asks for: plain or gated,
+// either weight format, either stage count (as launch_gated chooses them).
+constexpr int worst_smem_bytes(int ng) {
+    int worst = 0;
+    for (int f = 0; f < 2; ++f)
+        for (int gated = 0; gated < 2; ++gated) {
+            const bool q4k = f == 1;
+            const int m_tiles = gated != 0 || ng > LUCEBOX_Q8_0_ONE_TILE_MAX_NG ? 2 : 1;
+            const int st3 = q4k && ng == 1 && LUCEBOX_Q8_0_ST3_MAX_M > 0 ? 3 : STAGES;
+            const int a = smem_bytes(COL_GROUP * ng, m_tiles, q4k, STAGES), b = smem_bytes(COL_GROUP * ng, m_tiles, q4k, st3);
+            worst = worst > a ? worst : a;
+            worst = worst > b ? worst : b;
+        }
+    return worst;
+}
+
+}  // namespace detail
+
+static_assert(detail::worst_smem_bytes(MAX_COLS / COL_GROUP) <= 227 * 1024, "64-column launches fit a Hopper block's shared memory");
+
+// Most columns one launch pair takes on device dev, as its shared memory allows: 64 on Hopper
+// (227 KB a block), 32 on an A100 (163 KB), 8 on compute capability 8.6 / 8.9 (99 KB); 0: none.
+inline int max_cols(int dev) {
+    const int optin = detail::device_smem_optin(dev);
+    for (int ng = MAX_COLS / COL_GROUP; ng >= 1; ng /= 2)
+        if (detail::worst_smem_bytes(ng) <= optin) return COL_GROUP * ng;
+    return 0;
+}
+
+namespace detail {
+
 // Whether ggml's own switch GGML_CUDA_PDL=0 turns programmatic dependent launches off: its kernels'
 // and then these (bench/bench_kernels.py --no-pdl: kernel times without the overlap). Read once.
 inline bool pdl_off_by_env() {
@@ -566,17 +611,22 @@ inline cudaError_t matmul_group(const matmul_args & a, void * scratch, cudaStrea
                              : detail::launch_gated<false, false>(a, xq, xd, xs, ss, stream);
 }
 
-// Runs the product on `stream`: per group of at most 64 columns, the activation quantization, then
+// Runs the product on `stream`: per group of at most max_cols(device) columns, the activation quantization, then
 // the product (the next group's quantization waits for it before it overwrites the scratch); scratch
 // holds scratch_bytes(a) bytes, 16-byte aligned. check_args(a) must have returned null.
 inline cudaError_t matmul(const matmul_args & a, void * scratch, cudaStream_t stream) {
-    for (int n0 = 0; n0 < a.N; n0 += MAX_COLS) {
+    int dev = 0;
+    cudaError_t err = cudaGetDevice(&dev);
+    if (err != cudaSuccess) return err;
+    const int cols = max_cols(dev);  // 64 but where the device's shared memory is smaller
+    if (cols == 0) return cudaErrorNotSupported;
+    for (int n0 = 0; n0 < a.N; n0 += cols) {
         matmul_args group = a;
-        group.N = a.N - n0 < MAX_COLS ? a.N - n0 : MAX_COLS;
+        group.N = a.N - n0 < cols ? a.N - n0 : cols;
         group.x = a.x + int64_t(n0) * a.x_stride;
         group.y = a.y + int64_t(n0) * a.y_stride;
         if (a.bias != nullptr && a.bias_stride != 0) group.bias = a.bias + int64_t(n0) * a.bias_stride;
-        const cudaError_t err = matmul_group(group, scratch, stream);
+        err = matmul_group(group, scratch, stream);
         if (err != cudaSuccess) return err;
     }
     return cudaSuccess;

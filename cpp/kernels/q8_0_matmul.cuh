@@ -224,6 +224,25 @@ __device__ __forceinline__ void load_quants(bool odd_block, const uint8_t * p, i
     }
 }
 
+// A chunk's integer sums of a super-block format into the accumulators: acc += d_row * dx_col *
+// isum, d[mt][0 / 1] the weight scale of rows g / g + 8, dx the chunk's activation scale of each
+// column (sd: the chunk's staged scales, every block holding it), in accumulator order (see below).
+template <int M_TILES, int NG>
+__device__ __forceinline__ void add_chunk_sums(float (&acc)[M_TILES][NG][4], const int (&isum)[M_TILES][NG][4],
+                                               const float (&d)[M_TILES][2], const float * sd, int t) {
+#pragma unroll
+    for (int j = 0; j < NG; ++j) {
+        const float2 dx = *reinterpret_cast<const float2 *>(sd + COL_GROUP * j + 2 * t);
+#pragma unroll
+        for (int mt = 0; mt < M_TILES; ++mt) {
+            acc[mt][j][0] = __fmaf_rn(__fmul_rn(d[mt][0], dx.x), float(isum[mt][j][0]), acc[mt][j][0]);
+            acc[mt][j][1] = __fmaf_rn(__fmul_rn(d[mt][0], dx.y), float(isum[mt][j][1]), acc[mt][j][1]);
+            acc[mt][j][2] = __fmaf_rn(__fmul_rn(d[mt][1], dx.x), float(isum[mt][j][2]), acc[mt][j][2]);
+            acc[mt][j][3] = __fmaf_rn(__fmul_rn(d[mt][1], dx.y), float(isum[mt][j][3]), acc[mt][j][3]);
+        }
+    }
+}
+
 // Fragments of m16n8k32 (lane = 4g + t): A a0 = row g, k 4t..4t+3; a1 = row g+8, same k; a2 = row
 // g, k 16+4t..; a3 = row g+8, k 16+4t..; B b0 = k 4t..4t+3 of column g, b1 = k 16+4t.. of column g;
 // C c0, c1 = row g, columns 2t, 2t+1; c2, c3 = row g+8. The k order inside a block is ours to choose
@@ -383,13 +402,7 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
 #pragma unroll
                     for (int i = 0; i < 3; ++i) sc[mt][hr][i] = reinterpret_cast<const uint32_t *>(row + 4)[i];
                 }
-            int isum[M_TILES][NG][4];  // the chunk's sub-block sums times their scales
-#pragma unroll
-            for (int mt = 0; mt < M_TILES; ++mt)
-#pragma unroll
-                for (int j = 0; j < NG; ++j)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) isum[mt][j][e] = 0;
+            int isum[M_TILES][NG][4] = {};  // the chunk's sub-block sums times their scales
 #pragma unroll
             for (int jq = 0; jq < 4; ++jq) {
                 uint2 qw[M_TILES][2];  // quant bytes 32jq + 8t .. + 7 of rows g and g + 8
@@ -437,18 +450,10 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
                     }
                 }
             }
-            // the chunk's scale of each column (every block of the chunk holds it)
+            float d[M_TILES][2];
 #pragma unroll
-            for (int j = 0; j < NG; ++j) {
-                const float2 dx = *reinterpret_cast<const float2 *>(sd + COL_GROUP * j + 2 * t);
-#pragma unroll
-                for (int mt = 0; mt < M_TILES; ++mt) {
-                    acc[mt][j][0] = __fmaf_rn(__fmul_rn(dm[mt][0].x, dx.x), float(isum[mt][j][0]), acc[mt][j][0]);
-                    acc[mt][j][1] = __fmaf_rn(__fmul_rn(dm[mt][0].x, dx.y), float(isum[mt][j][1]), acc[mt][j][1]);
-                    acc[mt][j][2] = __fmaf_rn(__fmul_rn(dm[mt][1].x, dx.x), float(isum[mt][j][2]), acc[mt][j][2]);
-                    acc[mt][j][3] = __fmaf_rn(__fmul_rn(dm[mt][1].x, dx.y), float(isum[mt][j][3]), acc[mt][j][3]);
-                }
-            }
+            for (int mt = 0; mt < M_TILES; ++mt) d[mt][0] = dm[mt][0].x, d[mt][1] = dm[mt][1].x;
+            add_chunk_sums(acc, isum, d, sd, t);
         } else if constexpr (Q6K) {
             // sub-block s = 4h + p (32 values) in two halves u of 16 values, one k16 mma each (a
             // scale per 16 values); the halves' sums times their int8 scales add up in int32
@@ -460,13 +465,7 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
 #pragma unroll
                 for (int hr = 0; hr < 2; ++hr)
                     dq[mt][hr] = __half2float(*reinterpret_cast<const __half *>(st + (16 * mt + g + 8 * hr) * CB + 208));
-            int isum[M_TILES][NG][4];
-#pragma unroll
-            for (int mt = 0; mt < M_TILES; ++mt)
-#pragma unroll
-                for (int j = 0; j < NG; ++j)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) isum[mt][j][e] = 0;
+            int isum[M_TILES][NG][4] = {};
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
 #pragma unroll
@@ -513,17 +512,7 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
                     }
                 }
             }
-#pragma unroll
-            for (int j = 0; j < NG; ++j) {
-                const float2 dx = *reinterpret_cast<const float2 *>(sd + COL_GROUP * j + 2 * t);
-#pragma unroll
-                for (int mt = 0; mt < M_TILES; ++mt) {
-                    acc[mt][j][0] = __fmaf_rn(__fmul_rn(dq[mt][0], dx.x), float(isum[mt][j][0]), acc[mt][j][0]);
-                    acc[mt][j][1] = __fmaf_rn(__fmul_rn(dq[mt][0], dx.y), float(isum[mt][j][1]), acc[mt][j][1]);
-                    acc[mt][j][2] = __fmaf_rn(__fmul_rn(dq[mt][1], dx.x), float(isum[mt][j][2]), acc[mt][j][2]);
-                    acc[mt][j][3] = __fmaf_rn(__fmul_rn(dq[mt][1], dx.y), float(isum[mt][j][3]), acc[mt][j][3]);
-                }
-            }
+            add_chunk_sums(acc, isum, dq, sd, t);
         } else {
 #pragma unroll
         for (int jb = 0; jb < CHUNK_BLOCKS; ++jb) {

@@ -9,7 +9,7 @@
 #include "lucebox/backend_buffers.h"
 #include "lucebox/errors.h"
 #include "lucebox/gguf_file.h"
-#include "q8_0_matmul_args.h"
+#include "q8_0_ggml_args.h"
 #include "weight_tiles.h"
 
 namespace lucebox {
@@ -183,10 +183,11 @@ tensor_store tensor_store::load(const gguf_file & file, const std::vector<std::s
         // Q6_K (210-byte chunks) only in whole 16-row tiles: the kernel stages a tile's chunk as 16 x 210
         // bytes of 16-byte vectors
         auto tileable = [](const gguf_tensor_entry * e) {
-            const bool type_ok = e->type == GGML_TYPE_Q8_0 || e->type == GGML_TYPE_Q4_K ||
-                                 (e->type == GGML_TYPE_Q6_K && e->ne[1] % kernels::tiles::TILE_ROWS == 0);
-            return type_ok && e->ne[2] == 1 && e->ne[3] == 1 && e->ne[0] % kernels::tiles::CHUNK_VALUES == 0 &&
-                   e->ne[1] > 0 && e->name != "token_embd.weight";
+            kernels::q8_0::weight_type wt;
+            return kernels::q8_0::kernel_weight_type(e->type, /*tiled =*/true, wt) &&
+                   (wt != kernels::q8_0::weight_type::q6_k || e->ne[1] % kernels::tiles::TILE_ROWS == 0) &&
+                   e->ne[2] == 1 && e->ne[3] == 1 &&
+                   e->ne[0] % kernels::tiles::CHUNK_VALUES == 0 && e->ne[1] > 0 && e->name != "token_embd.weight";
         };
         for (const gguf_tensor_entry * e : entries)
             if (!in_stack.count(e->name) && tileable(e)) tiled.insert(e);
@@ -206,6 +207,8 @@ tensor_store tensor_store::load(const gguf_file & file, const std::vector<std::s
             throw gguf_error(file.where() + "seek failed for tensor '" + e->name + "'");
         }
         const bool tile = tiled.count(e) != 0;
+        kernels::q8_0::weight_type wt = kernels::q8_0::weight_type::q8_0;
+        if (tile) kernels::q8_0::kernel_weight_type(e->type, /*tiled =*/true, wt);
         const int64_t row_bytes = tile ? int64_t(e->nbytes / uint64_t(e->ne[1])) : 0;
         const int64_t tile_bytes = kernels::tiles::TILE_ROWS * row_bytes;
         size_t chunk = meta ? std::max<size_t>(e->nbytes, 1) : 64u << 20;
@@ -224,11 +227,8 @@ tensor_store tensor_store::load(const gguf_file & file, const std::vector<std::s
             }
             if (tile) {  // these rows (whole tiles, or the matrix's last) in the tiled order
                 tiles_staging.resize(std::max(tiles_staging.size(), n));
-                namespace q8 = kernels::q8_0;
-                const q8::weight_type wt = e->type == GGML_TYPE_Q8_0 ? q8::weight_type::q8_0
-                                           : e->type == GGML_TYPE_Q4_K ? q8::weight_type::q4_k
-                                                                       : q8::weight_type::q6_k;
-                kernels::tiles::to_tiles(dst, tiles_staging.data(), int64_t(n) / row_bytes, row_bytes, q8::chunk_bytes(wt));
+                kernels::tiles::to_tiles(dst, tiles_staging.data(), int64_t(n) / row_bytes, row_bytes,
+                                         kernels::q8_0::chunk_bytes(wt));
                 dst = tiles_staging.data();
             }
             if (!host) {

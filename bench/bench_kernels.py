@@ -4,7 +4,8 @@
 Uses PyTorch's profiler (CUPTI) to record every CUDA kernel launched in this process, including
 ggml's, over 33 generated tokens after a prompt of --depth tokens (default 256): plain greedy decoding, then the same with
 16-token verify steps whose proposals are all rejected (each step = one 16-token target forward +
-commit). Prints the per-step kernel time and the 22 most expensive kernels of each.
+commit). Prints the per-step kernel time, its split by kind (products, quantization, gated delta
+net, attention, copies, the other small ops) and the 22 most expensive kernels of each.
 With --prefill N, also the kernels of one N-token prefill. With programmatic dependent launches
 (the default on Hopper) a kernel may start before its predecessor ends and wait on the device, so
 its time includes that wait and the per-step sum exceeds the wall time; --no-pdl (GGML_CUDA_PDL=0,
@@ -53,8 +54,25 @@ def print_kernels(prof, label: str, steps: int, wall_seconds: float | None) -> N
         wall = f"; wall {1e3 * wall_seconds / steps:.2f} ms per step, gaps {gap:.2f} ms"
     print(f"== {label}: {steps} steps; {launches / steps:.0f} kernels and kernel time {total / 1e3 / steps:.2f} ms "
           f"per step{wall}")
+    groups: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0])
+    for name, (us, n) in agg.items():
+        groups[kernel_group(name)][0] += us
+        groups[kernel_group(name)][1] += n
+    print("  by kind: " + "; ".join(f"{g} {us / 1e3 / steps:.2f} ms ({n / steps:.0f}x)"
+                                    for g, (us, n) in sorted(groups.items(), key=lambda x: -x[1][0])))
     for name, (us, n) in sorted(agg.items(), key=lambda x: -x[1][0])[:22]:
         print(f"  {us / 1e3 / steps:7.3f} ms/step {n / steps:6.1f}x  {us / max(1, n):8.1f} us  {name[:100]}")
+
+
+# kernel name fragment -> kind, first match wins (everything else: "small ops")
+KERNEL_KINDS = (("quantize_columns", "activation quantization"), ("q8_0::detail::matmul", "lucebox products"),
+                ("mul_mat", "ggml products"), ("gemm", "cuBLAS GEMMs"), ("cutlass", "cuBLAS GEMMs"),
+                ("bf16_dequant", "BF16 dequantization"), ("gated_delta_net", "gated delta net"),
+                ("flash_attn", "attention"), ("Memcpy", "copies"), ("cpy", "copies"))
+
+
+def kernel_group(name: str) -> str:
+    return next((kind for frag, kind in KERNEL_KINDS if frag in name), "small ops")
 
 
 def profile_prefill(engine: lucebox.Engine, prompt: list[int]) -> None:

@@ -6,10 +6,18 @@
 
 namespace lucebox::kernels::q8_0 {
 
+bool kernel_weight_type(ggml_type t, bool /*tiled*/, weight_type & wt) {
+    switch (t) {
+        case GGML_TYPE_Q8_0: wt = weight_type::q8_0; return true;
+        case GGML_TYPE_Q4_K: wt = weight_type::q4_k; return true;
+        default: return false;
+    }
+}
+
 bool args_from_ggml(const ggml_tensor * w, const ggml_tensor * gate, int glu_op, const ggml_tensor * bias,
                     const ggml_tensor * x, const ggml_tensor * dst, matmul_args & a, const ggml_tensor * norm_w,
                     float norm_eps, bool any_n) {
-    if ((w->type != GGML_TYPE_Q8_0 && w->type != GGML_TYPE_Q4_K) || x->type != GGML_TYPE_F32 || dst->type != GGML_TYPE_F32) {
+    if (!kernel_weight_type(w->type, any_n, a.type) || x->type != GGML_TYPE_F32 || dst->type != GGML_TYPE_F32) {
         return false;
     }
     // 2-D operands only: [K, M] weights with contiguous blocks, [K, N] activations, [M, N] result
@@ -39,7 +47,6 @@ bool args_from_ggml(const ggml_tensor * w, const ggml_tensor * gate, int glu_op,
         return false;  // one weight per input row, the same for every column
     }
     if (w->ne[0] > INT32_MAX || w->ne[1] > INT32_MAX || x->ne[1] > INT32_MAX) return false;
-    a.type = w->type == GGML_TYPE_Q4_K ? weight_type::q4_k : weight_type::q8_0;
     a.w = static_cast<const uint8_t *>(w->data);
     a.gate = gate != nullptr ? static_cast<const uint8_t *>(gate->data) : nullptr;
     a.row_bytes = int64_t(w->nb[1]);

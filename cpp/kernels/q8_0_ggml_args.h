@@ -7,6 +7,11 @@
 
 namespace lucebox::kernels::q8_0 {
 
+// The kernel's format of ggml weights of type t (false: it reads no such weights); tiled: in the
+// row-tiled layout (weight_tiles.h). The one place that says which ggml types the kernel reads:
+// for the products it takes and for the weights tensor_store tiles.
+bool kernel_weight_type(ggml_type t, bool tiled, weight_type & wt);
+
 // Fills `a` and returns true when the kernel takes the product dst = w x (+ bias), or with gate,
 // dst = (w x) * silu(gate x): Q8_0 or Q4_K weights [K, M] with whole blocks per row, F32 activations
 // [K, N] and result [M, N] (2-D, contiguous rows, any row strides), gate of w's type and strides

@@ -82,7 +82,8 @@ bool is_tiled(const ggml_tensor * w) {
 size_t mul_mat_hook(const ggml_tensor * w, const ggml_tensor * gate, int glu_op, const ggml_tensor * bias,
                     const ggml_tensor * x, const ggml_tensor * norm_w, float norm_eps, ggml_tensor * dst,
                     void * scratch, void * stream) {
-    const bool tiled = is_tiled(w) || is_tiled(gate);
+    const bool w_tiled = is_tiled(w), gate_tiled = is_tiled(gate);  // registry lookups: once
+    const bool tiled = w_tiled || gate_tiled;
     if (!tiled && !g_enabled.load(std::memory_order_relaxed)) return 0;
     q8_0::matmul_args a;
     const bool fits = q8_0::args_from_ggml(w, gate, glu_op, bias, x, dst, a, norm_w, norm_eps, /*any_n =*/tiled);
@@ -97,12 +98,12 @@ size_t mul_mat_hook(const ggml_tensor * w, const ggml_tensor * gate, int glu_op,
         // A fused form the kernel refuses: ggml then asks again with a simpler one (it computes the
         // norm or the other nodes itself), or its own kernel refuses the tiles (foreign_weights).
         // (as is a gated pair of which only one weight is tiled: each product then comes alone)
-        const bool mixed_pair = gate != nullptr && is_tiled(w) != is_tiled(gate);
+        const bool mixed_pair = gate != nullptr && w_tiled != gate_tiled;
         if ((!fits || mixed_pair) && (gate != nullptr || bias != nullptr || norm_w != nullptr)) {
             if (scratch == nullptr) g_tiles_declined.fetch_add(1, std::memory_order_relaxed);
             return 0;
         }
-        if (!fits || (gate != nullptr && !is_tiled(gate)) || !is_tiled(w) || !device_runs_own_kernels())
+        if (!fits || (gate != nullptr && !gate_tiled) || !w_tiled || !device_runs_own_kernels())
             GGML_ABORT("lucebox: %s: a product of the row-tiled weight %s that lucebox's kernel cannot take",
                        ggml_get_name(dst), ggml_get_name(w));
         a.tiled = true;

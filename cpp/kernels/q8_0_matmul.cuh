@@ -442,31 +442,25 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
     }
 }
 
-// The compute capability major of device dev (0 if the driver cannot say), asked once per device.
-inline int device_major(int dev) {
-    static int known[64] = {};  // major + 1; 0: not asked yet
+// Attribute ATTR of device dev (0 if the driver cannot say), asked once per device.
+template <cudaDeviceAttr ATTR>
+int device_attribute(int dev) {
+    static int known[64] = {};  // value + 1; 0: not asked yet
     if (dev < 0 || dev >= 64) return 0;
     int k = __atomic_load_n(&known[dev], __ATOMIC_ACQUIRE);
     if (k == 0) {
-        int major = 0;
-        k = 1 + (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess ? major : 0);
+        int v = 0;
+        k = 1 + (cudaDeviceGetAttribute(&v, ATTR, dev) == cudaSuccess ? v : 0);
         __atomic_store_n(&known[dev], k, __ATOMIC_RELEASE);
     }
     return k - 1;
 }
 
-// The opt-in shared memory per block of device dev (bytes; 0 when unknown), cached.
-inline int device_smem_optin(int dev) {
-    static int known[64] = {};  // bytes + 1; 0: not asked yet
-    if (dev < 0 || dev >= 64) return 0;
-    int k = __atomic_load_n(&known[dev], __ATOMIC_ACQUIRE);
-    if (k == 0) {
-        int bytes = 0;
-        k = 1 + (cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess ? bytes : 0);
-        __atomic_store_n(&known[dev], k, __ATOMIC_RELEASE);
-    }
-    return k - 1;
-}
+// The compute capability major of device dev.
+inline int device_major(int dev) { return device_attribute<cudaDevAttrComputeCapabilityMajor>(dev); }
+
+// The opt-in shared memory per block of device dev (bytes).
+inline int device_smem_optin(int dev) { return device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(dev); }
 
 // The most shared memory a launch for products of up to 8 * ng columns asks for: plain or gated,
 // either weight format, either stage count (as launch_gated chooses them).

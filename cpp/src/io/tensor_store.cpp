@@ -9,6 +9,7 @@
 #include "lucebox/backend_buffers.h"
 #include "lucebox/errors.h"
 #include "lucebox/gguf_file.h"
+#include "q8_0_ggml_args.h"
 #include "weight_tiles.h"
 
 namespace lucebox {
@@ -180,7 +181,8 @@ tensor_store tensor_store::load(const gguf_file & file, const std::vector<std::s
     std::unordered_set<const gguf_tensor_entry *> tiled;
     if (!meta && !host && kernels::tile_weights_in(s.buffer_)) {
         auto tileable = [](const gguf_tensor_entry * e) {
-            return (e->type == GGML_TYPE_Q8_0 || e->type == GGML_TYPE_Q4_K) && e->ne[2] == 1 && e->ne[3] == 1 &&
+            kernels::q8_0::weight_type wt;
+            return kernels::q8_0::kernel_weight_type(e->type, /*tiled =*/true, wt) && e->ne[2] == 1 && e->ne[3] == 1 &&
                    e->ne[0] % kernels::tiles::CHUNK_VALUES == 0 && e->ne[1] > 0 && e->name != "token_embd.weight";
         };
         for (const gguf_tensor_entry * e : entries)
@@ -201,6 +203,8 @@ tensor_store tensor_store::load(const gguf_file & file, const std::vector<std::s
             throw gguf_error(file.where() + "seek failed for tensor '" + e->name + "'");
         }
         const bool tile = tiled.count(e) != 0;
+        kernels::q8_0::weight_type wt = kernels::q8_0::weight_type::q8_0;
+        if (tile) kernels::q8_0::kernel_weight_type(e->type, /*tiled =*/true, wt);
         const int64_t row_bytes = tile ? int64_t(e->nbytes / uint64_t(e->ne[1])) : 0;
         const int64_t tile_bytes = kernels::tiles::TILE_ROWS * row_bytes;
         size_t chunk = meta ? std::max<size_t>(e->nbytes, 1) : 64u << 20;
@@ -220,7 +224,7 @@ tensor_store tensor_store::load(const gguf_file & file, const std::vector<std::s
             if (tile) {  // these rows (whole tiles, or the matrix's last) in the tiled order
                 tiles_staging.resize(std::max(tiles_staging.size(), n));
                 kernels::tiles::to_tiles(dst, tiles_staging.data(), int64_t(n) / row_bytes, row_bytes,
-                                         e->type == GGML_TYPE_Q8_0 ? 272 : 144);
+                                         kernels::q8_0::chunk_bytes(wt));
                 dst = tiles_staging.data();
             }
             if (!host) {

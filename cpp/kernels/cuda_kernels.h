@@ -1,7 +1,8 @@
 // lucebox's own CUDA kernels inside ggml's CUDA backend (through ggml patch 0003's MUL_MAT hook):
 // Q8_0 and Q4_K products of 1..64 activation columns, plain, fused gate/up SwiGLU, fused residual
 // ADD and fused RMS norm (q8_0_matmul.cuh); large quantized products as BF16 cuBLAS GEMMs (ggml
-// patch 0004); a prefill micro-batch's gated delta net (gdn_prefill.cuh, patch 0005).
+// patch 0004); a prefill micro-batch's gated delta net (gdn_prefill.cuh, patch 0005); the fused
+// DeltaNet step ops (delta_net_step.cuh, patch 0007).
 // In a build without CUDA these do nothing.
 #pragma once
 
@@ -39,6 +40,15 @@ void set_weight_tiles_enabled(bool enabled);
 // Fused products of tiled weights the hook left to ggml to split (lucebox's graphs build none).
 uint64_t tiles_declined();
 
+// Whether a DeltaNet layer whose weights are in `buffer` runs its steps (decode, chain verify: up
+// to delta_net::MAX_TOKENS tokens) as the fused ops of delta_net_step.h: weights in host memory
+// (the CPU backend runs the ops' reference code), or in a CUDA device buffer while the kernels are
+// enabled (lucebox's kernels, through ggml patch 0007); not in a tensor split's meta buffers.
+// Asked when a graph is built (graphs built before keep their ops).
+bool fused_delta_net_in(ggml_backend_buffer_t buffer);
+// How many fused DeltaNet step ops lucebox's CUDA kernels have run (graph captures count once).
+uint64_t delta_net_step_runs();
+
 // Whether the current CUDA device runs lucebox's kernels (compute capability >= 8.0; cached per device).
 bool device_runs_own_kernels();
 
@@ -48,6 +58,7 @@ uint64_t gdn_prefill_runs();
 
 // Parts of install_cuda_kernels / set_cuda_kernels_enabled (gdn_prefill.cu).
 void install_gdn_prefill();
+void install_delta_net_step();
 void set_gdn_prefill_enabled(bool enabled);
 
 }  // namespace lucebox::kernels

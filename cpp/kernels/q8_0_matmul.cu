@@ -150,6 +150,7 @@ void install_cuda_kernels() {
     ggml_backend_cuda_set_foreign_weights(&foreign_weights);
     ggml_backend_cuda_set_bf16_converter(&bf16_converter);
     install_gdn_prefill();
+    install_delta_net_step();
     set_cuda_kernels_enabled(g_enabled.load());  // and the BF16 GEMM threshold that goes with it
 }
 
@@ -169,6 +170,16 @@ bool tile_weights_in(ggml_backend_buffer_t buffer) {
         if (buft == ggml_backend_cuda_buffer_type(dev)) return q8_0::detail::device_major(dev) >= 8;
     }
     return false;  // host, split or another backend's buffer
+}
+
+bool fused_delta_net_in(ggml_backend_buffer_t buffer) {
+    if (buffer == nullptr) return false;
+    if (ggml_backend_buffer_is_host(buffer)) return true;
+    if (!g_installed.load() || !g_enabled.load()) return false;
+    const ggml_backend_buffer_type_t buft = ggml_backend_buffer_get_type(buffer);
+    for (int dev = 0; dev < ggml_backend_cuda_get_device_count(); ++dev)
+        if (buft == ggml_backend_cuda_buffer_type(dev)) return true;
+    return false;  // a split or another backend's buffer
 }
 
 void set_weight_tiles_enabled(bool enabled) { g_tiles_enabled.store(enabled); }

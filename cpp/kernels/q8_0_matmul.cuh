@@ -35,10 +35,9 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
 #include <initializer_list>
-#include <utility>
 
+#include "cuda_launch.cuh"
 #include "q8_0_matmul_args.h"
 #include "weight_tiles.h"
 
@@ -592,25 +591,9 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
     }
 }
 
-// Attribute ATTR of device dev (0 if the driver cannot say), asked once per device.
-template <cudaDeviceAttr ATTR>
-int device_attribute(int dev) {
-    static int known[64] = {};  // value + 1; 0: not asked yet
-    if (dev < 0 || dev >= 64) return 0;
-    int k = __atomic_load_n(&known[dev], __ATOMIC_ACQUIRE);
-    if (k == 0) {
-        int v = 0;
-        k = 1 + (cudaDeviceGetAttribute(&v, ATTR, dev) == cudaSuccess ? v : 0);
-        __atomic_store_n(&known[dev], k, __ATOMIC_RELEASE);
-    }
-    return k - 1;
-}
-
-// The compute capability major of device dev.
-inline int device_major(int dev) { return device_attribute<cudaDevAttrComputeCapabilityMajor>(dev); }
-
-// The opt-in shared memory per block of device dev (bytes).
-inline int device_smem_optin(int dev) { return device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(dev); }
+using cuda::device_attribute;
+using cuda::device_major;
+using cuda::device_smem_optin;
 
 // The most shared memory a launch for products of up to 8 * ng columns asks for: plain or gated,
 // every weight format, either stage count (as launch_gated chooses them).
@@ -642,55 +625,14 @@ inline int max_cols(int dev) {
 
 namespace detail {
 
-// Whether ggml's own switch GGML_CUDA_PDL=0 turns programmatic dependent launches off: its kernels'
-// and then these (bench/bench_kernels.py --no-pdl: kernel times without the overlap). Read once.
-inline bool pdl_off_by_env() {
-    static const bool off = [] {
-        const char * env = std::getenv("GGML_CUDA_PDL");
-        return env != nullptr && std::atoi(env) == 0;
-    }();
-    return off;
-}
+// Whether this device runs these kernels as programmatic dependent launches: cuda::pdl_device,
+// unless LUCEBOX_Q8_0_PDL is 0 (the probe's A/B).
+inline bool pdl_device(int dev) { return LUCEBOX_Q8_0_PDL && cuda::pdl_device(dev); }
 
-// Whether this device runs programmatic dependent launches (compute capability >= 9.0); false
-// where LUCEBOX_Q8_0_PDL is 0 or GGML_CUDA_PDL=0.
-inline bool pdl_device(int dev) { return LUCEBOX_Q8_0_PDL && device_major(dev) >= 9 && !pdl_off_by_env(); }
-
-// Whether `kernel` launches with PDL on this device: pdl_device and the kernel's code compiled for
-// compute capability >= 9.0 (code JIT-compiled from older PTX has no griddepcontrol.wait and would
-// read its inputs too early). Asked once per kernel and device.
 template <auto Kernel>
-bool pdl_kernel(int dev) {
-    static int known[64] = {};  // this kernel, per device: 0 not asked yet, 1 yes, -1 no
-    if (!pdl_device(dev)) return false;
-    int k = __atomic_load_n(&known[dev], __ATOMIC_ACQUIRE);
-    if (k == 0) {
-        cudaFuncAttributes fa = {};
-        k = cudaFuncGetAttributes(&fa, Kernel) == cudaSuccess && fa.ptxVersion >= 90 ? 1 : -1;
-        __atomic_store_n(&known[dev], k, __ATOMIC_RELEASE);
-    }
-    return k == 1;
-}
+bool pdl_kernel(int dev) { return LUCEBOX_Q8_0_PDL && cuda::pdl_kernel<Kernel>(dev); }
 
-// A launch of `kernel` on stream, as a programmatic dependent of the stream's previous kernel when
-// `pdl` (the kernel then waits for it with griddepcontrol.wait before reading its results).
-template <typename... Params, typename... Args>
-cudaError_t launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, bool pdl,
-                   Args &&... args) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
-    cfg.blockDim = block;
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[1] = {};
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    if (pdl) {
-        cfg.attrs = attr;
-        cfg.numAttrs = 1;
-    }
-    return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
-}
+using cuda::launch;
 
 template <int NG, bool GATED, weight_type WT, int ST = STAGES>
 cudaError_t launch_groups(const matmul_args & a, const int8_t * xq, const float * xd, const float * xs,

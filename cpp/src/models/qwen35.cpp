@@ -11,6 +11,8 @@
 #include "lucebox/gguf_file.h"
 #include "lucebox/models.h"
 #include "../graph/builders.h"
+#include "cuda_kernels.h"
+#include "delta_net_step.h"
 #include "qwen35_model.h"
 
 namespace lucebox {
@@ -411,6 +413,19 @@ void qwen35_state::clear() {
 namespace {
 
 using graph::named;
+namespace delta_net = kernels::delta_net;
+
+// Whether a DeltaNet layer's T-token batch runs as the fused step ops (kernels/delta_net_step.h):
+// a chain (not a tree), at most MAX_TOKENS tokens, head size 128 (keys and values), F32 conv,
+// gate and norm weights, on a backend that runs the ops (kernels::fused_delta_net_in).
+bool fused_step(const qwen35_hparams & hp, const qwen35_layer_weights & l, const qwen35_inputs & in, int64_t T) {
+    if (in.parents != nullptr || T > delta_net::MAX_TOKENS || hp.ssm_d_state != delta_net::HEAD ||
+        hp.conv_dim() != (2 * int64_t(hp.ssm_n_k_heads) + hp.ssm_n_v_heads) * delta_net::HEAD)
+        return false;
+    for (const ggml_tensor * t : {l.ssm_conv1d, l.ssm_dt_bias, l.ssm_a, l.ssm_norm})
+        if (t->type != GGML_TYPE_F32 || !ggml_is_contiguous(t)) return false;
+    return kernels::fused_delta_net_in(l.ssm_conv1d->buffer);
+}
 
 // Gated DeltaNet mixer. x: [E, T] (normed) -> [E, T]. Updates conv and ssm state in place.
 ggml_tensor * build_delta_net(ggml_context * ctx, ggml_cgraph * gf, const qwen35_hparams & hp,
@@ -433,6 +448,22 @@ ggml_tensor * build_delta_net(ggml_context * ctx, ggml_cgraph * gf, const qwen35
     ggml_tensor * alpha = ggml_add(ctx, proj[3], l.ssm_dt_bias);
     ggml_tensor * g = ggml_mul(ctx, ggml_softplus(ctx, alpha), l.ssm_a);  // log decay <= 0
     g = named(ggml_reshape_4d(ctx, g, 1, Hv, T, 1), "gdn_g", il);
+
+    if (fused_step(hp, l, in, T)) {
+        // the same layer as below in two fused ops (kernels/delta_net_step.h): the conv window goes
+        // back into the state (decode) or whole into the checkpoint (verify); the state likewise
+        const int64_t D = dk * dk * Hv;
+        ggml_tensor * conv_dst = conv_ckpt != nullptr ? conv_ckpt : conv_state;
+        ggml_tensor * xin = named(delta_net::inputs(ctx, proj[0], proj[2], proj[3], conv_state, l.ssm_conv1d,
+                                                    l.ssm_dt_bias, l.ssm_a, conv_dst, Hk, conv_ckpt != nullptr ? 0 : T,
+                                                    hp.rms_eps),
+                                  "gdn_inputs", il);
+        ggml_tensor * state_dst = ssm_ckpt != nullptr ? ssm_ckpt : ggml_view_2d(ctx, ssm_state, D, 1, D * sizeof(float), 0);
+        ggml_tensor * o = named(delta_net::recurrence(ctx, xin, proj[1], ssm_state, l.ssm_norm, state_dst, Hk,
+                                                      ssm_ckpt != nullptr, hp.rms_eps),
+                                "gdn_gated", il);
+        return named(ggml_mul_mat(ctx, l.ssm_out, o), "gdn_out", il);
+    }
 
     // causal depthwise conv over [carried d_conv-1 inputs, this batch]
     ggml_tensor * conv_out = nullptr;

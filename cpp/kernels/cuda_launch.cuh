@@ -1,0 +1,98 @@
+// What lucebox's CUDA kernels share about launching: cached device attributes and programmatic
+// dependent launches (PDL) as ggml's CUDA backend uses them. A kernel launched with PDL may start
+// while the stream's previous kernel still runs; it must `griddepcontrol.wait` before it reads
+// that kernel's results (and read them with coherent loads, never through restrict-qualified
+// const pointers), and may `griddepcontrol.launch_dependents` to let the next one start early.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdlib>
+#include <utility>
+
+namespace lucebox::kernels::cuda {
+
+// Attribute ATTR of device dev (0 if the driver cannot say), asked once per device.
+template <cudaDeviceAttr ATTR>
+int device_attribute(int dev) {
+    static int known[64] = {};  // value + 1; 0: not asked yet
+    if (dev < 0 || dev >= 64) return 0;
+    int k = __atomic_load_n(&known[dev], __ATOMIC_ACQUIRE);
+    if (k == 0) {
+        int v = 0;
+        k = 1 + (cudaDeviceGetAttribute(&v, ATTR, dev) == cudaSuccess ? v : 0);
+        __atomic_store_n(&known[dev], k, __ATOMIC_RELEASE);
+    }
+    return k - 1;
+}
+
+// The compute capability major of device dev.
+inline int device_major(int dev) { return device_attribute<cudaDevAttrComputeCapabilityMajor>(dev); }
+
+// The opt-in shared memory per block of device dev (bytes).
+inline int device_smem_optin(int dev) { return device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(dev); }
+
+// Whether ggml's own switch GGML_CUDA_PDL=0 turns programmatic dependent launches off: its kernels'
+// and then these (bench/bench_kernels.py --no-pdl: kernel times without the overlap). Read once.
+inline bool pdl_off_by_env() {
+    static const bool off = [] {
+        const char * env = std::getenv("GGML_CUDA_PDL");
+        return env != nullptr && std::atoi(env) == 0;
+    }();
+    return off;
+}
+
+// Whether this device runs programmatic dependent launches (compute capability >= 9.0, and not
+// GGML_CUDA_PDL=0).
+inline bool pdl_device(int dev) { return device_major(dev) >= 9 && !pdl_off_by_env(); }
+
+// Whether `kernel` launches with PDL on this device: pdl_device and the kernel's code compiled for
+// compute capability >= 9.0 (code JIT-compiled from older PTX has no griddepcontrol.wait and would
+// read its inputs too early). Asked once per kernel and device.
+template <auto Kernel>
+bool pdl_kernel(int dev) {
+    static int known[64] = {};  // this kernel, per device: 0 not asked yet, 1 yes, -1 no
+    if (!pdl_device(dev)) return false;
+    int k = __atomic_load_n(&known[dev], __ATOMIC_ACQUIRE);
+    if (k == 0) {
+        cudaFuncAttributes fa = {};
+        k = cudaFuncGetAttributes(&fa, Kernel) == cudaSuccess && fa.ptxVersion >= 90 ? 1 : -1;
+        __atomic_store_n(&known[dev], k, __ATOMIC_RELEASE);
+    }
+    return k == 1;
+}
+
+// A launch of `kernel` on stream, as a programmatic dependent of the stream's previous kernel when
+// `pdl` (the kernel then waits for it with griddepcontrol.wait before reading its results).
+template <typename... Params, typename... Args>
+cudaError_t launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, bool pdl,
+                   Args &&... args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1] = {};
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    if (pdl) {
+        cfg.attrs = attr;
+        cfg.numAttrs = 1;
+    }
+    return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+
+// In a kernel launched with PDL: let the next kernel launch / wait for the previous one's results
+// (no-ops where not launched so, and in code for compute capability < 9.0).
+__device__ __forceinline__ void launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wait_for_previous() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+}  // namespace lucebox::kernels::cuda

@@ -1,0 +1,213 @@
+// The fused DeltaNet step ops (delta_net_step.h): graph nodes and the CPU reference.
+#include "delta_net_step.h"
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "ggml-impl.h"  // ggml_custom_op_params: the header of a custom node's op_params
+#include "lucebox/errors.h"
+
+namespace lucebox::kernels::delta_net {
+namespace {
+
+// op_params: ggml's ggml_custom_op_params first, then ours
+constexpr size_t PARAMS_AT = sizeof(ggml_custom_op_params);
+static_assert(PARAMS_AT + sizeof(step_params) <= GGML_MAX_OP_PARAMS, "step_params fit a node's op_params");
+
+void set_params(ggml_tensor * t, const step_params & p) {
+    std::memcpy(reinterpret_cast<char *>(t->op_params) + PARAMS_AT, &p, sizeof p);
+}
+
+void require(bool ok, const char * op, const std::string & what) {
+    if (!ok) throw error(std::string("internal: delta_net::") + op + ": " + what);
+}
+
+bool rows_f32(const ggml_tensor * t) { return t != nullptr && t->type == GGML_TYPE_F32 && t->nb[0] == sizeof(float); }
+
+float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+float softplus(float x) { return x > 20.0f ? x : std::log(1.0f + std::exp(x)); }
+float silu(float x) { return x / (1.0f + std::exp(-x)); }
+
+const float * col(const ggml_tensor * t, int64_t j) {
+    return reinterpret_cast<const float *>(static_cast<const char *>(t->data) + j * t->nb[1]);
+}
+
+}  // namespace
+
+step_params params_of(const ggml_tensor * dst) {
+    step_params p;
+    std::memcpy(&p, reinterpret_cast<const char *>(dst->op_params) + PARAMS_AT, sizeof p);
+    return p;
+}
+
+int op_of(const ggml_tensor * node) {
+    if (node == nullptr || node->op != GGML_OP_CUSTOM) return 0;
+    ggml_custom_op_params cp;
+    std::memcpy(&cp, node->op_params, sizeof cp);
+    return cp.fun == &inputs_cpu ? 1 : cp.fun == &recurrence_cpu ? 2 : 0;
+}
+
+shape shape_of(const ggml_tensor * dst) {
+    shape s;
+    s.T = dst->ne[1];
+    s.Hk = params_of(dst).n_k_heads;
+    s.key_dim = s.Hk * HEAD;
+    if (op_of(dst) == 1) {
+        s.conv_dim = dst->src[0]->ne[0];
+        s.Hv = dst->src[1]->ne[0];
+        s.d_conv = dst->src[4]->ne[0];
+    } else {
+        s.Hv = dst->src[2]->ne[1];
+        s.conv_dim = dst->src[0]->ne[0] - 2 * s.Hv;
+    }
+    return s;
+}
+
+ggml_tensor * inputs(ggml_context * ctx, ggml_tensor * qkv, ggml_tensor * beta, ggml_tensor * alpha,
+                     ggml_tensor * conv_state, ggml_tensor * conv_w, ggml_tensor * dt_bias, ggml_tensor * a,
+                     ggml_tensor * conv_dst, int64_t n_k_heads, int64_t window_from, float eps) {
+    const char * op = "inputs";
+    const int64_t T = qkv->ne[1], conv_dim = qkv->ne[0], Hv = beta->ne[0], d_conv = conv_w->ne[0];
+    for (const ggml_tensor * t : {qkv, beta, alpha, conv_state, conv_w, dt_bias, a, conv_dst})
+        require(rows_f32(t) && t->ne[2] == 1 && t->ne[3] == 1, op, "F32 tensors of 2 dimensions with contiguous rows");
+    require(n_k_heads > 0 && conv_dim == (2 * n_k_heads + Hv) * HEAD, op, "conv channels = (2 Hk + Hv) heads of 128");
+    require(alpha->ne[0] == Hv && beta->ne[1] == T && alpha->ne[1] == T, op, "beta and alpha [Hv, T]");
+    require(d_conv >= 2 && conv_w->ne[1] == conv_dim && ggml_is_contiguous(conv_w), op, "conv weight [d_conv, conv_dim]");
+    require(conv_state->ne[0] == d_conv - 1 && conv_state->ne[1] == conv_dim && ggml_is_contiguous(conv_state), op,
+            "conv state [d_conv-1, conv_dim]");
+    require(ggml_nelements(dt_bias) == Hv && ggml_nelements(a) == Hv, op, "dt_bias and a of Hv values");
+    require(window_from >= 0 && window_from <= T && conv_dst->ne[1] == conv_dim &&
+                conv_dst->ne[0] >= d_conv - 1 + T - window_from,
+            op, "the conv destination's rows hold the window from window_from");
+    ggml_tensor * srcs[8] = {qkv, beta, alpha, conv_state, conv_w, dt_bias, a, conv_dst};
+    ggml_tensor * out = ggml_custom_4d(ctx, GGML_TYPE_F32, conv_dim + 2 * Hv, T, 1, 1, srcs, 8, &inputs_cpu,
+                                       GGML_N_TASKS_MAX, nullptr);
+    step_params p;
+    p.n_k_heads = static_cast<int32_t>(n_k_heads);
+    p.window_from = static_cast<int32_t>(window_from);
+    p.eps = eps;
+    set_params(out, p);
+    return out;
+}
+
+ggml_tensor * recurrence(ggml_context * ctx, ggml_tensor * x, ggml_tensor * z, ggml_tensor * s0, ggml_tensor * norm_w,
+                         ggml_tensor * state_dst, int64_t n_k_heads, bool every_state, float eps) {
+    const char * op = "recurrence";
+    for (const ggml_tensor * t : {x, z, s0, norm_w, state_dst})
+        require(rows_f32(t) && t->ne[2] == 1 && t->ne[3] == 1, op, "F32 tensors of 2 dimensions with contiguous rows");
+    const int64_t T = x->ne[1], Hv = s0->ne[1];
+    require(n_k_heads > 0 && Hv % n_k_heads == 0 && x->ne[0] == (2 * n_k_heads + Hv) * HEAD + 2 * Hv &&
+                ggml_is_contiguous(x),
+            op, "x: the inputs op's [conv_dim + 2 Hv, T]");
+    require(z->ne[0] == Hv * HEAD && z->ne[1] == T, op, "z [Hv HEAD, T]");
+    require(s0->ne[0] == HEAD * HEAD && ggml_is_contiguous(s0), op, "s0 [HEAD HEAD, Hv] contiguous");
+    require(ggml_nelements(norm_w) == HEAD && ggml_is_contiguous(norm_w), op, "norm_w of HEAD values");
+    require(state_dst->ne[0] == HEAD * HEAD * Hv && state_dst->ne[1] >= (every_state ? T : 1), op,
+            "state destination [HEAD HEAD Hv, slots]");
+    ggml_tensor * srcs[5] = {x, z, s0, norm_w, state_dst};
+    ggml_tensor * out = ggml_custom_4d(ctx, GGML_TYPE_F32, Hv * HEAD, T, 1, 1, srcs, 5, &recurrence_cpu,
+                                       GGML_N_TASKS_MAX, nullptr);
+    step_params p;
+    p.n_k_heads = static_cast<int32_t>(n_k_heads);
+    p.every_state = every_state ? 1 : 0;
+    p.eps = eps;
+    set_params(out, p);
+    return out;
+}
+
+void inputs_cpu(ggml_tensor * dst, int ith, int nth, void *) {
+    const ggml_tensor * qkv = dst->src[0], * beta = dst->src[1], * alpha = dst->src[2], * conv_state = dst->src[3],
+                      * conv_w = dst->src[4], * dt_bias = dst->src[5], * a = dst->src[6];
+    ggml_tensor * conv_dst = dst->src[7];
+    const shape s = shape_of(dst);
+    const step_params p = params_of(dst);
+    const int64_t T = s.T, W = s.d_conv - 1 + T, P = dst->ne[0];
+    const int64_t n_blocks = s.conv_dim / HEAD;  // head-sized channel blocks, then one unit of gates
+    float * out = static_cast<float *>(dst->data);
+    std::vector<float> win(static_cast<size_t>(W)), y(static_cast<size_t>(T * HEAD));
+    for (int64_t u = ith; u <= n_blocks; u += nth) {
+        if (u == n_blocks) {
+            const float * bias = static_cast<const float *>(dt_bias->data), * av = static_cast<const float *>(a->data);
+            for (int64_t t = 0; t < T; ++t)
+                for (int64_t h = 0; h < s.Hv; ++h) {
+                    out[t * P + s.conv_dim + h] = softplus(col(alpha, t)[h] + bias[h]) * av[h];
+                    out[t * P + s.conv_dim + s.Hv + h] = sigmoid(col(beta, t)[h]);
+                }
+            continue;
+        }
+        for (int64_t j = 0; j < HEAD; ++j) {
+            const int64_t c = u * HEAD + j;
+            const float * st = static_cast<const float *>(conv_state->data) + c * (s.d_conv - 1);
+            const float * w = static_cast<const float *>(conv_w->data) + c * s.d_conv;
+            for (int64_t i = 0; i < s.d_conv - 1; ++i) win[i] = st[i];
+            for (int64_t t = 0; t < T; ++t) win[s.d_conv - 1 + t] = col(qkv, t)[c];
+            for (int64_t t = 0; t < T; ++t) {
+                float sum = 0.0f;
+                for (int64_t i = 0; i < s.d_conv; ++i) sum += win[t + i] * w[i];
+                y[t * HEAD + j] = silu(sum);
+            }
+            float * cd = reinterpret_cast<float *>(static_cast<char *>(conv_dst->data) + c * conv_dst->nb[1]);
+            for (int64_t i = p.window_from; i < W; ++i) cd[i - p.window_from] = win[i];
+        }
+        const bool qk = u < 2 * s.Hk;
+        for (int64_t t = 0; t < T; ++t) {
+            float * yt = &y[t * HEAD];
+            if (qk) {  // as graph::l2_norm: rms_norm(x, eps / n) / sqrt(n)
+                float ss = 0.0f;
+                for (int64_t j = 0; j < HEAD; ++j) ss += yt[j] * yt[j];
+                const float scale = 1.0f / std::sqrt(ss / float(HEAD) + p.eps / float(HEAD));
+                const float inv_sqrt_n = 1.0f / std::sqrt(float(HEAD));
+                for (int64_t j = 0; j < HEAD; ++j) yt[j] = yt[j] * scale * inv_sqrt_n;
+            }
+            std::memcpy(out + t * P + u * HEAD, yt, HEAD * sizeof(float));
+        }
+    }
+}
+
+void recurrence_cpu(ggml_tensor * dst, int ith, int nth, void *) {
+    const ggml_tensor * x = dst->src[0], * z = dst->src[1], * s0 = dst->src[2], * norm_w = dst->src[3];
+    ggml_tensor * state_dst = dst->src[4];
+    const shape s = shape_of(dst);
+    const step_params p = params_of(dst);
+    const int64_t T = s.T, P = x->ne[0], D = HEAD * HEAD;
+    const float scale = 1.0f / std::sqrt(float(HEAD));
+    const float * xd = static_cast<const float *>(x->data), * nw = static_cast<const float *>(norm_w->data);
+    float * out = static_cast<float *>(dst->data);
+    std::vector<float> S(static_cast<size_t>(D)), o(static_cast<size_t>(HEAD));
+    for (int64_t h = ith; h < s.Hv; h += nth) {
+        const int64_t kh = h % s.Hk;
+        std::memcpy(S.data(), static_cast<const float *>(s0->data) + h * D, D * sizeof(float));
+        for (int64_t t = 0; t < T; ++t) {
+            const float * xt = xd + t * P;
+            const float * q = xt + kh * HEAD, * k = xt + s.key_dim + kh * HEAD, * v = xt + 2 * s.key_dim + h * HEAD;
+            const float eg = std::exp(xt[s.conv_dim + h]), b = xt[s.conv_dim + s.Hv + h];
+            for (int64_t c = 0; c < HEAD; ++c) {  // S[c][i]: column c of the state, k index i fastest
+                float * sc = &S[c * HEAD];
+                float kv = 0.0f;
+                for (int64_t i = 0; i < HEAD; ++i) kv += sc[i] * k[i];
+                const float delta = (v[c] - eg * kv) * b;
+                float attn = 0.0f;
+                for (int64_t i = 0; i < HEAD; ++i) {
+                    sc[i] = eg * sc[i] + k[i] * delta;
+                    attn += sc[i] * q[i];
+                }
+                o[c] = attn * scale;
+            }
+            if (p.every_state != 0) {
+                float * slot = reinterpret_cast<float *>(static_cast<char *>(state_dst->data) +
+                                                         (T - 1 - t) * state_dst->nb[1]);
+                std::memcpy(slot + h * D, S.data(), D * sizeof(float));
+            }
+            float ss = 0.0f;
+            for (int64_t c = 0; c < HEAD; ++c) ss += o[c] * o[c];
+            const float r = 1.0f / std::sqrt(ss / float(HEAD) + p.eps);
+            const float * zt = col(z, t) + h * HEAD;
+            for (int64_t c = 0; c < HEAD; ++c) out[t * s.Hv * HEAD + h * HEAD + c] = o[c] * r * nw[c] * silu(zt[c]);
+        }
+        if (p.every_state == 0) std::memcpy(static_cast<float *>(state_dst->data) + h * D, S.data(), D * sizeof(float));
+    }
+}
+
+}  // namespace lucebox::kernels::delta_net

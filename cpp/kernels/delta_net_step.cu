@@ -1,0 +1,64 @@
+// The CUSTOM-op hook (ggml patch 0007) that runs the fused DeltaNet step ops (delta_net_step.h)
+// on lucebox's kernels (delta_net_step.cuh). Other custom ops are not taken (ggml then places
+// them elsewhere, or its CUDA backend says it cannot run them).
+#include <atomic>
+
+#include "cuda_kernels.h"
+#include "delta_net_step.cuh"
+#include "delta_net_step.h"
+#include "ggml-cuda.h"
+#include "ggml.h"
+
+namespace lucebox::kernels {
+namespace {
+
+static_assert(delta_net::MAX_TOKENS == delta_net::cuda_step::MAX_TOKENS, "one token limit for both backends");
+static_assert(delta_net::HEAD == delta_net::cuda_step::HEAD, "one head size for both backends");
+
+std::atomic<uint64_t> g_step_runs{0};
+
+int64_t floats(size_t bytes) { return int64_t(bytes / sizeof(float)); }
+const float * cf(const ggml_tensor * t) { return static_cast<const float *>(t->data); }
+float * f(const ggml_tensor * t) { return static_cast<float *>(t->data); }
+
+int custom_op_hook(const ggml_tensor * dst, void * stream) {
+    const int op = delta_net::op_of(dst);
+    if (op == 0) return 0;
+    const delta_net::shape s = delta_net::shape_of(dst);
+    const delta_net::step_params p = delta_net::params_of(dst);
+    if (!delta_net::cuda_step::supported(op == 1 ? int(s.d_conv) : 2, int(s.conv_dim), int(s.T))) return 0;
+    if (stream == nullptr) return 1;  // supports_op
+    cudaError_t err = cudaSuccess;
+    if (op == 1) {
+        delta_net::cuda_step::inputs_args a;
+        a.qkv = cf(dst->src[0]), a.qkv_stride = floats(dst->src[0]->nb[1]);
+        a.beta = cf(dst->src[1]), a.beta_stride = floats(dst->src[1]->nb[1]);
+        a.alpha = cf(dst->src[2]), a.alpha_stride = floats(dst->src[2]->nb[1]);
+        a.conv_state = cf(dst->src[3]), a.conv_w = cf(dst->src[4]), a.dt_bias = cf(dst->src[5]), a.a = cf(dst->src[6]);
+        a.conv_dst = f(dst->src[7]), a.conv_dst_stride = floats(dst->src[7]->nb[1]), a.window_from = p.window_from;
+        a.out = f(dst);
+        a.T = int(s.T), a.Hk = int(s.Hk), a.Hv = int(s.Hv), a.conv_dim = int(s.conv_dim), a.d_conv = int(s.d_conv);
+        a.eps = p.eps;
+        err = delta_net::cuda_step::run_inputs(a, static_cast<cudaStream_t>(stream));
+    } else {
+        delta_net::cuda_step::recurrence_args a;
+        a.x = cf(dst->src[0]);
+        a.z = cf(dst->src[1]), a.z_stride = floats(dst->src[1]->nb[1]);
+        a.s0 = cf(dst->src[2]), a.norm_w = cf(dst->src[3]);
+        a.state_dst = f(dst->src[4]), a.slot_stride = floats(dst->src[4]->nb[1]), a.every_state = p.every_state;
+        a.out = f(dst);
+        a.T = int(s.T), a.Hk = int(s.Hk), a.Hv = int(s.Hv);
+        a.eps = p.eps;
+        err = delta_net::cuda_step::run_recurrence(a, static_cast<cudaStream_t>(stream));
+    }
+    if (err != cudaSuccess) GGML_ABORT("lucebox DeltaNet step (%s): %s", ggml_get_name(dst), cudaGetErrorString(err));
+    g_step_runs.fetch_add(1, std::memory_order_relaxed);
+    return 1;
+}
+
+}  // namespace
+
+void install_delta_net_step() { ggml_backend_cuda_set_custom_op_hook(&custom_op_hook); }
+uint64_t delta_net_step_runs() { return g_step_runs.load(); }
+
+}  // namespace lucebox::kernels

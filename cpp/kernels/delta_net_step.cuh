@@ -1,0 +1,266 @@
+// CUDA kernels of the fused DeltaNet step ops (delta_net_step.h has what they compute; its CPU
+// functions are the reference). Both are programmatic dependent launches where the device runs
+// them (cuda_launch.cuh). A token's results do not depend on T: every token goes through the same
+// instructions, whatever the batch.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda_launch.cuh"
+
+namespace lucebox::kernels::delta_net {
+
+namespace cuda_step {
+
+constexpr int HEAD = 128;
+constexpr int MAX_D_CONV = 8;
+constexpr int MAX_TOKENS = 64;  // a step's tokens (decode, a verify); prefill micro-batches run ggml's ops
+
+struct inputs_args {
+    const float * qkv = nullptr;   // token t's conv_dim inputs at qkv + t * qkv_stride
+    int64_t qkv_stride = 0;        // floats
+    const float * beta = nullptr;  // token t's Hv values at beta + t * beta_stride
+    int64_t beta_stride = 0;
+    const float * alpha = nullptr;
+    int64_t alpha_stride = 0;
+    const float * conv_state = nullptr;  // [conv_dim][d_conv-1]
+    const float * conv_w = nullptr;      // [conv_dim][d_conv]
+    const float * dt_bias = nullptr;     // [Hv]
+    const float * a = nullptr;           // [Hv]
+    float * conv_dst = nullptr;          // channel c's window values from window_from on at conv_dst + c * conv_dst_stride
+    int64_t conv_dst_stride = 0;
+    int window_from = 0;
+    float * out = nullptr;  // [T][P]: q | k | v | g | beta, P = conv_dim + 2 Hv
+    int T = 0, Hk = 0, Hv = 0, conv_dim = 0, d_conv = 0;
+    float eps = 0.0f;
+};
+
+struct recurrence_args {
+    const float * x = nullptr;  // [T][P] (the inputs kernel's out)
+    const float * z = nullptr;  // token t's Hv HEAD values at z + t * z_stride
+    int64_t z_stride = 0;
+    const float * s0 = nullptr;      // [Hv][HEAD (column)][HEAD (k index)]
+    const float * norm_w = nullptr;  // [HEAD]
+    float * state_dst = nullptr;     // slot s at state_dst + s * slot_stride, each [Hv][HEAD][HEAD]
+    int64_t slot_stride = 0;         // floats
+    int every_state = 0;             // 1: the state after token t into slot T-1-t; 0: the final state into slot 0
+    float * out = nullptr;           // [T][Hv HEAD]
+    int T = 0, Hk = 0, Hv = 0;
+    float eps = 0.0f;
+};
+
+__device__ __forceinline__ float silu(float v) { return v / (1.0f + expf(-v)); }
+
+template <int N>
+__device__ __forceinline__ void warp_sum(float (&v)[N]) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1)
+#pragma unroll
+        for (int j = 0; j < N; ++j) v[j] += __shfl_xor_sync(0xffffffffu, v[j], off);
+}
+
+// One block of HEAD threads per head-sized block of conv channels (q heads, k heads, v heads),
+// thread j its channel; one more block for the gates. The inputs are the previous kernel's outputs
+// (read after the PDL wait, plain loads).
+template <int DC>
+__global__ void __launch_bounds__(HEAD) inputs_kernel(inputs_args a) {
+    extern __shared__ float ys[];  // q / k blocks: [T][HEAD] conv outputs, for the L2 norm
+    cuda::launch_dependents();
+    cuda::wait_for_previous();
+    const int u = blockIdx.x, j = threadIdx.x;
+    const int n_blocks = a.conv_dim / HEAD, P = a.conv_dim + 2 * a.Hv;
+    if (u == n_blocks) {
+        for (int e = j; e < a.Hv * a.T; e += blockDim.x) {
+            const int h = e % a.Hv, t = e / a.Hv;
+            const float x = a.alpha[int64_t(t) * a.alpha_stride + h] + a.dt_bias[h];
+            const float sp = x > 20.0f ? x : logf(1.0f + expf(x));
+            a.out[int64_t(t) * P + a.conv_dim + h] = sp * a.a[h];
+            a.out[int64_t(t) * P + a.conv_dim + a.Hv + h] = 1.0f / (1.0f + expf(-a.beta[int64_t(t) * a.beta_stride + h]));
+        }
+        return;
+    }
+    const int c = u * HEAD + j;
+    float w[DC], win[DC];
+#pragma unroll
+    for (int i = 0; i < DC; ++i) w[i] = a.conv_w[int64_t(c) * DC + i];
+#pragma unroll
+    for (int i = 0; i < DC - 1; ++i) win[i] = a.conv_state[int64_t(c) * (DC - 1) + i];
+    float * cd = a.conv_dst + int64_t(c) * a.conv_dst_stride;  // window value i at cd[i - window_from]
+#pragma unroll
+    for (int i = 0; i < DC - 1; ++i)
+        if (i >= a.window_from) cd[i - a.window_from] = win[i];  // (may overwrite conv_state: read above, by this thread only)
+    const bool qk = u < 2 * a.Hk;
+    for (int t = 0; t < a.T; ++t) {
+        win[DC - 1] = a.qkv[int64_t(t) * a.qkv_stride + c];
+        if (DC - 1 + t >= a.window_from) cd[DC - 1 + t - a.window_from] = win[DC - 1];
+        float sum = 0.0f;
+#pragma unroll
+        for (int i = 0; i < DC; ++i) sum += win[i] * w[i];
+        const float y = silu(sum);
+        if (qk) ys[t * HEAD + j] = y;
+        else a.out[int64_t(t) * P + c] = y;
+#pragma unroll
+        for (int i = 0; i < DC - 1; ++i) win[i] = win[i + 1];
+    }
+    if (!qk) return;
+    __syncthreads();
+    // as graph::l2_norm: rms_norm(x, eps / n) / sqrt(n), one warp per token
+    const int warp = j / 32, lane = j % 32;
+    for (int t = warp; t < a.T; t += HEAD / 32) {
+        float v[HEAD / 32], ss[1] = {0.0f};
+#pragma unroll
+        for (int r = 0; r < HEAD / 32; ++r) {
+            v[r] = ys[t * HEAD + lane + 32 * r];
+            ss[0] += v[r] * v[r];
+        }
+        warp_sum(ss);
+        const float scale = rsqrtf(ss[0] / float(HEAD) + a.eps / float(HEAD));
+        const float inv_sqrt_n = rsqrtf(float(HEAD));
+#pragma unroll
+        for (int r = 0; r < HEAD / 32; ++r) a.out[int64_t(t) * P + u * HEAD + lane + 32 * r] = v[r] * scale * inv_sqrt_n;
+    }
+}
+
+constexpr int REC_WARPS = 16;                 // a block per value head
+constexpr int REC_COLS = HEAD / REC_WARPS;    // state columns per warp
+constexpr int REC_ROWS = HEAD / 32;           // k indices per lane: 4 consecutive (one float4)
+constexpr int CHUNK = 16;                     // tokens staged in shared memory at a time
+
+// One block per value head h (key head h % Hk), 16 warps; warp w owns state columns 8w..8w+7, lane
+// l their k indices 4l..4l+3 (in registers for the whole batch). Per token: kv = S^T k, delta =
+// (v - exp(g) kv) beta, S = exp(g) S + k delta^T, o = S^T q / sqrt(HEAD); then RMSNorm(o) * norm_w
+// * SiLU(z) per token over the head's 128 outputs.
+__global__ void __launch_bounds__(REC_WARPS * 32) recurrence_kernel(recurrence_args a) {
+    __shared__ float4 sq[CHUNK][HEAD / 4], sk[CHUNK][HEAD / 4];
+    __shared__ float sv[CHUNK][HEAD], so[CHUNK][HEAD], sg[CHUNK], sb[CHUNK];
+    cuda::launch_dependents();
+    const int h = blockIdx.x, kh = h % a.Hk, tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const int key_dim = a.Hk * HEAD, conv_dim = (2 * a.Hk + a.Hv) * HEAD, P = conv_dim + 2 * a.Hv;
+    const int64_t D = int64_t(HEAD) * HEAD;
+    const float scale = rsqrtf(float(HEAD));
+    cuda::wait_for_previous();
+
+    float4 S[REC_COLS];  // S[cc] = state column warp * REC_COLS + cc, k indices 4 lane .. 4 lane + 3
+    const float4 * s0 = reinterpret_cast<const float4 *>(a.s0 + h * D);
+#pragma unroll
+    for (int cc = 0; cc < REC_COLS; ++cc) S[cc] = s0[(warp * REC_COLS + cc) * (HEAD / 4) + lane];
+
+    for (int t0 = 0; t0 < a.T; t0 += CHUNK) {
+        const int n = a.T - t0 < CHUNK ? a.T - t0 : CHUNK;
+        __syncthreads();  // the previous chunk's shared memory is read
+        for (int e = tid; e < n * HEAD; e += REC_WARPS * 32) {
+            const int t = e / HEAD, i = e % HEAD;
+            const float * xt = a.x + int64_t(t0 + t) * P;
+            reinterpret_cast<float *>(sq[t])[i] = xt[kh * HEAD + i];
+            reinterpret_cast<float *>(sk[t])[i] = xt[key_dim + kh * HEAD + i];
+            sv[t][i] = xt[2 * key_dim + h * HEAD + i];
+        }
+        if (tid < n) {
+            const float * xt = a.x + int64_t(t0 + tid) * P;
+            sg[tid] = expf(xt[conv_dim + h]);
+            sb[tid] = xt[conv_dim + a.Hv + h];
+        }
+        __syncthreads();
+        for (int t = 0; t < n; ++t) {
+            const float4 k = sk[t][lane], q = sq[t][lane];
+            const float eg = sg[t], b = sb[t];
+            float kv[REC_COLS];
+#pragma unroll
+            for (int cc = 0; cc < REC_COLS; ++cc) {
+                kv[cc] = S[cc].x * k.x;
+                kv[cc] += S[cc].y * k.y;
+                kv[cc] += S[cc].z * k.z;
+                kv[cc] += S[cc].w * k.w;
+            }
+            warp_sum(kv);
+            float at[REC_COLS];
+#pragma unroll
+            for (int cc = 0; cc < REC_COLS; ++cc) {
+                const float delta = (sv[t][warp * REC_COLS + cc] - eg * kv[cc]) * b;
+                S[cc].x = eg * S[cc].x + k.x * delta;
+                S[cc].y = eg * S[cc].y + k.y * delta;
+                S[cc].z = eg * S[cc].z + k.z * delta;
+                S[cc].w = eg * S[cc].w + k.w * delta;
+                at[cc] = S[cc].x * q.x;
+                at[cc] += S[cc].y * q.y;
+                at[cc] += S[cc].z * q.z;
+                at[cc] += S[cc].w * q.w;
+            }
+            warp_sum(at);
+#pragma unroll
+            for (int cc = 0; cc < REC_COLS; ++cc)
+                if (lane == cc) so[t][warp * REC_COLS + cc] = at[cc] * scale;
+            if (a.every_state != 0) {
+                float4 * slot = reinterpret_cast<float4 *>(a.state_dst + int64_t(a.T - 1 - (t0 + t)) * a.slot_stride + h * D);
+#pragma unroll
+                for (int cc = 0; cc < REC_COLS; ++cc) slot[(warp * REC_COLS + cc) * (HEAD / 4) + lane] = S[cc];
+            }
+        }
+        __syncthreads();
+        // the gated norm of the chunk's tokens, a warp per token
+        for (int t = warp; t < n; t += REC_WARPS) {
+            float v[REC_ROWS], ss[1] = {0.0f};
+#pragma unroll
+            for (int r = 0; r < REC_ROWS; ++r) {
+                v[r] = so[t][lane + 32 * r];
+                ss[0] += v[r] * v[r];
+            }
+            warp_sum(ss);
+            const float rr = rsqrtf(ss[0] / float(HEAD) + a.eps);
+            const float * zt = a.z + int64_t(t0 + t) * a.z_stride + h * HEAD;
+            float * ot = a.out + int64_t(t0 + t) * a.Hv * HEAD + h * HEAD;
+#pragma unroll
+            for (int r = 0; r < REC_ROWS; ++r) {
+                const int c = lane + 32 * r;
+                ot[c] = v[r] * rr * a.norm_w[c] * silu(zt[c]);
+            }
+        }
+    }
+    if (a.every_state == 0) {
+        float4 * dst = reinterpret_cast<float4 *>(a.state_dst + h * D);
+#pragma unroll
+        for (int cc = 0; cc < REC_COLS; ++cc) dst[(warp * REC_COLS + cc) * (HEAD / 4) + lane] = S[cc];
+    }
+}
+
+// Whether the kernels take these shapes (the graph builder asks before it adds the ops).
+inline bool supported(int d_conv, int conv_dim, int T) {
+    return d_conv >= 2 && d_conv <= MAX_D_CONV && conv_dim % HEAD == 0 && T >= 1 && T <= MAX_TOKENS;
+}
+
+template <int DC>
+cudaError_t launch_inputs(const inputs_args & a, int dev, cudaStream_t stream) {
+    const size_t smem = size_t(a.T) * HEAD * sizeof(float);  // <= 32 KB (MAX_TOKENS)
+    return cuda::launch(inputs_kernel<DC>, dim3(a.conv_dim / HEAD + 1), dim3(HEAD), smem, stream,
+                        cuda::pdl_kernel<inputs_kernel<DC>>(dev), a);
+}
+
+inline cudaError_t run_inputs(const inputs_args & a, cudaStream_t stream) {
+    if (!supported(a.d_conv, a.conv_dim, a.T)) return cudaErrorInvalidValue;
+    int dev = 0;
+    const cudaError_t err = cudaGetDevice(&dev);
+    if (err != cudaSuccess) return err;
+    switch (a.d_conv) {
+        case 2: return launch_inputs<2>(a, dev, stream);
+        case 3: return launch_inputs<3>(a, dev, stream);
+        case 4: return launch_inputs<4>(a, dev, stream);
+        case 5: return launch_inputs<5>(a, dev, stream);
+        case 6: return launch_inputs<6>(a, dev, stream);
+        case 7: return launch_inputs<7>(a, dev, stream);
+        default: return launch_inputs<8>(a, dev, stream);
+    }
+}
+
+inline cudaError_t run_recurrence(const recurrence_args & a, cudaStream_t stream) {
+    if (a.T < 1 || a.T > MAX_TOKENS || a.Hk < 1) return cudaErrorInvalidValue;
+    int dev = 0;
+    const cudaError_t err = cudaGetDevice(&dev);
+    if (err != cudaSuccess) return err;
+    return cuda::launch(recurrence_kernel, dim3(a.Hv), dim3(REC_WARPS * 32), 0, stream,
+                        cuda::pdl_kernel<recurrence_kernel>(dev), a);
+}
+
+}  // namespace cuda_step
+}  // namespace lucebox::kernels::delta_net

@@ -1,0 +1,71 @@
+// A Gated DeltaNet layer's step (decode, chain verify: a few tokens, no tree) as two fused graph
+// ops instead of ~14 of ggml's (cont, sigmoid, add, softplus, mul, concat, the conv-state copy,
+// conv, SiLU, L2 norm, the gated delta net, RMS norm, SiLU x mul):
+//
+//   inputs:     the projections' q/k/v conv inputs, beta and alpha -> [q | k | v | g | beta] per token
+//               (causal conv over the carried window + SiLU, q and k L2-normed per head,
+//               beta = sigmoid(beta), g = softplus(alpha + dt_bias) * a); writes the conv window
+//   recurrence: the gated delta rule over the tokens from the carried state (value head h reads
+//               key head h % Hk, as ggml_gated_delta_net), then RMSNorm(out) * norm_w * SiLU(z);
+//               writes the final state, or every token's (a verify's checkpoints)
+//
+// Both are GGML_OP_CUSTOM nodes: the CPU backend runs the functions below (the reference), ggml's
+// CUDA backend hands them to lucebox's kernels (delta_net_step.cuh, through ggml patch 0007's
+// custom-op hook). A token's results do not depend on how many tokens the op has (decode and
+// verify compute the same bits, on either backend). Plain C++: compiled in every build.
+#pragma once
+
+#include <cstdint>
+
+#include "ggml.h"
+
+namespace lucebox::kernels::delta_net {
+
+// Head size the ops take (q, k and v heads alike; the 27B's and every qwen35 GGUF's 128).
+constexpr int64_t HEAD = 128;
+// Most tokens a step op takes (decode, a verify); longer batches (prefill) run ggml's ops.
+constexpr int64_t MAX_TOKENS = 64;
+
+// What a node carries besides its sources, after ggml's custom-op header in op_params.
+struct step_params {
+    int32_t n_k_heads = 0;    // Hk (q and k heads); value heads Hv from the shapes
+    int32_t window_from = 0;  // inputs: conv window values [window_from, d_conv-1+T) go to the conv destination
+    int32_t every_state = 0;  // recurrence: 1 = the state after token t into slot T-1-t, 0 = the final state only
+    float eps = 0.0f;         // inputs: the L2 norm's; recurrence: the gated RMS norm's
+};
+
+// The inputs op. qkv [(2 Hk + Hv) HEAD, T], beta / alpha [Hv, T] (rows contiguous, any column
+// stride: views of one stacked product), conv_state [d_conv-1, conv_dim] and conv_w [d_conv,
+// conv_dim] contiguous, dt_bias / a [Hv]; conv_dst [>= d_conv-1+T-window_from, conv_dim] (row
+// stride nb[1]) receives each channel's window values from window_from on: the new carried state
+// (window_from = T; conv_dst may be conv_state itself) or the whole window (0: a verify's
+// checkpoint). Returns [conv_dim + 2 Hv, T] F32: per token q (Hk HEAD) | k | v (Hv HEAD) | g (Hv) | beta (Hv).
+ggml_tensor * inputs(ggml_context * ctx, ggml_tensor * qkv, ggml_tensor * beta, ggml_tensor * alpha,
+                     ggml_tensor * conv_state, ggml_tensor * conv_w, ggml_tensor * dt_bias, ggml_tensor * a,
+                     ggml_tensor * conv_dst, int64_t n_k_heads, int64_t window_from, float eps);
+
+// The recurrence op. x: the inputs op's result [conv_dim + 2 Hv, T]; z [Hv HEAD, T] (rows
+// contiguous, any column stride); s0 [HEAD HEAD, Hv] contiguous (per head [HEAD, HEAD], k index
+// fastest, as ggml's state); norm_w [HEAD]; state_dst [HEAD HEAD Hv, slots] (slot stride nb[1]):
+// every_state = false: the final state into slot 0 (state_dst may be s0 itself); true: the state
+// after token t into slot T-1-t (T <= slots). Returns [Hv HEAD, T] F32: RMSNorm(o) * norm_w * SiLU(z).
+ggml_tensor * recurrence(ggml_context * ctx, ggml_tensor * x, ggml_tensor * z, ggml_tensor * s0, ggml_tensor * norm_w,
+                         ggml_tensor * state_dst, int64_t n_k_heads, bool every_state, float eps);
+
+// The CPU implementations (ggml_custom_op_t); their addresses also tell the ops apart in a graph.
+void inputs_cpu(ggml_tensor * dst, int ith, int nth, void * userdata);
+void recurrence_cpu(ggml_tensor * dst, int ith, int nth, void * userdata);
+
+// The node's step_params (dst made by inputs() or recurrence()).
+step_params params_of(const ggml_tensor * dst);
+
+// Which op a node is: 1 inputs, 2 recurrence, 0 neither.
+int op_of(const ggml_tensor * node);
+
+// The ops' shapes, from a node's sources.
+struct shape {
+    int64_t T = 0, Hk = 0, Hv = 0, conv_dim = 0, key_dim = 0, d_conv = 0;
+};
+shape shape_of(const ggml_tensor * dst);
+
+}  // namespace lucebox::kernels::delta_net

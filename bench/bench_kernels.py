@@ -68,6 +68,8 @@ def print_kernels(prof, label: str, steps: int, wall_seconds: float | None) -> N
 KERNEL_KINDS = (("quantize_columns", "activation quantization"), ("q8_0::detail::matmul", "lucebox products"),
                 ("mul_mat", "ggml products"), ("gemm", "cuBLAS GEMMs"), ("cutlass", "cuBLAS GEMMs"),
                 ("bf16_dequant", "BF16 dequantization"), ("gated_delta_net", "gated delta net"),
+                ("delta_net::cuda_step::recurrence", "DeltaNet step: recurrence"),
+                ("delta_net::cuda_step::inputs", "DeltaNet step: inputs"),
                 ("flash_attn", "attention"), ("Memcpy", "copies"), ("cpy", "copies"))
 
 

@@ -123,99 +123,87 @@ __global__ void __launch_bounds__(HEAD) inputs_kernel(inputs_args a) {
     }
 }
 
-constexpr int REC_SPLIT = 2;                    // threads per state column
-constexpr int REC_THREADS = HEAD * REC_SPLIT;   // a block per value head
-constexpr int REC_QUADS = HEAD / 4 / REC_SPLIT;  // float4s of a column per thread
-constexpr int CHUNK = 16;          // tokens staged in shared memory at a time
+constexpr int REC_WARPS = 16;                 // a block per value head
+constexpr int REC_COLS = HEAD / REC_WARPS;    // state columns per warp
+constexpr int REC_ROWS = HEAD / 32;           // k indices per lane: 4 consecutive (one float4)
+constexpr int CHUNK = 16;                     // tokens staged in shared memory at a time
 
-// Where quad qi (k indices 4 qi .. 4 qi + 3) of a token's q / k is staged.
-__device__ __forceinline__ int quad(int qi) { return qi + qi / REC_QUADS; }
-
-// One block per value head h (key head h % Hk); threads 2c and 2c+1 own state column c, each half
-// of its 128 k-indexed values (in registers for the whole batch; one shuffle joins the halves' sums;
-// k and q are shared-memory broadcasts).
-// Per token: kv = S^T k, delta = (v - exp(g) kv) beta, S = exp(g) S + k delta^T, o = S^T q /
-// sqrt(HEAD); then RMSNorm(o) * norm_w * SiLU(z) per token over the head's 128 outputs.
-__global__ void __launch_bounds__(REC_THREADS) recurrence_kernel(recurrence_args a) {
-    // q and k of a token as float4s, the second half shifted by one (threads 2c and 2c+1 read the
-    // halves' quads at once: other banks)
-    __shared__ float4 sq[CHUNK][HEAD / 4 + REC_SPLIT], sk[CHUNK][HEAD / 4 + REC_SPLIT];
+// One block per value head h (key head h % Hk), 16 warps; warp w owns state columns 8w..8w+7, lane
+// l their k indices 4l..4l+3 (in registers for the whole batch). Per token: kv = S^T k, delta =
+// (v - exp(g) kv) beta, S = exp(g) S + k delta^T, o = S^T q / sqrt(HEAD); then RMSNorm(o) * norm_w
+// * SiLU(z) per token over the head's 128 outputs.
+__global__ void __launch_bounds__(REC_WARPS * 32) recurrence_kernel(recurrence_args a) {
+    __shared__ float4 sq[CHUNK][HEAD / 4], sk[CHUNK][HEAD / 4];
     __shared__ float sv[CHUNK][HEAD], so[CHUNK][HEAD], sg[CHUNK], sb[CHUNK];
     cuda::launch_dependents();
-    const int h = blockIdx.x, kh = h % a.Hk, j = threadIdx.x, warp = j / 32, lane = j % 32;
-    const int c = j / REC_SPLIT, q0 = (j % REC_SPLIT) * REC_QUADS;  // my column, my first float4 of it
+    const int h = blockIdx.x, kh = h % a.Hk, tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int key_dim = a.Hk * HEAD, conv_dim = (2 * a.Hk + a.Hv) * HEAD, P = conv_dim + 2 * a.Hv;
     const int64_t D = int64_t(HEAD) * HEAD;
     const float scale = rsqrtf(float(HEAD));
     cuda::wait_for_previous();
 
-    float4 S[REC_QUADS];  // column c: S[r] = k indices 4 (q0 + r) .. 4 (q0 + r) + 3
-    const float4 * s0 = reinterpret_cast<const float4 *>(a.s0 + h * D + int64_t(c) * HEAD) + q0;
+    float4 S[REC_COLS];  // S[cc] = state column warp * REC_COLS + cc, k indices 4 lane .. 4 lane + 3
+    const float4 * s0 = reinterpret_cast<const float4 *>(a.s0 + h * D);
 #pragma unroll
-    for (int r = 0; r < REC_QUADS; ++r) S[r] = s0[r];
+    for (int cc = 0; cc < REC_COLS; ++cc) S[cc] = s0[(warp * REC_COLS + cc) * (HEAD / 4) + lane];
 
     for (int t0 = 0; t0 < a.T; t0 += CHUNK) {
         const int n = a.T - t0 < CHUNK ? a.T - t0 : CHUNK;
         __syncthreads();  // the previous chunk's shared memory is read
-        for (int e = j; e < n * HEAD; e += REC_THREADS) {
+        for (int e = tid; e < n * HEAD; e += REC_WARPS * 32) {
             const int t = e / HEAD, i = e % HEAD;
             const float * xt = a.x + int64_t(t0 + t) * P;
-            const int at = 4 * quad(i / 4) + i % 4;
-            reinterpret_cast<float *>(sq[t])[at] = xt[kh * HEAD + i];
-            reinterpret_cast<float *>(sk[t])[at] = xt[key_dim + kh * HEAD + i];
+            reinterpret_cast<float *>(sq[t])[i] = xt[kh * HEAD + i];
+            reinterpret_cast<float *>(sk[t])[i] = xt[key_dim + kh * HEAD + i];
             sv[t][i] = xt[2 * key_dim + h * HEAD + i];
         }
-        if (j < n) {
-            const float * xt = a.x + int64_t(t0 + j) * P;
-            sg[j] = expf(xt[conv_dim + h]);
-            sb[j] = xt[conv_dim + a.Hv + h];
+        if (tid < n) {
+            const float * xt = a.x + int64_t(t0 + tid) * P;
+            sg[tid] = expf(xt[conv_dim + h]);
+            sb[tid] = xt[conv_dim + a.Hv + h];
         }
         __syncthreads();
         for (int t = 0; t < n; ++t) {
+            const float4 k = sk[t][lane], q = sq[t][lane];
             const float eg = sg[t], b = sb[t];
-            float kv[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            float kv[REC_COLS];
 #pragma unroll
-            for (int r = 0; r < REC_QUADS; ++r) {
-                const float4 k = sk[t][quad(q0 + r)];
-                kv[0] += S[r].x * k.x;
-                kv[1] += S[r].y * k.y;
-                kv[2] += S[r].z * k.z;
-                kv[3] += S[r].w * k.w;
+            for (int cc = 0; cc < REC_COLS; ++cc) {
+                kv[cc] = S[cc].x * k.x;
+                kv[cc] += S[cc].y * k.y;
+                kv[cc] += S[cc].z * k.z;
+                kv[cc] += S[cc].w * k.w;
             }
-            float kvs = (kv[0] + kv[1]) + (kv[2] + kv[3]);
-            kvs += __shfl_xor_sync(0xffffffffu, kvs, 1);  // the same bits in both halves (a + b = b + a)
-            const float delta = (sv[t][c] - eg * kvs) * b;
-            // k is read again below, not kept from the loop above (128 more registers would spill)
-            asm volatile("" ::: "memory");
-            float at[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            warp_sum(kv);
+            float at[REC_COLS];
 #pragma unroll
-            for (int r = 0; r < REC_QUADS; ++r) {
-                const float4 k = sk[t][quad(q0 + r)], q = sq[t][quad(q0 + r)];
-                S[r].x = eg * S[r].x + k.x * delta;
-                S[r].y = eg * S[r].y + k.y * delta;
-                S[r].z = eg * S[r].z + k.z * delta;
-                S[r].w = eg * S[r].w + k.w * delta;
-                at[0] += S[r].x * q.x;
-                at[1] += S[r].y * q.y;
-                at[2] += S[r].z * q.z;
-                at[3] += S[r].w * q.w;
+            for (int cc = 0; cc < REC_COLS; ++cc) {
+                const float delta = (sv[t][warp * REC_COLS + cc] - eg * kv[cc]) * b;
+                S[cc].x = eg * S[cc].x + k.x * delta;
+                S[cc].y = eg * S[cc].y + k.y * delta;
+                S[cc].z = eg * S[cc].z + k.z * delta;
+                S[cc].w = eg * S[cc].w + k.w * delta;
+                at[cc] = S[cc].x * q.x;
+                at[cc] += S[cc].y * q.y;
+                at[cc] += S[cc].z * q.z;
+                at[cc] += S[cc].w * q.w;
             }
-            float ats = (at[0] + at[1]) + (at[2] + at[3]);
-            ats += __shfl_xor_sync(0xffffffffu, ats, 1);
-            if (q0 == 0) so[t][c] = ats * scale;
+            warp_sum(at);
+#pragma unroll
+            for (int cc = 0; cc < REC_COLS; ++cc)
+                if (lane == cc) so[t][warp * REC_COLS + cc] = at[cc] * scale;
             if (a.every_state != 0) {
-                float4 * slot = reinterpret_cast<float4 *>(a.state_dst + int64_t(a.T - 1 - (t0 + t)) * a.slot_stride +
-                                                           h * D + int64_t(c) * HEAD) + q0;
+                float4 * slot = reinterpret_cast<float4 *>(a.state_dst + int64_t(a.T - 1 - (t0 + t)) * a.slot_stride + h * D);
 #pragma unroll
-                for (int r = 0; r < REC_QUADS; ++r) slot[r] = S[r];
+                for (int cc = 0; cc < REC_COLS; ++cc) slot[(warp * REC_COLS + cc) * (HEAD / 4) + lane] = S[cc];
             }
         }
         __syncthreads();
         // the gated norm of the chunk's tokens, a warp per token
-        for (int t = warp; t < n; t += REC_THREADS / 32) {
-            float v[HEAD / 32], ss[1] = {0.0f};
+        for (int t = warp; t < n; t += REC_WARPS) {
+            float v[REC_ROWS], ss[1] = {0.0f};
 #pragma unroll
-            for (int r = 0; r < HEAD / 32; ++r) {
+            for (int r = 0; r < REC_ROWS; ++r) {
                 v[r] = so[t][lane + 32 * r];
                 ss[0] += v[r] * v[r];
             }
@@ -224,16 +212,16 @@ __global__ void __launch_bounds__(REC_THREADS) recurrence_kernel(recurrence_args
             const float * zt = a.z + int64_t(t0 + t) * a.z_stride + h * HEAD;
             float * ot = a.out + int64_t(t0 + t) * a.Hv * HEAD + h * HEAD;
 #pragma unroll
-            for (int r = 0; r < HEAD / 32; ++r) {
-                const int oc = lane + 32 * r;
-                ot[oc] = v[r] * rr * a.norm_w[oc] * silu(zt[oc]);
+            for (int r = 0; r < REC_ROWS; ++r) {
+                const int c = lane + 32 * r;
+                ot[c] = v[r] * rr * a.norm_w[c] * silu(zt[c]);
             }
         }
     }
     if (a.every_state == 0) {
-        float4 * dst = reinterpret_cast<float4 *>(a.state_dst + h * D + int64_t(c) * HEAD) + q0;
+        float4 * dst = reinterpret_cast<float4 *>(a.state_dst + h * D);
 #pragma unroll
-        for (int r = 0; r < REC_QUADS; ++r) dst[r] = S[r];
+        for (int cc = 0; cc < REC_COLS; ++cc) dst[(warp * REC_COLS + cc) * (HEAD / 4) + lane] = S[cc];
     }
 }
 
@@ -270,7 +258,7 @@ inline cudaError_t run_recurrence(const recurrence_args & a, cudaStream_t stream
     int dev = 0;
     const cudaError_t err = cudaGetDevice(&dev);
     if (err != cudaSuccess) return err;
-    return cuda::launch(recurrence_kernel, dim3(a.Hv), dim3(REC_THREADS), 0, stream,
+    return cuda::launch(recurrence_kernel, dim3(a.Hv), dim3(REC_WARPS * 32), 0, stream,
                         cuda::pdl_kernel<recurrence_kernel>(dev), a);
 }
 

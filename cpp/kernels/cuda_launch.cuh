@@ -7,6 +7,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <utility>
 
@@ -81,6 +82,57 @@ cudaError_t launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem
     }
     return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
 }
+
+// Whether `kernel` (compiled for compute capability >= 9.0, not JIT-compiled from older PTX) runs in
+// thread-block clusters on device dev (>= 9.0). Asked once per kernel and device.
+template <auto Kernel>
+bool clusters_run(int dev) {
+    static int known[64] = {};  // 0 not asked yet, 1 yes, -1 no
+    if (dev < 0 || dev >= 64 || device_major(dev) < 9) return false;
+    int k = __atomic_load_n(&known[dev], __ATOMIC_ACQUIRE);
+    if (k == 0) {
+        cudaFuncAttributes fa = {};
+        k = cudaFuncGetAttributes(&fa, Kernel) == cudaSuccess && fa.ptxVersion >= 90 ? 1 : -1;
+        __atomic_store_n(&known[dev], k, __ATOMIC_RELEASE);
+    }
+    return k == 1;
+}
+
+// A launch of `kernel` in clusters of cluster_x consecutive CTAs (grid.x a multiple of it, no dynamic
+// shared memory), a programmatic dependent of the stream's previous kernel when `pdl`.
+template <typename... Params, typename... Args>
+cudaError_t launch_in_clusters(void (*kernel)(Params...), dim3 grid, dim3 block, unsigned cluster_x,
+                               cudaStream_t stream, bool pdl, Args &&... args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[2] = {};
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = cluster_x;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[1].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = pdl ? 2 : 1;
+    return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// In a kernel launched in clusters: a barrier of the cluster's threads (their shared-memory writes
+// before it are visible to the cluster after it), and the address of `p` (a __shared__ variable)
+// in the CTA of cluster rank r.
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+template <typename T>
+__device__ __forceinline__ T * cluster_shared(T * p, int r) {
+    uint64_t out = 0;
+    asm volatile("mapa.u64 %0, %1, %2;\n" : "=l"(out) : "l"(reinterpret_cast<uint64_t>(p)), "r"(r));
+    return reinterpret_cast<T *>(out);
+}
+#endif
 
 // In a kernel launched with PDL: let the next kernel launch / wait for the previous one's results
 // (no-ops where not launched so, and in code for compute capability < 9.0).

@@ -123,34 +123,41 @@ __global__ void __launch_bounds__(HEAD) inputs_kernel(inputs_args a) {
     }
 }
 
-constexpr int REC_WARPS = 16;                 // a block per value head
-constexpr int REC_COLS = HEAD / REC_WARPS;    // state columns per warp
-constexpr int REC_ROWS = HEAD / 32;           // k indices per lane: 4 consecutive (one float4)
-constexpr int CHUNK = 16;                     // tokens staged in shared memory at a time
+constexpr int REC_COLS = 8;          // state columns per warp
+constexpr int REC_ROWS = HEAD / 32;  // k indices per lane: 4 consecutive (one float4)
+constexpr int CHUNK = 16;            // tokens staged in shared memory at a time
+constexpr int REC_CLUSTER = 4;       // CTAs per value head where the device has thread-block clusters
 
-// One block per value head h (key head h % Hk), 16 warps; warp w owns state columns 8w..8w+7, lane
-// l their k indices 4l..4l+3 (in registers for the whole batch). Per token: kv = S^T k, delta =
-// (v - exp(g) kv) beta, S = exp(g) S + k delta^T, o = S^T q / sqrt(HEAD); then RMSNorm(o) * norm_w
-// * SiLU(z) per token over the head's 128 outputs.
-__global__ void __launch_bounds__(REC_WARPS * 32) recurrence_kernel(recurrence_args a) {
+// Value head h (key head h % Hk) in NC CTAs of HEAD / NC state columns each (NC = 1: one CTA of 16
+// warps; NC = REC_CLUSTER: one thread-block cluster of 4 CTAs of 4 warps, compute capability >= 9.0,
+// so that the heads' recurrences spread over all SMs); warp w of a CTA owns its columns 8w..8w+7,
+// lane l their k indices 4l..4l+3 (in registers for the whole batch). Per token: kv = S^T k, delta
+// = (v - exp(g) kv) beta, S = exp(g) S + k delta^T, o = S^T q / sqrt(HEAD); then RMSNorm(o) *
+// norm_w * SiLU(z) per token over the head's 128 outputs (with NC CTAs: each adds its columns'
+// squares, then every CTA adds the NC partial sums in rank order from distributed shared memory).
+template <int NC>
+__global__ void __launch_bounds__(HEAD / NC / REC_COLS * 32) recurrence_kernel(recurrence_args a) {
+    constexpr int WARPS = HEAD / NC / REC_COLS, COLS = HEAD / NC;
     __shared__ float4 sq[CHUNK][HEAD / 4], sk[CHUNK][HEAD / 4];
-    __shared__ float sv[CHUNK][HEAD], so[CHUNK][HEAD], sg[CHUNK], sb[CHUNK];
+    __shared__ float sv[CHUNK][HEAD], so[CHUNK][HEAD], sg[CHUNK], sb[CHUNK], part[CHUNK];
     cuda::launch_dependents();
-    const int h = blockIdx.x, kh = h % a.Hk, tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const int h = blockIdx.x / NC, rank = blockIdx.x % NC, kh = h % a.Hk;
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, c0 = rank * COLS;  // my first column
     const int key_dim = a.Hk * HEAD, conv_dim = (2 * a.Hk + a.Hv) * HEAD, P = conv_dim + 2 * a.Hv;
     const int64_t D = int64_t(HEAD) * HEAD;
     const float scale = rsqrtf(float(HEAD));
     cuda::wait_for_previous();
 
-    float4 S[REC_COLS];  // S[cc] = state column warp * REC_COLS + cc, k indices 4 lane .. 4 lane + 3
+    float4 S[REC_COLS];  // S[cc] = state column c0 + warp * REC_COLS + cc, k indices 4 lane .. 4 lane + 3
+    const int cw = c0 + warp * REC_COLS;  // this warp's first column
     const float4 * s0 = reinterpret_cast<const float4 *>(a.s0 + h * D);
 #pragma unroll
-    for (int cc = 0; cc < REC_COLS; ++cc) S[cc] = s0[(warp * REC_COLS + cc) * (HEAD / 4) + lane];
+    for (int cc = 0; cc < REC_COLS; ++cc) S[cc] = s0[(cw + cc) * (HEAD / 4) + lane];
 
     for (int t0 = 0; t0 < a.T; t0 += CHUNK) {
         const int n = a.T - t0 < CHUNK ? a.T - t0 : CHUNK;
         __syncthreads();  // the previous chunk's shared memory is read
-        for (int e = tid; e < n * HEAD; e += REC_WARPS * 32) {
+        for (int e = tid; e < n * HEAD; e += WARPS * 32) {
             const int t = e / HEAD, i = e % HEAD;
             const float * xt = a.x + int64_t(t0 + t) * P;
             reinterpret_cast<float *>(sq[t])[i] = xt[kh * HEAD + i];
@@ -178,7 +185,7 @@ __global__ void __launch_bounds__(REC_WARPS * 32) recurrence_kernel(recurrence_a
             float at[REC_COLS];
 #pragma unroll
             for (int cc = 0; cc < REC_COLS; ++cc) {
-                const float delta = (sv[t][warp * REC_COLS + cc] - eg * kv[cc]) * b;
+                const float delta = (sv[t][cw + cc] - eg * kv[cc]) * b;
                 S[cc].x = eg * S[cc].x + k.x * delta;
                 S[cc].y = eg * S[cc].y + k.y * delta;
                 S[cc].z = eg * S[cc].z + k.z * delta;
@@ -191,37 +198,51 @@ __global__ void __launch_bounds__(REC_WARPS * 32) recurrence_kernel(recurrence_a
             warp_sum(at);
 #pragma unroll
             for (int cc = 0; cc < REC_COLS; ++cc)
-                if (lane == cc) so[t][warp * REC_COLS + cc] = at[cc] * scale;
+                if (lane == cc) so[t][cw + cc] = at[cc] * scale;
             if (a.every_state != 0) {
                 float4 * slot = reinterpret_cast<float4 *>(a.state_dst + int64_t(a.T - 1 - (t0 + t)) * a.slot_stride + h * D);
 #pragma unroll
-                for (int cc = 0; cc < REC_COLS; ++cc) slot[(warp * REC_COLS + cc) * (HEAD / 4) + lane] = S[cc];
+                for (int cc = 0; cc < REC_COLS; ++cc) slot[(cw + cc) * (HEAD / 4) + lane] = S[cc];
             }
         }
         __syncthreads();
-        // the gated norm of the chunk's tokens, a warp per token
-        for (int t = warp; t < n; t += REC_WARPS) {
-            float v[REC_ROWS], ss[1] = {0.0f};
+        // the gated norm of the chunk's tokens, a warp per token: the sum of the head's squares
+        float total[CHUNK / WARPS + 1] = {};  // this warp's tokens warp, warp + WARPS, ...
+        if constexpr (NC == 1) {
+            for (int t = warp, m = 0; t < n; t += WARPS, ++m) {
+                float ss[1] = {0.0f};
 #pragma unroll
-            for (int r = 0; r < REC_ROWS; ++r) {
-                v[r] = so[t][lane + 32 * r];
-                ss[0] += v[r] * v[r];
+                for (int r = 0; r < REC_ROWS; ++r) ss[0] += so[t][lane + 32 * r] * so[t][lane + 32 * r];
+                warp_sum(ss);
+                total[m] = ss[0];
             }
-            warp_sum(ss);
-            const float rr = rsqrtf(ss[0] / float(HEAD) + a.eps);
+        } else {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+            static_assert(COLS == 32, "a lane per column of the CTA");
+            for (int t = warp; t < n; t += WARPS) {
+                float ss[1] = {so[t][c0 + lane] * so[t][c0 + lane]};
+                warp_sum(ss);
+                if (lane == 0) part[t] = ss[0];
+            }
+            cuda::cluster_sync();  // every CTA's partial sums are written
+            for (int t = warp, m = 0; t < n; t += WARPS, ++m)
+                for (int r = 0; r < NC; ++r) total[m] += cuda::cluster_shared(part, r)[t];
+            cuda::cluster_sync();  // read by all before the next chunk writes them
+#else
+            __trap();  // launched only where clusters exist
+#endif
+        }
+        for (int t = warp, m = 0; t < n; t += WARPS, ++m) {
+            const float rr = rsqrtf(total[m] / float(HEAD) + a.eps);
             const float * zt = a.z + int64_t(t0 + t) * a.z_stride + h * HEAD;
             float * ot = a.out + int64_t(t0 + t) * a.Hv * HEAD + h * HEAD;
-#pragma unroll
-            for (int r = 0; r < REC_ROWS; ++r) {
-                const int c = lane + 32 * r;
-                ot[c] = v[r] * rr * a.norm_w[c] * silu(zt[c]);
-            }
+            for (int c = c0 + lane; c < c0 + COLS; c += 32) ot[c] = so[t][c] * rr * a.norm_w[c] * silu(zt[c]);
         }
     }
     if (a.every_state == 0) {
         float4 * dst = reinterpret_cast<float4 *>(a.state_dst + h * D);
 #pragma unroll
-        for (int cc = 0; cc < REC_COLS; ++cc) dst[(warp * REC_COLS + cc) * (HEAD / 4) + lane] = S[cc];
+        for (int cc = 0; cc < REC_COLS; ++cc) dst[(cw + cc) * (HEAD / 4) + lane] = S[cc];
     }
 }
 
@@ -258,8 +279,12 @@ inline cudaError_t run_recurrence(const recurrence_args & a, cudaStream_t stream
     int dev = 0;
     const cudaError_t err = cudaGetDevice(&dev);
     if (err != cudaSuccess) return err;
-    return cuda::launch(recurrence_kernel, dim3(a.Hv), dim3(REC_WARPS * 32), 0, stream,
-                        cuda::pdl_kernel<recurrence_kernel>(dev), a);
+    constexpr auto clustered = recurrence_kernel<REC_CLUSTER>;
+    if (cuda::clusters_run<clustered>(dev))
+        return cuda::launch_in_clusters(clustered, dim3(a.Hv * REC_CLUSTER), dim3(HEAD / REC_CLUSTER / REC_COLS * 32),
+                                        REC_CLUSTER, stream, cuda::pdl_kernel<clustered>(dev), a);
+    return cuda::launch(recurrence_kernel<1>, dim3(a.Hv), dim3(HEAD / REC_COLS * 32), 0, stream,
+                        cuda::pdl_kernel<recurrence_kernel<1>>(dev), a);
 }
 
 }  // namespace cuda_step

@@ -22,15 +22,19 @@ pytestmark = pytest.mark.gpu
 MAX_ABS = 0.5
 
 
-@pytest.fixture(scope="module", params=["q8_0", "q4_k"])
-def model(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
+def _tiny256(tmp_path_factory: pytest.TempPathFactory, folder: str, type: str, seed: int) -> str:
     # hidden 256 and FFN 512: the matrices have whole 256-value chunks (tiny's 128 would not); 16 V
     # heads: the DeltaNet stack's beta and alpha have 16 rows, so the stack tiles (as the 27B's 48);
     # a vocabulary of 1000: the output head ends in a partial tile of 8 rows
-    path = tmp_path_factory.mktemp("tiles") / f"tiny256-{request.param}.gguf"
-    synth.write_target(str(path), "tiny", type=request.param, seed=4,
+    path = tmp_path_factory.mktemp(folder) / f"tiny256-{type}.gguf"
+    synth.write_target(str(path), "tiny", type=type, seed=seed,
                        overrides={"n_embd": 256, "n_ff": 512, "ssm_n_v_heads": 16, "n_vocab": 1000})
     return str(path)
+
+
+@pytest.fixture(scope="module", params=["q8_0", "q4_k"])
+def model(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
+    return _tiny256(tmp_path_factory, "tiles", request.param, 4)
 
 
 IDS = [int(x) for x in np.random.default_rng(8).integers(0, 1000, 320)]
@@ -134,10 +138,7 @@ def test_tiled_products_past_64_columns_take_the_bf16_route(model: str) -> None:
 def q6_model(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
     # the same shapes; q4_k_m: Q6_K ffn_down, attn_v and head (1000 rows: not whole tiles, so that
     # one stays in ggml's layout), Q4_K elsewhere
-    path = tmp_path_factory.mktemp("tiles_q6") / f"tiny256-{request.param}.gguf"
-    synth.write_target(str(path), "tiny", type=request.param, seed=5,
-                       overrides={"n_embd": 256, "n_ff": 512, "ssm_n_v_heads": 16, "n_vocab": 1000})
-    return str(path)
+    return _tiny256(tmp_path_factory, "tiles_q6", request.param, 5)
 
 
 def test_tiled_q6_k_products_stay_as_close_to_the_cpu_as_ggml(q6_model: str) -> None:

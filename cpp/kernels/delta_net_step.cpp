@@ -51,18 +51,33 @@ int op_of(const ggml_tensor * node) {
 
 shape shape_of(const ggml_tensor * dst) {
     shape s;
-    s.T = dst->ne[1];
     s.Hk = params_of(dst).n_k_heads;
     s.key_dim = s.Hk * HEAD;
     if (op_of(dst) == 1) {
+        s.T = dst->src[0]->ne[1];
         s.conv_dim = dst->src[0]->ne[0];
         s.Hv = dst->src[1]->ne[0];
         s.d_conv = dst->src[4]->ne[0];
     } else {
+        s.T = dst->ne[1];
         s.Hv = dst->src[2]->ne[1];
-        s.conv_dim = dst->src[0]->ne[0] - 2 * s.Hv;
+        s.conv_dim = (2 * s.Hk + s.Hv) * HEAD;
     }
     return s;
+}
+
+input_views views_of(ggml_context * ctx, ggml_tensor * x, int64_t n_k_heads, int64_t n_v_heads, int64_t T) {
+    const int64_t C = (2 * n_k_heads + n_v_heads) * HEAD, K = n_k_heads * HEAD;
+    require(x->ne[0] == (C + 2 * n_v_heads) * T && ggml_is_contiguous(x), "views_of", "x: the inputs op's result");
+    const size_t es = sizeof(float), col = size_t(C) * es;
+    input_views v;
+    v.q = ggml_view_4d(ctx, x, HEAD, n_k_heads, T, 1, HEAD * es, col, col * T, 0);
+    v.k = ggml_view_4d(ctx, x, HEAD, n_k_heads, T, 1, HEAD * es, col, col * T, K * es);
+    v.v = ggml_view_4d(ctx, x, HEAD, n_v_heads, T, 1, HEAD * es, col, col * T, 2 * K * es);
+    const size_t gb = size_t(n_v_heads) * es;
+    v.g = ggml_view_4d(ctx, x, 1, n_v_heads, T, 1, es, gb, gb * T, col * T);
+    v.beta = ggml_view_4d(ctx, x, 1, n_v_heads, T, 1, es, gb, gb * T, col * T + gb * T);
+    return v;
 }
 
 ggml_tensor * inputs(ggml_context * ctx, ggml_tensor * qkv, ggml_tensor * beta, ggml_tensor * alpha,
@@ -82,7 +97,7 @@ ggml_tensor * inputs(ggml_context * ctx, ggml_tensor * qkv, ggml_tensor * beta, 
                 conv_dst->ne[0] >= d_conv - 1 + T - window_from,
             op, "the conv destination's rows hold the window from window_from");
     ggml_tensor * srcs[8] = {qkv, beta, alpha, conv_state, conv_w, dt_bias, a, conv_dst};
-    ggml_tensor * out = ggml_custom_4d(ctx, GGML_TYPE_F32, conv_dim + 2 * Hv, T, 1, 1, srcs, 8, &inputs_cpu,
+    ggml_tensor * out = ggml_custom_4d(ctx, GGML_TYPE_F32, (conv_dim + 2 * Hv) * T, 1, 1, 1, srcs, 8, &inputs_cpu,
                                        GGML_N_TASKS_MAX, nullptr);
     step_params p;
     p.n_k_heads = static_cast<int32_t>(n_k_heads);
@@ -97,11 +112,11 @@ ggml_tensor * recurrence(ggml_context * ctx, ggml_tensor * x, ggml_tensor * z, g
     const char * op = "recurrence";
     for (const ggml_tensor * t : {x, z, s0, norm_w, state_dst})
         require(rows_f32(t) && t->ne[2] == 1 && t->ne[3] == 1, op, "F32 tensors of 2 dimensions with contiguous rows");
-    const int64_t T = x->ne[1], Hv = s0->ne[1];
-    require(n_k_heads > 0 && Hv % n_k_heads == 0 && x->ne[0] == (2 * n_k_heads + Hv) * HEAD + 2 * Hv &&
+    const int64_t T = z->ne[1], Hv = s0->ne[1];
+    require(n_k_heads > 0 && Hv % n_k_heads == 0 && x->ne[0] == ((2 * n_k_heads + Hv) * HEAD + 2 * Hv) * T &&
                 ggml_is_contiguous(x),
-            op, "x: the inputs op's [conv_dim + 2 Hv, T]");
-    require(z->ne[0] == Hv * HEAD && z->ne[1] == T, op, "z [Hv HEAD, T]");
+            op, "x: the inputs op's result for T tokens");
+    require(z->ne[0] == Hv * HEAD, op, "z [Hv HEAD, T]");
     require(s0->ne[0] == HEAD * HEAD && ggml_is_contiguous(s0), op, "s0 [HEAD HEAD, Hv] contiguous");
     require(ggml_nelements(norm_w) == HEAD && ggml_is_contiguous(norm_w), op, "norm_w of HEAD values");
     require(state_dst->ne[0] == HEAD * HEAD * Hv && state_dst->ne[1] >= (every_state ? T : 1), op,
@@ -123,7 +138,7 @@ void inputs_cpu(ggml_tensor * dst, int ith, int nth, void *) {
     ggml_tensor * conv_dst = dst->src[7];
     const shape s = shape_of(dst);
     const step_params p = params_of(dst);
-    const int64_t T = s.T, W = s.d_conv - 1 + T, P = dst->ne[0];
+    const int64_t T = s.T, W = s.d_conv - 1 + T, C = s.conv_dim;
     const int64_t n_blocks = s.conv_dim / HEAD;  // head-sized channel blocks, then one unit of gates
     float * out = static_cast<float *>(dst->data);
     std::vector<float> win(static_cast<size_t>(W)), y(static_cast<size_t>(T * HEAD));
@@ -132,8 +147,8 @@ void inputs_cpu(ggml_tensor * dst, int ith, int nth, void *) {
             const float * bias = static_cast<const float *>(dt_bias->data), * av = static_cast<const float *>(a->data);
             for (int64_t t = 0; t < T; ++t)
                 for (int64_t h = 0; h < s.Hv; ++h) {
-                    out[t * P + s.conv_dim + h] = softplus(col(alpha, t)[h] + bias[h]) * av[h];
-                    out[t * P + s.conv_dim + s.Hv + h] = sigmoid(col(beta, t)[h]);
+                    out[C * T + t * s.Hv + h] = softplus(col(alpha, t)[h] + bias[h]) * av[h];
+                    out[(C + s.Hv) * T + t * s.Hv + h] = sigmoid(col(beta, t)[h]);
                 }
             continue;
         }
@@ -161,7 +176,7 @@ void inputs_cpu(ggml_tensor * dst, int ith, int nth, void *) {
                 const float inv_sqrt_n = 1.0f / std::sqrt(float(HEAD));
                 for (int64_t j = 0; j < HEAD; ++j) yt[j] = yt[j] * scale * inv_sqrt_n;
             }
-            std::memcpy(out + t * P + u * HEAD, yt, HEAD * sizeof(float));
+            std::memcpy(out + t * C + u * HEAD, yt, HEAD * sizeof(float));
         }
     }
 }
@@ -171,7 +186,7 @@ void recurrence_cpu(ggml_tensor * dst, int ith, int nth, void *) {
     ggml_tensor * state_dst = dst->src[4];
     const shape s = shape_of(dst);
     const step_params p = params_of(dst);
-    const int64_t T = s.T, P = x->ne[0], D = HEAD * HEAD;
+    const int64_t T = s.T, C = s.conv_dim, D = HEAD * HEAD;
     const float scale = 1.0f / std::sqrt(float(HEAD));
     const float * xd = static_cast<const float *>(x->data), * nw = static_cast<const float *>(norm_w->data);
     float * out = static_cast<float *>(dst->data);
@@ -180,9 +195,9 @@ void recurrence_cpu(ggml_tensor * dst, int ith, int nth, void *) {
         const int64_t kh = h % s.Hk;
         std::memcpy(S.data(), static_cast<const float *>(s0->data) + h * D, D * sizeof(float));
         for (int64_t t = 0; t < T; ++t) {
-            const float * xt = xd + t * P;
+            const float * xt = xd + t * C;
             const float * q = xt + kh * HEAD, * k = xt + s.key_dim + kh * HEAD, * v = xt + 2 * s.key_dim + h * HEAD;
-            const float eg = std::exp(xt[s.conv_dim + h]), b = xt[s.conv_dim + s.Hv + h];
+            const float eg = std::exp(xd[C * T + t * s.Hv + h]), b = xd[(C + s.Hv) * T + t * s.Hv + h];
             for (int64_t c = 0; c < HEAD; ++c) {  // S[c][i]: column c of the state, k index i fastest
                 float * sc = &S[c * HEAD];
                 float kv = 0.0f;

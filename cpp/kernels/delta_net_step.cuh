@@ -32,13 +32,13 @@ struct inputs_args {
     float * conv_dst = nullptr;          // channel c's window values from window_from on at conv_dst + c * conv_dst_stride
     int64_t conv_dst_stride = 0;
     int window_from = 0;
-    float * out = nullptr;  // [T][P]: q | k | v | g | beta, P = conv_dim + 2 Hv
+    float * out = nullptr;  // [T][conv_dim] q | k | v, then g [T][Hv], then beta [T][Hv]
     int T = 0, Hk = 0, Hv = 0, conv_dim = 0, d_conv = 0;
     float eps = 0.0f;
 };
 
 struct recurrence_args {
-    const float * x = nullptr;  // [T][P] (the inputs kernel's out)
+    const float * x = nullptr;  // the inputs kernel's out
     const float * z = nullptr;  // token t's Hv HEAD values at z + t * z_stride
     int64_t z_stride = 0;
     const float * s0 = nullptr;      // [Hv][HEAD (column)][HEAD (k index)]
@@ -70,14 +70,15 @@ __global__ void __launch_bounds__(HEAD) inputs_kernel(inputs_args a) {
     cuda::launch_dependents();
     cuda::wait_for_previous();
     const int u = blockIdx.x, j = threadIdx.x;
-    const int n_blocks = a.conv_dim / HEAD, P = a.conv_dim + 2 * a.Hv;
+    const int n_blocks = a.conv_dim / HEAD;
+    const int64_t C = a.conv_dim, G = C * a.T, B = G + int64_t(a.Hv) * a.T;  // where q|k|v, g, beta start
     if (u == n_blocks) {
         for (int e = j; e < a.Hv * a.T; e += blockDim.x) {
             const int h = e % a.Hv, t = e / a.Hv;
             const float x = a.alpha[int64_t(t) * a.alpha_stride + h] + a.dt_bias[h];
             const float sp = x > 20.0f ? x : logf(1.0f + expf(x));
-            a.out[int64_t(t) * P + a.conv_dim + h] = sp * a.a[h];
-            a.out[int64_t(t) * P + a.conv_dim + a.Hv + h] = 1.0f / (1.0f + expf(-a.beta[int64_t(t) * a.beta_stride + h]));
+            a.out[G + int64_t(t) * a.Hv + h] = sp * a.a[h];
+            a.out[B + int64_t(t) * a.Hv + h] = 1.0f / (1.0f + expf(-a.beta[int64_t(t) * a.beta_stride + h]));
         }
         return;
     }
@@ -100,7 +101,7 @@ __global__ void __launch_bounds__(HEAD) inputs_kernel(inputs_args a) {
         for (int i = 0; i < DC; ++i) sum += win[i] * w[i];
         const float y = silu(sum);
         if (qk) ys[t * HEAD + j] = y;
-        else a.out[int64_t(t) * P + c] = y;
+        else a.out[int64_t(t) * C + c] = y;
 #pragma unroll
         for (int i = 0; i < DC - 1; ++i) win[i] = win[i + 1];
     }
@@ -119,7 +120,7 @@ __global__ void __launch_bounds__(HEAD) inputs_kernel(inputs_args a) {
         const float scale = rsqrtf(ss[0] / float(HEAD) + a.eps / float(HEAD));
         const float inv_sqrt_n = rsqrtf(float(HEAD));
 #pragma unroll
-        for (int r = 0; r < HEAD / 32; ++r) a.out[int64_t(t) * P + u * HEAD + lane + 32 * r] = v[r] * scale * inv_sqrt_n;
+        for (int r = 0; r < HEAD / 32; ++r) a.out[int64_t(t) * C + u * HEAD + lane + 32 * r] = v[r] * scale * inv_sqrt_n;
     }
 }
 
@@ -143,7 +144,8 @@ __global__ void __launch_bounds__(HEAD / NC / REC_COLS * 32) recurrence_kernel(r
     cuda::launch_dependents();
     const int h = blockIdx.x / NC, rank = blockIdx.x % NC, kh = h % a.Hk;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, c0 = rank * COLS;  // my first column
-    const int key_dim = a.Hk * HEAD, conv_dim = (2 * a.Hk + a.Hv) * HEAD, P = conv_dim + 2 * a.Hv;
+    const int key_dim = a.Hk * HEAD, conv_dim = (2 * a.Hk + a.Hv) * HEAD;
+    const int64_t G = int64_t(conv_dim) * a.T, B = G + int64_t(a.Hv) * a.T;  // where g and beta start
     const int64_t D = int64_t(HEAD) * HEAD;
     const float scale = rsqrtf(float(HEAD));
     cuda::wait_for_previous();
@@ -159,15 +161,14 @@ __global__ void __launch_bounds__(HEAD / NC / REC_COLS * 32) recurrence_kernel(r
         __syncthreads();  // the previous chunk's shared memory is read
         for (int e = tid; e < n * HEAD; e += WARPS * 32) {
             const int t = e / HEAD, i = e % HEAD;
-            const float * xt = a.x + int64_t(t0 + t) * P;
+            const float * xt = a.x + int64_t(t0 + t) * conv_dim;
             reinterpret_cast<float *>(sq[t])[i] = xt[kh * HEAD + i];
             reinterpret_cast<float *>(sk[t])[i] = xt[key_dim + kh * HEAD + i];
             sv[t][i] = xt[2 * key_dim + h * HEAD + i];
         }
         if (tid < n) {
-            const float * xt = a.x + int64_t(t0 + tid) * P;
-            sg[tid] = expf(xt[conv_dim + h]);
-            sb[tid] = xt[conv_dim + a.Hv + h];
+            sg[tid] = expf(a.x[G + int64_t(t0 + tid) * a.Hv + h]);
+            sb[tid] = a.x[B + int64_t(t0 + tid) * a.Hv + h];
         }
         __syncthreads();
         for (int t = 0; t < n; ++t) {

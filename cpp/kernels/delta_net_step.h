@@ -39,12 +39,21 @@ struct step_params {
 // conv_dim] contiguous, dt_bias / a [Hv]; conv_dst [>= d_conv-1+T-window_from, conv_dim] (row
 // stride nb[1]) receives each channel's window values from window_from on: the new carried state
 // (window_from = T; conv_dst may be conv_state itself) or the whole window (0: a verify's
-// checkpoint). Returns [conv_dim + 2 Hv, T] F32: per token q (Hk HEAD) | k | v (Hv HEAD) | g (Hv) | beta (Hv).
+// checkpoint). Returns one F32 buffer of (conv_dim + 2 Hv) T values in three parts: [conv_dim, T]
+// (per token q (Hk HEAD) | k | v (Hv HEAD)), then g [Hv, T], then beta [Hv, T] (views_of: the
+// shapes ggml_gated_delta_net takes).
 ggml_tensor * inputs(ggml_context * ctx, ggml_tensor * qkv, ggml_tensor * beta, ggml_tensor * alpha,
                      ggml_tensor * conv_state, ggml_tensor * conv_w, ggml_tensor * dt_bias, ggml_tensor * a,
                      ggml_tensor * conv_dst, int64_t n_k_heads, int64_t window_from, float eps);
 
-// The recurrence op. x: the inputs op's result [conv_dim + 2 Hv, T]; z [Hv HEAD, T] (rows
+// The inputs op's result as ggml_gated_delta_net's operands: q, k [HEAD, Hk, T], v [HEAD, Hv, T]
+// (rows contiguous), g, beta [1, Hv, T] (contiguous).
+struct input_views {
+    ggml_tensor * q = nullptr, * k = nullptr, * v = nullptr, * g = nullptr, * beta = nullptr;
+};
+input_views views_of(ggml_context * ctx, ggml_tensor * x, int64_t n_k_heads, int64_t n_v_heads, int64_t T);
+
+// The recurrence op. x: the inputs op's result; z [Hv HEAD, T] (rows
 // contiguous, any column stride); s0 [HEAD HEAD, Hv] contiguous (per head [HEAD, HEAD], k index
 // fastest, as ggml's state); norm_w [HEAD]; state_dst [HEAD HEAD Hv, slots] (slot stride nb[1]):
 // every_state = false: the final state into slot 0 (state_dst may be s0 itself); true: the state

@@ -301,13 +301,15 @@ TEST_CASE(builders_refuse_bad_shapes) {
     CHECK_THROWS(dn::inputs(ctx, qkv, beta, alpha, conv, w, dt, a, conv, Hk, 0, EPS), error, "window_from");
     ggml_tensor * half = ggml_new_tensor_2d(ctx, GGML_TYPE_F16, C, T);
     CHECK_THROWS(dn::inputs(ctx, half, beta, alpha, conv, w, dt, a, conv, Hk, T, EPS), error, "F32");
-    ggml_tensor * x = f32(C + 2 * Hv, T), * z = f32(Hv * N, T), * s = f32(N * N, Hv), * nw = f32(N, 1);
+    ggml_tensor * x = f32((C + 2 * Hv) * T, 1), * z = f32(Hv * N, T), * s = f32(N * N, Hv), * nw = f32(N, 1);
     ggml_tensor * dst = f32(N * N * Hv, 1), * ckpt = f32(N * N * Hv, T);
     CHECK(dn::recurrence(ctx, x, z, s, nw, dst, Hk, false, EPS) != nullptr);
     CHECK_THROWS(dn::recurrence(ctx, x, z, s, nw, dst, Hk, true, EPS), error, "state destination");
     CHECK(dn::recurrence(ctx, x, z, s, nw, ckpt, Hk, true, EPS) != nullptr);
     CHECK_THROWS(dn::recurrence(ctx, f32(C, T), z, s, nw, dst, Hk, false, EPS), error, "x:");
-    CHECK_THROWS(dn::recurrence(ctx, x, f32(Hv * N, T + 1), s, nw, dst, Hk, false, EPS), error, "z [");
+    CHECK_THROWS(dn::recurrence(ctx, x, f32(Hv * N, T + 1), s, nw, dst, Hk, false, EPS), error, "x:");  // x for T
+    CHECK_THROWS(dn::recurrence(ctx, x, f32(Hv * N + 1, T), s, nw, dst, Hk, false, EPS), error, "z [");
+    CHECK_THROWS(dn::views_of(ctx, f32(C, T), Hk, Hv, T), error, "x:");
     ggml_free(ctx);
 }
 

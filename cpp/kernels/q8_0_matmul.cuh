@@ -153,7 +153,8 @@ __device__ __forceinline__ int q6_centered(uint32_t q) {
 
 __device__ __forceinline__ float silu(float v) { return v / (1.0f + expf(-v)); }  // as ggml's CUDA swiglu
 
-// One warp per (group of GROUP blocks, column n) of v = x (or x * norm_w): xq[b][n][0..31], xd[b][n]
+// One warp per (block b, column n) of v = x (or x * norm_w; GROUP > 1: a thread block of GROUP warps
+// per group of GROUP blocks and column, which share one scale): xq[b][n][0..31], xd[b][n]
 // (the group's scale, the same for its blocks: amax / 127 over GROUP * 32 values), xs[b][n] = the
 // sum of block b's v when xs is not null, ss[b][n] = the sum of its x^2 when norm_w is not null.
 // GROUP 1 for Q8_0 weights (their blocks' 32 values), CHUNK_BLOCKS for Q4_K (one scale per 256
@@ -170,41 +171,41 @@ __global__ void quantize_columns(const float * x, int64_t x_stride, int K, int N
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");  // the product may start now
     asm volatile("griddepcontrol.wait;\n" ::: "memory");  // x is the previous kernel's output
 #endif
-    const int64_t wid = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
     const int lane = threadIdx.x % 32;
     const int n_groups = K / QK / GROUP;
-    if (wid >= int64_t(n_groups) * cols) return;
-    const int b0 = int(wid / cols) * GROUP, n = int(wid % cols);
-    float v[GROUP];
-    float amax = 0.0f;
+    // GROUP 1: warp wid of the grid = (block wid / cols, column wid % cols); GROUP > 1: thread block
+    // wid = (group wid / cols, column wid % cols), its warp w the group's block w
+    const int64_t wid = GROUP == 1 ? (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32 : int64_t(blockIdx.x);
+    if (wid >= int64_t(n_groups) * cols) return;  // (GROUP > 1: the whole thread block)
+    const int b = int(wid / cols) * GROUP + (GROUP == 1 ? 0 : int(threadIdx.x / 32)), n = int(wid % cols);
+    float v = n < N ? __ldcg(x + int64_t(n) * x_stride + int64_t(b) * QK + lane) : 0.0f;
+    if (norm_w != nullptr) {
+        float sq = v * v;
 #pragma unroll
-    for (int i = 0; i < GROUP; ++i) {
-        const int b = b0 + i;
-        v[i] = n < N ? __ldcg(x + int64_t(n) * x_stride + int64_t(b) * QK + lane) : 0.0f;
-        if (norm_w != nullptr) {
-            float sq = v[i] * v[i];
-#pragma unroll
-            for (int o = 16; o > 0; o /= 2) sq += __shfl_xor_sync(0xffffffffu, sq, o);
-            if (lane == 0) ss[int64_t(b) * cols + n] = sq;
-            v[i] *= norm_w[b * QK + lane];
-        }
-        if (xs != nullptr) {
-            float sum = v[i];
-#pragma unroll
-            for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-            if (lane == 0) xs[int64_t(b) * cols + n] = sum;
-        }
-        amax = fmaxf(amax, fabsf(v[i]));
+        for (int o = 16; o > 0; o /= 2) sq += __shfl_xor_sync(0xffffffffu, sq, o);
+        if (lane == 0) ss[int64_t(b) * cols + n] = sq;
+        v *= norm_w[b * QK + lane];
     }
+    if (xs != nullptr) {
+        float sum = v;
+#pragma unroll
+        for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        if (lane == 0) xs[int64_t(b) * cols + n] = sum;
+    }
+    float amax = fabsf(v);
 #pragma unroll
     for (int o = 16; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    const float d = amax / 127;
+    if constexpr (GROUP > 1) {  // the group's maximum over its blocks' (exact: the order does not matter)
+        __shared__ float block_max[GROUP];
+        if (lane == 0) block_max[threadIdx.x / 32] = amax;
+        __syncthreads();
 #pragma unroll
-    for (int i = 0; i < GROUP; ++i) {
-        const int64_t at = int64_t(b0 + i) * cols + n;
-        xq[at * QK + lane] = int8_t(amax == 0.0f ? 0.0f : roundf(v[i] / d));
-        if (lane == 0) xd[at] = d;
+        for (int i = 0; i < GROUP; ++i) amax = fmaxf(amax, block_max[i]);
     }
+    const float d = amax / 127;
+    const int64_t at = int64_t(b) * cols + n;
+    xq[at * QK + lane] = int8_t(amax == 0.0f ? 0.0f : roundf(v / d));
+    if (lane == 0) xd[at] = d;
 }
 
 // 8 bytes at p + 2 (a Q8_0 block's quants 8t..8t+7 when p = block + 8t): p is 4-byte aligned when
@@ -679,12 +680,13 @@ inline cudaError_t matmul_group(const matmul_args & a, void * scratch, cudaStrea
     const bool q4k = a.type == weight_type::q4_k, per_chunk = chunk_scaled(a.type);
     float * xs = q4k ? xd + nb * cols : nullptr;
     float * ss = a.norm_w != nullptr ? xd + nb * cols * (q4k ? 2 : 1) : nullptr;
-    const int threads = 256;
     int dev = 0;
     cudaError_t err = cudaGetDevice(&dev);
     if (err != cudaSuccess) return err;
-    // one warp per group of blocks and column: a block (Q8_0 weights) or a chunk (Q4_K, Q6_K)
-    const int64_t warps = int64_t(nb) / (per_chunk ? CHUNK_BLOCKS : 1) * cols;
+    // one warp per block and column; Q4_K / Q6_K: a thread block of CHUNK_BLOCKS warps per chunk and
+    // column (the chunk's blocks share one scale)
+    const int threads = per_chunk ? CHUNK_BLOCKS * 32 : 256;
+    const int64_t warps = int64_t(nb) * cols;
     const dim3 grid(unsigned((warps * 32 + threads - 1) / threads));
     err = per_chunk ? detail::launch(detail::quantize_columns<CHUNK_BLOCKS>, grid, dim3(threads), 0, stream,
                                detail::pdl_kernel<detail::quantize_columns<CHUNK_BLOCKS>>(dev), a.x, a.x_stride, a.K,

@@ -2,6 +2,7 @@
 #include <pybind11/stl.h>
 
 #include "cuda_kernels.h"
+#include "delta_net_step.h"
 #include "lucebox/system.h"
 #include "weight_tiles.h"
 #include "module.h"
@@ -39,6 +40,9 @@ void register_system(py::module_ & m) {
           "load; for A/B tests of the layout. No effect without CUDA.");
     m.def("tiled_weights", [] { return kernels::tiles::count(); },
           "How many row-tiled weight ranges (matrices or stacks) are loaded now.");
+    m.def("delta_net_step_runs", [] { return kernels::delta_net_step_runs() + kernels::delta_net::cpu_runs(); },
+          "How many fused DeltaNet step ops (cpp/kernels/delta_net_step.h) have run, on the CPU or on lucebox's "
+          "CUDA kernels (a captured CUDA graph counts once).");
     m.def("tiles_declined", &kernels::tiles_declined,
           "Fused products of row-tiled weights that lucebox's kernel left to ggml to split (expected 0).");
 

@@ -1,6 +1,7 @@
 // The fused DeltaNet step ops (delta_net_step.h): graph nodes and the CPU reference.
 #include "delta_net_step.h"
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -11,6 +12,8 @@
 
 namespace lucebox::kernels::delta_net {
 namespace {
+
+std::atomic<uint64_t> g_cpu_runs{0};
 
 // op_params: ggml's ggml_custom_op_params first, then ours
 constexpr size_t PARAMS_AT = sizeof(ggml_custom_op_params);
@@ -36,6 +39,8 @@ const float * col(const ggml_tensor * t, int64_t j) {
 
 }  // namespace
 
+uint64_t cpu_runs() { return g_cpu_runs.load(); }
+
 step_params params_of(const ggml_tensor * dst) {
     step_params p;
     std::memcpy(&p, reinterpret_cast<const char *>(dst->op_params) + PARAMS_AT, sizeof p);
@@ -59,7 +64,7 @@ shape shape_of(const ggml_tensor * dst) {
         s.Hv = dst->src[1]->ne[0];
         s.d_conv = dst->src[4]->ne[0];
     } else {
-        s.T = dst->ne[1];
+        s.T = params_of(dst).n_tokens;
         s.Hv = dst->src[2]->ne[1];
         s.conv_dim = (2 * s.Hk + s.Hv) * HEAD;
     }
@@ -107,32 +112,62 @@ ggml_tensor * inputs(ggml_context * ctx, ggml_tensor * qkv, ggml_tensor * beta, 
     return out;
 }
 
-ggml_tensor * recurrence(ggml_context * ctx, ggml_tensor * x, ggml_tensor * z, ggml_tensor * s0, ggml_tensor * norm_w,
-                         ggml_tensor * state_dst, int64_t n_k_heads, bool every_state, float eps) {
-    const char * op = "recurrence";
-    for (const ggml_tensor * t : {x, z, s0, norm_w, state_dst})
-        require(rows_f32(t) && t->ne[2] == 1 && t->ne[3] == 1, op, "F32 tensors of 2 dimensions with contiguous rows");
-    const int64_t T = z->ne[1], Hv = s0->ne[1];
-    require(n_k_heads > 0 && Hv % n_k_heads == 0 && x->ne[0] == ((2 * n_k_heads + Hv) * HEAD + 2 * Hv) * T &&
+namespace {
+
+// The recurrence's checks and node: srcs [state_dst, x, s0, z, norm_w] (replay: the first three,
+// the node a view of state_dst).
+ggml_tensor * recurrence_node(ggml_context * ctx, ggml_tensor * x, int64_t x_tokens, int64_t T, ggml_tensor * z,
+                              ggml_tensor * s0, ggml_tensor * norm_w, ggml_tensor * state_dst, int64_t n_k_heads,
+                              state_out mode, float eps) {
+    const char * op = z != nullptr ? "recurrence" : "replay";
+    for (const ggml_tensor * t : {x, s0, state_dst, z, norm_w})
+        require(t == nullptr || (rows_f32(t) && t->ne[2] == 1 && t->ne[3] == 1), op,
+                "F32 tensors of 2 dimensions with contiguous rows");
+    const int64_t Hv = s0->ne[1];
+    require(T >= 1 && x_tokens >= T, op, "x_tokens >= T >= 1");
+    require(n_k_heads > 0 && Hv % n_k_heads == 0 && x->ne[0] == ((2 * n_k_heads + Hv) * HEAD + 2 * Hv) * x_tokens &&
                 ggml_is_contiguous(x),
-            op, "x: the inputs op's result for T tokens");
-    require(z->ne[0] == Hv * HEAD, op, "z [Hv HEAD, T]");
+            op, "x: the inputs op's result for x_tokens tokens");
+    require(z == nullptr || (z->ne[0] == Hv * HEAD && z->ne[1] == T), op, "z [Hv HEAD, T]");
     require(s0->ne[0] == HEAD * HEAD && ggml_is_contiguous(s0), op, "s0 [HEAD HEAD, Hv] contiguous");
-    require(ggml_nelements(norm_w) == HEAD && ggml_is_contiguous(norm_w), op, "norm_w of HEAD values");
-    require(state_dst->ne[0] == HEAD * HEAD * Hv && state_dst->ne[1] >= (every_state ? T : 1), op,
+    require(norm_w == nullptr || (ggml_nelements(norm_w) == HEAD && ggml_is_contiguous(norm_w)), op,
+            "norm_w of HEAD values");
+    require(state_dst->ne[0] == HEAD * HEAD * Hv && state_dst->ne[1] >= (mode == state_out::every_state ? T : 1), op,
             "state destination [HEAD HEAD Hv, slots]");
-    ggml_tensor * srcs[5] = {x, z, s0, norm_w, state_dst};
-    ggml_tensor * out = ggml_custom_4d(ctx, GGML_TYPE_F32, Hv * HEAD, T, 1, 1, srcs, 5, &recurrence_cpu,
-                                       GGML_N_TASKS_MAX, nullptr);
     step_params p;
     p.n_k_heads = static_cast<int32_t>(n_k_heads);
-    p.every_state = every_state ? 1 : 0;
+    p.state_mode = static_cast<int32_t>(mode);
+    p.outputs = z != nullptr ? 1 : 0;
+    p.x_tokens = static_cast<int32_t>(x_tokens);
+    p.n_tokens = static_cast<int32_t>(T);
     p.eps = eps;
+    ggml_tensor * out = nullptr;
+    if (z != nullptr) {
+        ggml_tensor * srcs[5] = {state_dst, x, s0, z, norm_w};
+        out = ggml_custom_4d(ctx, GGML_TYPE_F32, Hv * HEAD, T, 1, 1, srcs, 5, &recurrence_cpu, GGML_N_TASKS_MAX, nullptr);
+    } else {
+        ggml_tensor * srcs[2] = {x, s0};  // after state_dst, which ggml_custom_inplace makes src[0]
+        out = ggml_custom_inplace(ctx, state_dst, srcs, 2, &recurrence_cpu, GGML_N_TASKS_MAX, nullptr);
+    }
     set_params(out, p);
     return out;
 }
 
+}  // namespace
+
+ggml_tensor * recurrence(ggml_context * ctx, ggml_tensor * x, int64_t x_tokens, ggml_tensor * z, ggml_tensor * s0,
+                         ggml_tensor * norm_w, ggml_tensor * state_dst, int64_t n_k_heads, state_out mode, float eps) {
+    require(z != nullptr && norm_w != nullptr, "recurrence", "z and norm_w");
+    return recurrence_node(ctx, x, x_tokens, z->ne[1], z, s0, norm_w, state_dst, n_k_heads, mode, eps);
+}
+
+ggml_tensor * replay(ggml_context * ctx, ggml_tensor * x, int64_t x_tokens, int64_t T, ggml_tensor * s0,
+                     ggml_tensor * state_dst, int64_t n_k_heads) {
+    return recurrence_node(ctx, x, x_tokens, T, nullptr, s0, nullptr, state_dst, n_k_heads, state_out::final_state, 0.0f);
+}
+
 void inputs_cpu(ggml_tensor * dst, int ith, int nth, void *) {
+    if (ith == 0) g_cpu_runs.fetch_add(1, std::memory_order_relaxed);
     const ggml_tensor * qkv = dst->src[0], * beta = dst->src[1], * alpha = dst->src[2], * conv_state = dst->src[3],
                       * conv_w = dst->src[4], * dt_bias = dst->src[5], * a = dst->src[6];
     ggml_tensor * conv_dst = dst->src[7];
@@ -182,14 +217,16 @@ void inputs_cpu(ggml_tensor * dst, int ith, int nth, void *) {
 }
 
 void recurrence_cpu(ggml_tensor * dst, int ith, int nth, void *) {
-    const ggml_tensor * x = dst->src[0], * z = dst->src[1], * s0 = dst->src[2], * norm_w = dst->src[3];
-    ggml_tensor * state_dst = dst->src[4];
+    if (ith == 0) g_cpu_runs.fetch_add(1, std::memory_order_relaxed);
+    ggml_tensor * state_dst = dst->src[0];
+    const ggml_tensor * x = dst->src[1], * s0 = dst->src[2], * z = dst->src[3], * norm_w = dst->src[4];
     const shape s = shape_of(dst);
     const step_params p = params_of(dst);
-    const int64_t T = s.T, C = s.conv_dim, D = HEAD * HEAD;
+    const int64_t T = s.T, XT = p.x_tokens, C = s.conv_dim, D = HEAD * HEAD;
+    const state_out mode = static_cast<state_out>(p.state_mode);
     const float scale = 1.0f / std::sqrt(float(HEAD));
-    const float * xd = static_cast<const float *>(x->data), * nw = static_cast<const float *>(norm_w->data);
-    float * out = static_cast<float *>(dst->data);
+    const float * xd = static_cast<const float *>(x->data);
+    float * out = p.outputs != 0 ? static_cast<float *>(dst->data) : nullptr;
     std::vector<float> S(static_cast<size_t>(D)), o(static_cast<size_t>(HEAD));
     for (int64_t h = ith; h < s.Hv; h += nth) {
         const int64_t kh = h % s.Hk;
@@ -197,7 +234,7 @@ void recurrence_cpu(ggml_tensor * dst, int ith, int nth, void *) {
         for (int64_t t = 0; t < T; ++t) {
             const float * xt = xd + t * C;
             const float * q = xt + kh * HEAD, * k = xt + s.key_dim + kh * HEAD, * v = xt + 2 * s.key_dim + h * HEAD;
-            const float eg = std::exp(xd[C * T + t * s.Hv + h]), b = xd[(C + s.Hv) * T + t * s.Hv + h];
+            const float eg = std::exp(xd[C * XT + t * s.Hv + h]), b = xd[(C + s.Hv) * XT + t * s.Hv + h];
             for (int64_t c = 0; c < HEAD; ++c) {  // S[c][i]: column c of the state, k index i fastest
                 float * sc = &S[c * HEAD];
                 float kv = 0.0f;
@@ -210,18 +247,21 @@ void recurrence_cpu(ggml_tensor * dst, int ith, int nth, void *) {
                 }
                 o[c] = attn * scale;
             }
-            if (p.every_state != 0) {
+            if (mode == state_out::every_state) {
                 float * slot = reinterpret_cast<float *>(static_cast<char *>(state_dst->data) +
                                                          (T - 1 - t) * state_dst->nb[1]);
                 std::memcpy(slot + h * D, S.data(), D * sizeof(float));
             }
+            if (out == nullptr) continue;
+            const float * nw = static_cast<const float *>(norm_w->data);
             float ss = 0.0f;
             for (int64_t c = 0; c < HEAD; ++c) ss += o[c] * o[c];
             const float r = 1.0f / std::sqrt(ss / float(HEAD) + p.eps);
             const float * zt = col(z, t) + h * HEAD;
             for (int64_t c = 0; c < HEAD; ++c) out[t * s.Hv * HEAD + h * HEAD + c] = o[c] * r * nw[c] * silu(zt[c]);
         }
-        if (p.every_state == 0) std::memcpy(static_cast<float *>(state_dst->data) + h * D, S.data(), D * sizeof(float));
+        if (mode == state_out::final_state)
+            std::memcpy(static_cast<float *>(state_dst->data) + h * D, S.data(), D * sizeof(float));
     }
 }
 

@@ -42,11 +42,13 @@ int custom_op_hook(const ggml_tensor * dst, void * stream) {
         err = delta_net::cuda_step::run_inputs(a, static_cast<cudaStream_t>(stream));
     } else {
         delta_net::cuda_step::recurrence_args a;
-        a.x = cf(dst->src[0]);
-        a.z = cf(dst->src[1]), a.z_stride = floats(dst->src[1]->nb[1]);
-        a.s0 = cf(dst->src[2]), a.norm_w = cf(dst->src[3]);
-        a.state_dst = f(dst->src[4]), a.slot_stride = floats(dst->src[4]->nb[1]), a.every_state = p.every_state;
-        a.out = f(dst);
+        a.state_dst = f(dst->src[0]), a.slot_stride = floats(dst->src[0]->nb[1]), a.state_mode = p.state_mode;
+        a.x = cf(dst->src[1]), a.x_tokens = p.x_tokens;
+        a.s0 = cf(dst->src[2]);
+        if (p.outputs != 0) {
+            a.z = cf(dst->src[3]), a.z_stride = floats(dst->src[3]->nb[1]), a.norm_w = cf(dst->src[4]);
+            a.out = f(dst);
+        }
         a.T = int(s.T), a.Hk = int(s.Hk), a.Hv = int(s.Hv);
         a.eps = p.eps;
         err = delta_net::cuda_step::run_recurrence(a, static_cast<cudaStream_t>(stream));

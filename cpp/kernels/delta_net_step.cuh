@@ -38,15 +38,17 @@ struct inputs_args {
 };
 
 struct recurrence_args {
-    const float * x = nullptr;  // the inputs kernel's out
+    const float * x = nullptr;  // the inputs kernel's out for x_tokens tokens
+    int x_tokens = 0;
     const float * z = nullptr;  // token t's Hv HEAD values at z + t * z_stride
     int64_t z_stride = 0;
     const float * s0 = nullptr;      // [Hv][HEAD (column)][HEAD (k index)]
     const float * norm_w = nullptr;  // [HEAD]
     float * state_dst = nullptr;     // slot s at state_dst + s * slot_stride, each [Hv][HEAD][HEAD]
     int64_t slot_stride = 0;         // floats
-    int every_state = 0;             // 1: the state after token t into slot T-1-t; 0: the final state into slot 0
-    float * out = nullptr;           // [T][Hv HEAD]
+    int state_mode = 0;              // delta_net::state_out: 0 final state into slot 0, 1 the state after token t
+                                     // into slot T-1-t, 2 none
+    float * out = nullptr;           // [T][Hv HEAD]; null: no outputs (a replay: z, norm_w unused)
     int T = 0, Hk = 0, Hv = 0;
     float eps = 0.0f;
 };
@@ -145,7 +147,7 @@ __global__ void __launch_bounds__(HEAD / NC / REC_COLS * 32) recurrence_kernel(r
     const int h = blockIdx.x / NC, rank = blockIdx.x % NC, kh = h % a.Hk;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, c0 = rank * COLS;  // my first column
     const int key_dim = a.Hk * HEAD, conv_dim = (2 * a.Hk + a.Hv) * HEAD;
-    const int64_t G = int64_t(conv_dim) * a.T, B = G + int64_t(a.Hv) * a.T;  // where g and beta start
+    const int64_t G = int64_t(conv_dim) * a.x_tokens, B = G + int64_t(a.Hv) * a.x_tokens;  // where g and beta start
     const int64_t D = int64_t(HEAD) * HEAD;
     const float scale = rsqrtf(float(HEAD));
     cuda::wait_for_previous();
@@ -200,17 +202,22 @@ __global__ void __launch_bounds__(HEAD / NC / REC_COLS * 32) recurrence_kernel(r
 #pragma unroll
             for (int cc = 0; cc < REC_COLS; ++cc)
                 if (lane == cc) so[t][cw + cc] = at[cc] * scale;
-            if (a.every_state != 0) {
+            if (a.state_mode == 1) {
                 float4 * slot = reinterpret_cast<float4 *>(a.state_dst + int64_t(a.T - 1 - (t0 + t)) * a.slot_stride + h * D);
 #pragma unroll
                 for (int cc = 0; cc < REC_COLS; ++cc) slot[(cw + cc) * (HEAD / 4) + lane] = S[cc];
             }
         }
+        if (a.out == nullptr) continue;  // a replay (the same for the whole cluster: no barrier skipped by some)
         __syncthreads();
         // the gated norm of the chunk's tokens, a warp per token: the sum of the head's squares
-        float total[CHUNK / WARPS + 1] = {};  // this warp's tokens warp, warp + WARPS, ...
+        constexpr int MINE = (CHUNK + WARPS - 1) / WARPS;  // this warp's tokens: warp + m * WARPS
+        float total[MINE] = {};
         if constexpr (NC == 1) {
-            for (int t = warp, m = 0; t < n; t += WARPS, ++m) {
+#pragma unroll
+            for (int m = 0; m < MINE; ++m) {
+                const int t = warp + m * WARPS;
+                if (t >= n) break;
                 float ss[1] = {0.0f};
 #pragma unroll
                 for (int r = 0; r < REC_ROWS; ++r) ss[0] += so[t][lane + 32 * r] * so[t][lane + 32 * r];
@@ -226,21 +233,29 @@ __global__ void __launch_bounds__(HEAD / NC / REC_COLS * 32) recurrence_kernel(r
                 if (lane == 0) part[t] = ss[0];
             }
             cuda::cluster_sync();  // every CTA's partial sums are written
-            for (int t = warp, m = 0; t < n; t += WARPS, ++m)
-                for (int r = 0; r < NC; ++r) total[m] += cuda::cluster_shared(part, r)[t];
+#pragma unroll
+            for (int m = 0; m < MINE; ++m) {
+                const int t = warp + m * WARPS;
+                if (t < n)
+#pragma unroll
+                    for (int r = 0; r < NC; ++r) total[m] += cuda::cluster_shared(part, r)[t];
+            }
             cuda::cluster_sync();  // read by all before the next chunk writes them
 #else
             __trap();  // launched only where clusters exist
 #endif
         }
-        for (int t = warp, m = 0; t < n; t += WARPS, ++m) {
+#pragma unroll
+        for (int m = 0; m < MINE; ++m) {
+            const int t = warp + m * WARPS;
+            if (t >= n) break;
             const float rr = rsqrtf(total[m] / float(HEAD) + a.eps);
             const float * zt = a.z + int64_t(t0 + t) * a.z_stride + h * HEAD;
             float * ot = a.out + int64_t(t0 + t) * a.Hv * HEAD + h * HEAD;
             for (int c = c0 + lane; c < c0 + COLS; c += 32) ot[c] = so[t][c] * rr * a.norm_w[c] * silu(zt[c]);
         }
     }
-    if (a.every_state == 0) {
+    if (a.state_mode == 0) {
         float4 * dst = reinterpret_cast<float4 *>(a.state_dst + h * D);
 #pragma unroll
         for (int cc = 0; cc < REC_COLS; ++cc) dst[(cw + cc) * (HEAD / 4) + lane] = S[cc];
@@ -276,7 +291,7 @@ inline cudaError_t run_inputs(const inputs_args & a, cudaStream_t stream) {
 }
 
 inline cudaError_t run_recurrence(const recurrence_args & a, cudaStream_t stream) {
-    if (a.T < 1 || a.T > MAX_TOKENS || a.Hk < 1) return cudaErrorInvalidValue;
+    if (a.T < 1 || a.T > MAX_TOKENS || a.x_tokens < a.T || a.x_tokens > MAX_TOKENS || a.Hk < 1) return cudaErrorInvalidValue;
     int dev = 0;
     const cudaError_t err = cudaGetDevice(&dev);
     if (err != cudaSuccess) return err;

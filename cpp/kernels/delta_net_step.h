@@ -26,11 +26,21 @@ constexpr int64_t HEAD = 128;
 // Most tokens a step op takes (decode, a verify); longer batches (prefill) run ggml's ops.
 constexpr int64_t MAX_TOKENS = 64;
 
+// What a state destination of the recurrence receives.
+enum class state_out : int32_t {
+    final_state = 0,  // the state after the last token, into slot 0
+    every_state = 1,  // the state after token t into slot T-1-t (a verify's checkpoints)
+    none = 2,         // nothing (a verify whose commit replays the kept tokens: replay())
+};
+
 // What a node carries besides its sources, after ggml's custom-op header in op_params.
 struct step_params {
     int32_t n_k_heads = 0;    // Hk (q and k heads); value heads Hv from the shapes
     int32_t window_from = 0;  // inputs: conv window values [window_from, d_conv-1+T) go to the conv destination
-    int32_t every_state = 0;  // recurrence: 1 = the state after token t into slot T-1-t, 0 = the final state only
+    int32_t state_mode = 0;   // recurrence: a state_out
+    int32_t outputs = 1;      // recurrence: 0 = state only (replay)
+    int32_t x_tokens = 0;     // recurrence: the tokens of the inputs op's result x (>= n_tokens)
+    int32_t n_tokens = 0;     // recurrence: the tokens run (x's first n_tokens)
     float eps = 0.0f;         // inputs: the L2 norm's; recurrence: the gated RMS norm's
 };
 
@@ -53,17 +63,27 @@ struct input_views {
 };
 input_views views_of(ggml_context * ctx, ggml_tensor * x, int64_t n_k_heads, int64_t n_v_heads, int64_t T);
 
-// The recurrence op. x: the inputs op's result; z [Hv HEAD, T] (rows
+// The recurrence op. x: the inputs op's result for x_tokens >= T tokens; z [Hv HEAD, T] (rows
 // contiguous, any column stride); s0 [HEAD HEAD, Hv] contiguous (per head [HEAD, HEAD], k index
-// fastest, as ggml's state); norm_w [HEAD]; state_dst [HEAD HEAD Hv, slots] (slot stride nb[1]):
-// every_state = false: the final state into slot 0 (state_dst may be s0 itself); true: the state
-// after token t into slot T-1-t (T <= slots). Returns [Hv HEAD, T] F32: RMSNorm(o) * norm_w * SiLU(z).
-ggml_tensor * recurrence(ggml_context * ctx, ggml_tensor * x, ggml_tensor * z, ggml_tensor * s0, ggml_tensor * norm_w,
-                         ggml_tensor * state_dst, int64_t n_k_heads, bool every_state, float eps);
+// fastest, as ggml's state); norm_w [HEAD]; state_dst [HEAD HEAD Hv, slots] (slot stride nb[1]; may
+// be s0 itself) receives what `mode` says (every_state: T <= slots). Returns [Hv HEAD, T] F32:
+// RMSNorm(o) * norm_w * SiLU(z).
+ggml_tensor * recurrence(ggml_context * ctx, ggml_tensor * x, int64_t x_tokens, ggml_tensor * z, ggml_tensor * s0,
+                         ggml_tensor * norm_w, ggml_tensor * state_dst, int64_t n_k_heads, state_out mode, float eps);
+
+// The same recurrence over x's first T tokens for the state only (the final state into
+// state_dst's slot 0, no outputs): a chain commit after a verify that kept x (state_out::none),
+// the same bits as the verify's own state after token T-1. Returns a view of state_dst.
+ggml_tensor * replay(ggml_context * ctx, ggml_tensor * x, int64_t x_tokens, int64_t T, ggml_tensor * s0,
+                     ggml_tensor * state_dst, int64_t n_k_heads);
 
 // The CPU implementations (ggml_custom_op_t); their addresses also tell the ops apart in a graph.
 void inputs_cpu(ggml_tensor * dst, int ith, int nth, void * userdata);
 void recurrence_cpu(ggml_tensor * dst, int ith, int nth, void * userdata);
+
+// How many of the ops the CPU functions have run in this process (tests check the ops were used;
+// kernels::delta_net_step_runs counts the CUDA kernels').
+uint64_t cpu_runs();
 
 // The node's step_params (dst made by inputs() or recurrence()).
 step_params params_of(const ggml_tensor * dst);

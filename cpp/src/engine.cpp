@@ -470,8 +470,9 @@ std::unique_ptr<session> engine::new_session() {
                 }, "the draft's copies of the feature rings");
         }
     } else {
+        const std::vector<bool> fused = qwen35_fused_layers(e.target.hparams, e.w);
         st->model_state = qwen35_state::allocate(e.target.hparams, e.kv_size, e.type_k, e.type_v, e.capture, ring,
-                                                 checkpoints, ggml_backend_dev_buffer_type(e.dev), e.dev);
+                                                 checkpoints, ggml_backend_dev_buffer_type(e.dev), e.dev, nullptr, &fused);
     }
     if (e.draft) {
         st->draft_state = dflash_state::allocate(e.draft->hparams, e.kv_size, e.type_k, e.type_v,

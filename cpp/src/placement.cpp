@@ -437,11 +437,12 @@ std::unique_ptr<layer_split_session> layer_split::new_session(qwen35_state & ful
                                                               ggml_backend_dev_t draft_dev) const {
     auto ss = std::make_unique<layer_split_session>();
     std::vector<qwen35_state> parts;
+    const std::vector<bool> fused = qwen35_fused_layers(hp_, w_);
     for (const shard & sh : shards_) {
         std::vector<bool> layers(hp_.n_layer, false);
         std::fill(layers.begin() + sh.begin, layers.begin() + sh.end, true);
         parts.push_back(qwen35_state::allocate(hp_, kv_size, type_k, type_v, capture, ring_size, n_checkpoints,
-                                               ggml_backend_dev_buffer_type(sh.dev), sh.dev, &layers));
+                                               ggml_backend_dev_buffer_type(sh.dev), sh.dev, &layers, &fused));
     }
     // The full state: every range's tensors in one per-layer view; the stores move into it.
     full = qwen35_state();
@@ -449,7 +450,7 @@ std::unique_ptr<layer_split_session> layer_split::new_session(qwen35_state & ful
     full.capture_layers = capture;
     full.ring_size = parts[0].ring_size;
     full.n_checkpoints = n_checkpoints;
-    for (auto * v : {&full.k, &full.v, &full.conv, &full.ssm, &full.ssm_ckpt, &full.conv_ckpt}) {
+    for (auto * v : {&full.k, &full.v, &full.conv, &full.ssm, &full.ssm_ckpt, &full.conv_ckpt, &full.inputs_ckpt}) {
         v->assign(hp_.n_layer, nullptr);
     }
     full.ring.assign(capture.size(), nullptr);
@@ -462,6 +463,7 @@ std::unique_ptr<layer_split_session> layer_split::new_session(qwen35_state & ful
             full.ssm[il] = p.ssm[il];
             full.ssm_ckpt[il] = p.ssm_ckpt[il];
             full.conv_ckpt[il] = p.conv_ckpt[il];
+            full.inputs_ckpt[il] = p.inputs_ckpt[il];
         }
         for (size_t i = 0; i < capture.size(); ++i) {
             if (p.ring[i] != nullptr) {
@@ -482,6 +484,7 @@ std::unique_ptr<layer_split_session> layer_split::new_session(qwen35_state & ful
         v.ssm = parts[s].ssm;
         v.ssm_ckpt = parts[s].ssm_ckpt;
         v.conv_ckpt = parts[s].conv_ckpt;
+        v.inputs_ckpt = parts[s].inputs_ckpt;
         v.ring = parts[s].ring;
         ss->views.push_back(std::move(v));
         ss->graphs.push_back(std::make_unique<layer_split_session::range_graph>());

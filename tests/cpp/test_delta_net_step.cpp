@@ -106,7 +106,8 @@ result run_ops(ggml_backend_t be, const layer & l, const state & s0, const std::
     ggml_tensor * xin = dn::inputs(ctx, qkv, beta, alpha, conv, conv_w, dt_bias, a, verify ? conv_ckpt : conv, l.Hk,
                                    verify ? 0 : T, EPS);
     ggml_tensor * state_dst = verify ? ssm_ckpt : ggml_view_2d(ctx, ssm, D, 1, D * es, 0);
-    ggml_tensor * out = dn::recurrence(ctx, xin, z, ssm, norm_w, state_dst, l.Hk, verify, EPS);
+    ggml_tensor * out = dn::recurrence(ctx, xin, T, z, ssm, norm_w, state_dst, l.Hk,
+                                       verify ? dn::state_out::every_state : dn::state_out::final_state, EPS);
     ggml_cgraph * gf = ggml_new_graph(ctx);
     ggml_build_forward_expand(gf, out);
     ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors(ctx, be);
@@ -254,7 +255,73 @@ void check_batch_independent(ggml_backend_t be, const layer & l, int64_t T, uint
     CHECK(window_differ == 0);
 }
 
+// A verify that keeps its fused inputs (state_out::none) and a commit that replays its first m
+// tokens: the verify's outputs and the replayed state must be the same bits as a verify that writes
+// every token's state (its outputs, its slot T-m).
+void check_replay(ggml_backend_t be, const layer & l, int64_t T, uint32_t seed) {
+    const state s0 = random_state(l, seed);
+    const std::vector<float> proj = random_proj(l, T, seed + 1);
+    const result every = run_ops(be, l, s0, proj, T, true);
+    const int64_t C = l.conv_dim(), D = l.Hv * N * N, X = (C + 2 * l.Hv) * T;
+    for (int64_t m : {int64_t(1), (T + 1) / 2, T}) {
+        ggml_init_params ip{ggml_tensor_overhead() * 40 + 2 * ggml_graph_overhead(), nullptr, true};
+        ggml_context * ctx = ggml_init(ip);
+        ggml_tensor * p = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, l.proj_rows(), T);
+        ggml_tensor * conv_w = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, l.d_conv, C);
+        ggml_tensor * dt_bias = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, l.Hv);
+        ggml_tensor * a = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, l.Hv);
+        ggml_tensor * norm_w = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, N);
+        ggml_tensor * conv = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, l.d_conv - 1, C);
+        ggml_tensor * ssm = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, N * N, l.Hv);
+        ggml_tensor * conv_ckpt = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, l.d_conv - 1 + T, C);
+        ggml_tensor * kept = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, X + 7);  // as the model's, larger than needed
+        const size_t es = sizeof(float);
+        ggml_tensor * xin = dn::inputs(ctx, ggml_view_2d(ctx, p, C, T, p->nb[1], 0),
+                                       ggml_view_2d(ctx, p, l.Hv, T, p->nb[1], (C + l.Hv * N) * es),
+                                       ggml_view_2d(ctx, p, l.Hv, T, p->nb[1], (C + l.Hv * N + l.Hv) * es), conv, conv_w,
+                                       dt_bias, a, conv_ckpt, l.Hk, 0, EPS);
+        ggml_tensor * out = dn::recurrence(ctx, xin, T, ggml_view_2d(ctx, p, l.Hv * N, T, p->nb[1], C * es), ssm, norm_w,
+                                           ggml_view_2d(ctx, ssm, D, 1, D * es, 0), l.Hk, dn::state_out::none, EPS);
+        ggml_cgraph * verify = ggml_new_graph(ctx);
+        ggml_build_forward_expand(verify, ggml_cpy(ctx, xin, ggml_view_1d(ctx, kept, X, 0)));
+        ggml_build_forward_expand(verify, out);
+        ggml_cgraph * commit = ggml_new_graph(ctx);
+        ggml_build_forward_expand(commit, dn::replay(ctx, ggml_view_1d(ctx, kept, X, 0), T, m, ssm,
+                                                     ggml_view_2d(ctx, ssm, D, 1, D * es, 0), l.Hk));
+        ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors(ctx, be);
+        ggml_backend_tensor_set(p, proj.data(), 0, ggml_nbytes(p));
+        ggml_backend_tensor_set(conv_w, l.conv_w.data(), 0, ggml_nbytes(conv_w));
+        ggml_backend_tensor_set(dt_bias, l.dt_bias.data(), 0, ggml_nbytes(dt_bias));
+        ggml_backend_tensor_set(a, l.a.data(), 0, ggml_nbytes(a));
+        ggml_backend_tensor_set(norm_w, l.norm_w.data(), 0, ggml_nbytes(norm_w));
+        ggml_backend_tensor_set(conv, s0.conv.data(), 0, ggml_nbytes(conv));
+        ggml_backend_tensor_set(ssm, s0.ssm.data(), 0, ggml_nbytes(ssm));
+        CHECK(ggml_backend_graph_compute(be, verify) == GGML_STATUS_SUCCESS);
+        std::vector<float> o(ggml_nelements(out)), untouched(ggml_nelements(ssm)), replayed(ggml_nelements(ssm));
+        ggml_backend_tensor_get(out, o.data(), 0, ggml_nbytes(out));
+        ggml_backend_tensor_get(ssm, untouched.data(), 0, ggml_nbytes(ssm));
+        CHECK(ggml_backend_graph_compute(be, commit) == GGML_STATUS_SUCCESS);
+        ggml_backend_tensor_get(ssm, replayed.data(), 0, ggml_nbytes(ssm));
+        const std::vector<float> want(every.ssm.begin() + (T - m) * D, every.ssm.begin() + (T - m + 1) * D);
+        const size_t out_differ = bits_differ(o, every.out), state_differ = bits_differ(replayed, want);
+        std::printf("  T %lld, replay of %lld: %zu outputs, %zu state values differ from the verify that keeps every state\n",
+                    (long long) T, (long long) m, out_differ, state_differ);
+        CHECK(untouched == s0.ssm);  // the verify itself writes no state
+        CHECK(out_differ == 0);
+        CHECK(state_differ == 0);
+        ggml_backend_buffer_free(buf);
+        ggml_free(ctx);
+    }
+}
+
 }  // namespace
+
+TEST_CASE(cpu_replay_equals_kept_states) {
+    ggml_backend_t cpu = cpu_backend();
+    const layer l = random_layer(2, 4, 4, 9);
+    for (int64_t T : {1, 6, 16}) check_replay(cpu, l, T, 90 + uint32_t(T));
+    ggml_backend_free(cpu);
+}
 
 TEST_CASE(cpu_op_matches_reference) {
     ggml_backend_t cpu = cpu_backend();
@@ -303,12 +370,16 @@ TEST_CASE(builders_refuse_bad_shapes) {
     CHECK_THROWS(dn::inputs(ctx, half, beta, alpha, conv, w, dt, a, conv, Hk, T, EPS), error, "F32");
     ggml_tensor * x = f32((C + 2 * Hv) * T, 1), * z = f32(Hv * N, T), * s = f32(N * N, Hv), * nw = f32(N, 1);
     ggml_tensor * dst = f32(N * N * Hv, 1), * ckpt = f32(N * N * Hv, T);
-    CHECK(dn::recurrence(ctx, x, z, s, nw, dst, Hk, false, EPS) != nullptr);
-    CHECK_THROWS(dn::recurrence(ctx, x, z, s, nw, dst, Hk, true, EPS), error, "state destination");
-    CHECK(dn::recurrence(ctx, x, z, s, nw, ckpt, Hk, true, EPS) != nullptr);
-    CHECK_THROWS(dn::recurrence(ctx, f32(C, T), z, s, nw, dst, Hk, false, EPS), error, "x:");
-    CHECK_THROWS(dn::recurrence(ctx, x, f32(Hv * N, T + 1), s, nw, dst, Hk, false, EPS), error, "x:");  // x for T
-    CHECK_THROWS(dn::recurrence(ctx, x, f32(Hv * N + 1, T), s, nw, dst, Hk, false, EPS), error, "z [");
+    const auto fin = dn::state_out::final_state, every = dn::state_out::every_state;
+    CHECK(dn::recurrence(ctx, x, T, z, s, nw, dst, Hk, fin, EPS) != nullptr);
+    CHECK_THROWS(dn::recurrence(ctx, x, T, z, s, nw, dst, Hk, every, EPS), error, "state destination");
+    CHECK(dn::recurrence(ctx, x, T, z, s, nw, ckpt, Hk, every, EPS) != nullptr);
+    CHECK_THROWS(dn::recurrence(ctx, f32(C, T), T, z, s, nw, dst, Hk, fin, EPS), error, "x:");
+    CHECK_THROWS(dn::recurrence(ctx, x, T + 1, f32(Hv * N, T + 1), s, nw, dst, Hk, fin, EPS), error, "x:");
+    CHECK_THROWS(dn::recurrence(ctx, x, T - 1, z, s, nw, dst, Hk, fin, EPS), error, "x_tokens >= T");
+    CHECK_THROWS(dn::recurrence(ctx, x, T, f32(Hv * N + 1, T), s, nw, dst, Hk, fin, EPS), error, "z [");
+    CHECK(dn::replay(ctx, x, T, 2, s, dst, Hk) != nullptr);
+    CHECK_THROWS(dn::replay(ctx, x, T, T + 1, s, dst, Hk), error, "x_tokens >= T");
     CHECK_THROWS(dn::views_of(ctx, f32(C, T), Hk, Hv, T), error, "x:");
     ggml_free(ctx);
 }
@@ -342,6 +413,7 @@ TEST_CASE(gpu_matches_cpu) {
         }
     }
     check_batch_independent(gpu, random_layer(16, 48, 4, 5), 16, 77);
+    for (int64_t T : {1, 6, 16}) check_replay(gpu, random_layer(16, 48, 4, 6), T, 120 + uint32_t(T));
     ggml_backend_free(cpu);
     ggml_backend_free(gpu);
 }

@@ -350,12 +350,13 @@ qwen35_weights bind_qwen35_weights(const qwen35_hparams & hp, const std::functio
 qwen35_state qwen35_state::allocate(const qwen35_hparams & hp, uint32_t kv_size, ggml_type type_k, ggml_type type_v,
                                     const std::vector<int32_t> & capture_layers, uint32_t ring_size,
                                     uint32_t n_checkpoints, ggml_backend_buffer_type_t buft, ggml_backend_dev_t dev,
-                                    const std::vector<bool> * layers) {
+                                    const std::vector<bool> * layers, const std::vector<bool> * fused) {
     auto has_layer = [&](uint32_t il) { return layers == nullptr || (*layers)[il]; };
     qwen35_state s;
     s.n_checkpoints = n_checkpoints;
     s.ssm_ckpt.assign(hp.n_layer, nullptr);
     s.conv_ckpt.assign(hp.n_layer, nullptr);
+    s.inputs_ckpt.assign(hp.n_layer, nullptr);
     s.kv_size = kv_size;
     s.capture_layers = capture_layers;
     s.ring_size = capture_layers.empty() ? 0 : ring_size;
@@ -364,7 +365,7 @@ qwen35_state qwen35_state::allocate(const qwen35_hparams & hp, uint32_t kv_size,
     s.conv.assign(hp.n_layer, nullptr);
     s.ssm.assign(hp.n_layer, nullptr);
     s.ring.assign(capture_layers.size(), nullptr);
-    const size_t n_tensors = 4 * size_t(hp.n_layer) + capture_layers.size();
+    const size_t n_tensors = 5 * size_t(hp.n_layer) + capture_layers.size();
     s.store = tensor_store::allocate(buft, dev, n_tensors, [&](ggml_context * ctx) {
         for (uint32_t il = 0; il < hp.n_layer; ++il) {
             if (!has_layer(il)) {
@@ -383,6 +384,11 @@ qwen35_state qwen35_state::allocate(const qwen35_hparams & hp, uint32_t kv_size,
                     s.conv_ckpt[il] = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, hp.ssm_d_conv - 1 + n_checkpoints,
                                                          hp.conv_dim());
                     ggml_format_name(s.conv_ckpt[il], "ckpt_conv-%u", il);
+                    if (fused != nullptr && (*fused)[il]) {
+                        s.inputs_ckpt[il] = ggml_new_tensor_1d(
+                            ctx, GGML_TYPE_F32, (hp.conv_dim() + 2 * int64_t(hp.ssm_n_v_heads)) * n_checkpoints);
+                        ggml_format_name(s.inputs_ckpt[il], "ckpt_inputs-%u", il);
+                    }
                 }
             } else {
                 const int64_t row = int64_t(hp.n_head_kv) * hp.head_dim;
@@ -416,16 +422,22 @@ namespace {
 using graph::named;
 namespace delta_net = kernels::delta_net;
 
+// Whether a DeltaNet layer can run the fused step ops: head size 128 (keys and values), F32 conv,
+// gate and norm weights, on a backend that runs them (kernels::fused_delta_net_in).
+bool fused_layer(const qwen35_hparams & hp, const qwen35_layer_weights & l) {
+    if (l.ssm_conv1d == nullptr || hp.ssm_d_state != delta_net::HEAD ||
+        hp.conv_dim() != (2 * int64_t(hp.ssm_n_k_heads) + hp.ssm_n_v_heads) * delta_net::HEAD)
+        return false;
+    for (const ggml_tensor * t : {l.ssm_conv1d, l.ssm_dt_bias, l.ssm_a, l.ssm_norm})
+        if (t == nullptr || t->type != GGML_TYPE_F32 || !ggml_is_contiguous(t)) return false;
+    return kernels::fused_delta_net_in(l.ssm_conv1d->buffer);
+}
+
 // Whether a DeltaNet layer's T-token batch runs as the fused step ops (kernels/delta_net_step.h):
 // a chain (not a tree), at most MAX_TOKENS tokens, head size 128 (keys and values), F32 conv,
 // gate and norm weights, on a backend that runs the ops (kernels::fused_delta_net_in).
 bool fused_step(const qwen35_hparams & hp, const qwen35_layer_weights & l, const qwen35_inputs & in, int64_t T) {
-    if (in.parents != nullptr || T > delta_net::MAX_TOKENS || hp.ssm_d_state != delta_net::HEAD ||
-        hp.conv_dim() != (2 * int64_t(hp.ssm_n_k_heads) + hp.ssm_n_v_heads) * delta_net::HEAD)
-        return false;
-    for (const ggml_tensor * t : {l.ssm_conv1d, l.ssm_dt_bias, l.ssm_a, l.ssm_norm})
-        if (t->type != GGML_TYPE_F32 || !ggml_is_contiguous(t)) return false;
-    return kernels::fused_delta_net_in(l.ssm_conv1d->buffer);
+    return in.parents == nullptr && T <= delta_net::MAX_TOKENS && fused_layer(hp, l);
 }
 
 // EXPERIMENT (branch wip/delta-net-step, for one build's A/B on a GPU): LUCEBOX_DELTA_NET_RECURRENCE=ggml
@@ -438,13 +450,22 @@ bool fused_recurrence() {
     return fused;
 }
 
+// Whether a chain verify of T tokens keeps the fused inputs op's result (the layer has inputs_ckpt)
+// for a commit that re-runs the kept tokens, instead of writing every token's state. The verify
+// graph and the commit graph decide alike (from the state, not from switches that may change).
+bool replays_commit(bool chain, const ggml_tensor * inputs_ckpt, int64_t T) {
+    return chain && inputs_ckpt != nullptr && T <= delta_net::MAX_TOKENS && fused_recurrence();
+}
+
 // Gated DeltaNet mixer. x: [E, T] (normed) -> [E, T]. Updates conv and ssm state in place.
 ggml_tensor * build_delta_net(ggml_context * ctx, ggml_cgraph * gf, const qwen35_hparams & hp,
                               const qwen35_layer_weights & l, ggml_tensor * conv_state, ggml_tensor * ssm_state,
-                              ggml_tensor * conv_ckpt, ggml_tensor * ssm_ckpt, const qwen35_inputs & in,
-                              ggml_tensor * x, int il) {
+                              ggml_tensor * conv_ckpt, ggml_tensor * ssm_ckpt, ggml_tensor * inputs_ckpt,
+                              const qwen35_inputs & in, ggml_tensor * x, int il) {
     // conv_ckpt / ssm_ckpt non-null: verify mode (keep every token's state, leave the state alone);
-    // in.parents non-null: tree verify (each node continues its parent's conv window and state)
+    // in.parents non-null: tree verify (each node continues its parent's conv window and state);
+    // a chain verify that replays_commit: the fused inputs op's result goes to inputs_ckpt instead
+    // of the states to ssm_ckpt, and the commit re-runs the kept tokens (build_qwen35_commit_graph)
     const int64_t T = x->ne[1];
     const int64_t dk = hp.ssm_d_state, Hk = hp.ssm_n_k_heads, Hv = hp.ssm_n_v_heads;
     const int64_t key_dim = hp.key_dim(), conv_dim = hp.conv_dim(), d_conv = hp.ssm_d_conv;
@@ -455,7 +476,10 @@ ggml_tensor * build_delta_net(ggml_context * ctx, ggml_cgraph * gf, const qwen35
     ggml_tensor * qkv = named(proj[0], "gdn_qkv", il);                            // [conv_dim, T]
     // the same layer as below in two fused ops (kernels/delta_net_step.h): the conv window goes back
     // into the state (decode) or whole into the checkpoint (verify); the state likewise
-    const bool fused = fused_step(hp, l, in, T);
+    const bool verify = ssm_ckpt != nullptr;
+    const bool replayed = verify && replays_commit(in.parents == nullptr, inputs_ckpt, T);
+    const bool fused = replayed || (!verify || inputs_ckpt == nullptr ? fused_step(hp, l, in, T)
+                                                                      : in.parents == nullptr && T <= delta_net::MAX_TOKENS);
     ggml_tensor * xin = fused ? named(delta_net::inputs(ctx, qkv, proj[2], proj[3], conv_state, l.ssm_conv1d,
                                                         l.ssm_dt_bias, l.ssm_a, conv_ckpt != nullptr ? conv_ckpt : conv_state,
                                                         Hk, conv_ckpt != nullptr ? 0 : T, hp.rms_eps),
@@ -464,8 +488,14 @@ ggml_tensor * build_delta_net(ggml_context * ctx, ggml_cgraph * gf, const qwen35
     if (fused && fused_recurrence()) {
         const int64_t D = dk * dk * Hv;
         ggml_tensor * state_dst = ssm_ckpt != nullptr ? ssm_ckpt : ggml_view_2d(ctx, ssm_state, D, 1, D * sizeof(float), 0);
-        ggml_tensor * o = named(delta_net::recurrence(ctx, xin, proj[1], ssm_state, l.ssm_norm, state_dst, Hk,
-                                                      ssm_ckpt != nullptr, hp.rms_eps),
+        if (replayed) {  // keep the inputs for the commit, write no state
+            ggml_build_forward_expand(gf, ggml_cpy(ctx, xin, ggml_view_1d(ctx, inputs_ckpt, ggml_nelements(xin), 0)));
+        }
+        const delta_net::state_out mode = replayed ? delta_net::state_out::none
+                                          : verify ? delta_net::state_out::every_state
+                                                   : delta_net::state_out::final_state;
+        ggml_tensor * o = named(delta_net::recurrence(ctx, xin, T, proj[1], ssm_state, l.ssm_norm, state_dst, Hk, mode,
+                                                      hp.rms_eps),
                                 "gdn_gated", il);
         return named(ggml_mul_mat(ctx, l.ssm_out, o), "gdn_out", il);
     }
@@ -667,7 +697,8 @@ qwen35_graph build_qwen35_graph(ggml_context * ctx, const qwen35_hparams & hp, c
         ggml_tensor * mix = hp.is_recurrent[il]
                                 ? build_delta_net(ctx, g.gf, hp, l, st.conv[il], st.ssm[il],
                                                   verify ? st.conv_ckpt[il] : nullptr,
-                                                  verify ? st.ssm_ckpt[il] : nullptr, in, x, il)
+                                                  verify ? st.ssm_ckpt[il] : nullptr,
+                                                  verify ? st.inputs_ckpt[il] : nullptr, in, x, il)
                                 : build_gated_attention(ctx, g.gf, hp, l, st.k[il], st.v[il], in, n_kv, x, il);
         cur = named(ggml_add(ctx, mix, cur), "attn_residual", il);
         ggml_tensor * h = named(graph::rms_norm(ctx, cur, l.post_attention_norm, hp.rms_eps), "ffn_norm", il);
@@ -768,6 +799,13 @@ std::vector<float> read_qwen35_outputs(const qwen35_graph & g, uint32_t T, bool 
     return logits;
 }
 
+std::vector<bool> qwen35_fused_layers(const qwen35_hparams & hp, const qwen35_weights & w) {
+    std::vector<bool> fused(hp.n_layer, false);
+    for (uint32_t il = 0; il < hp.n_layer && il < w.layers.size(); ++il)
+        fused[il] = hp.is_recurrent[il] && fused_layer(hp, w.layers[il]);
+    return fused;
+}
+
 ggml_cgraph * build_qwen35_commit_graph(ggml_context * ctx, const qwen35_hparams & hp, const qwen35_state & st,
                                         uint32_t n_verified, uint32_t last_kept) {
     if (last_kept >= n_verified || n_verified > st.n_checkpoints) {
@@ -780,10 +818,20 @@ ggml_cgraph * build_qwen35_commit_graph(ggml_context * ctx, const qwen35_hparams
         if (!hp.is_recurrent[il] || st.ssm[il] == nullptr) {
             continue;
         }
-        ggml_tensor * ck = st.ssm_ckpt[il];
-        const size_t slot = n_verified - 1 - last_kept;
-        ggml_tensor * src = ggml_view_1d(ctx, ck, D, slot * ck->nb[1]);
-        ggml_build_forward_expand(gf, ggml_cpy(ctx, src, ggml_reshape_1d(ctx, st.ssm[il], D)));
+        if (replays_commit(true, st.inputs_ckpt[il], n_verified)) {
+            // the kept tokens' recurrence again from the state before the verify (the same bits as the
+            // verify's state after token last_kept: the ops' results do not depend on the batch)
+            const int64_t n_in = (hp.conv_dim() + 2 * int64_t(hp.ssm_n_v_heads)) * n_verified;
+            ggml_tensor * x = ggml_view_1d(ctx, st.inputs_ckpt[il], n_in, 0);
+            ggml_build_forward_expand(gf, delta_net::replay(ctx, x, n_verified, int64_t(last_kept) + 1, st.ssm[il],
+                                                            ggml_view_2d(ctx, st.ssm[il], D, 1, D * sizeof(float), 0),
+                                                            hp.ssm_n_k_heads));
+        } else {
+            ggml_tensor * ck = st.ssm_ckpt[il];
+            const size_t slot = n_verified - 1 - last_kept;
+            ggml_tensor * src = ggml_view_1d(ctx, ck, D, slot * ck->nb[1]);
+            ggml_build_forward_expand(gf, ggml_cpy(ctx, src, ggml_reshape_1d(ctx, st.ssm[il], D)));
+        }
         ggml_tensor * cc = st.conv_ckpt[il];
         ggml_tensor * win = ggml_view_2d(ctx, cc, hp.ssm_d_conv - 1, hp.conv_dim(), cc->nb[1],
                                          (last_kept + 1) * ggml_element_size(cc));

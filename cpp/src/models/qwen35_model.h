@@ -70,6 +70,10 @@ struct qwen35_state {
     std::vector<ggml_tensor *> conv_ckpt;  // [d_conv-1+n_checkpoints, conv_dim]: the verify batch's conv input
                                            // [carried | batch] (a tree verify: the same channels fastest,
                                            // its first floats as [conv_dim, d_conv-1+T])
+    // [(conv_dim + 2 Hv) n_checkpoints] F32: a chain verify's fused inputs (kernels/delta_net_step.h),
+    // which the commit re-runs for the kept tokens instead of copying a state; only for layers whose
+    // steps run the fused ops (qwen35_fused_layers), else null
+    std::vector<ggml_tensor *> inputs_ckpt;
     uint32_t n_checkpoints = 0;
     tensor_store store;
     // A layer split's state spans one store per device: the others (store holds the first).
@@ -79,11 +83,17 @@ struct qwen35_state {
 
     // `layers` (optional, one flag per layer): allocate only these layers' state and the rings of
     // the capture layers they compute (capture n_layer belongs to the last layer); the rest stay null.
+    // `fused` (optional, one flag per layer, qwen35_fused_layers): the DeltaNet layers that get inputs_ckpt.
     static qwen35_state allocate(const qwen35_hparams & hp, uint32_t kv_size, ggml_type type_k, ggml_type type_v,
                                  const std::vector<int32_t> & capture_layers, uint32_t ring_size,
                                  uint32_t n_checkpoints, ggml_backend_buffer_type_t buft, ggml_backend_dev_t dev,
-                                 const std::vector<bool> * layers = nullptr);
+                                 const std::vector<bool> * layers = nullptr, const std::vector<bool> * fused = nullptr);
 };
+
+// Per layer: whether it is a DeltaNet layer whose steps run the fused ops of kernels/delta_net_step.h
+// (head 128, F32 conv / gate / norm weights, weights where the backend runs the ops). Layers of w
+// that are null (another device's range) are false.
+std::vector<bool> qwen35_fused_layers(const qwen35_hparams & hp, const qwen35_weights & w);
 
 // Input tensors of one forward graph, filled by the caller before compute.
 struct qwen35_inputs {

@@ -192,7 +192,7 @@ __global__ void quantize_columns(const float * x, int64_t x_stride, int K, int N
         for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
         if (lane == 0) xs[int64_t(b) * cols + n] = sum;
     }
-    float amax = fabsf(v);
+    float amax = fmaxf(0.0f, fabsf(v));  // a NaN value is dropped, as fmaxf drops it below
 #pragma unroll
     for (int o = 16; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
     if constexpr (GROUP > 1) {  // the group's maximum over its blocks' (exact: the order does not matter)

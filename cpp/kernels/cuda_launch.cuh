@@ -47,13 +47,13 @@ inline bool pdl_off_by_env() {
 // GGML_CUDA_PDL=0).
 inline bool pdl_device(int dev) { return device_major(dev) >= 9 && !pdl_off_by_env(); }
 
-// Whether `kernel` launches with PDL on this device: pdl_device and the kernel's code compiled for
-// compute capability >= 9.0 (code JIT-compiled from older PTX has no griddepcontrol.wait and would
-// read its inputs too early). Asked once per kernel and device.
+// Whether `kernel` runs code compiled for compute capability >= 9.0 on device dev (>= 9.0), not
+// code JIT-compiled from older PTX, which has no griddepcontrol (it would read its inputs too early)
+// and no cluster instructions. Asked once per kernel and device.
 template <auto Kernel>
-bool pdl_kernel(int dev) {
+bool sm90_code(int dev) {
     static int known[64] = {};  // this kernel, per device: 0 not asked yet, 1 yes, -1 no
-    if (!pdl_device(dev)) return false;
+    if (dev < 0 || dev >= 64 || device_major(dev) < 9) return false;
     int k = __atomic_load_n(&known[dev], __ATOMIC_ACQUIRE);
     if (k == 0) {
         cudaFuncAttributes fa = {};
@@ -62,6 +62,14 @@ bool pdl_kernel(int dev) {
     }
     return k == 1;
 }
+
+// Whether `kernel` launches with PDL on this device.
+template <auto Kernel>
+bool pdl_kernel(int dev) { return pdl_device(dev) && sm90_code<Kernel>(dev); }
+
+// Whether `kernel` launches in thread-block clusters on this device.
+template <auto Kernel>
+bool clusters_run(int dev) { return sm90_code<Kernel>(dev); }
 
 // A launch of `kernel` on stream, as a programmatic dependent of the stream's previous kernel when
 // `pdl` (the kernel then waits for it with griddepcontrol.wait before reading its results).
@@ -81,21 +89,6 @@ cudaError_t launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem
         cfg.numAttrs = 1;
     }
     return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
-}
-
-// Whether `kernel` (compiled for compute capability >= 9.0, not JIT-compiled from older PTX) runs in
-// thread-block clusters on device dev (>= 9.0). Asked once per kernel and device.
-template <auto Kernel>
-bool clusters_run(int dev) {
-    static int known[64] = {};  // 0 not asked yet, 1 yes, -1 no
-    if (dev < 0 || dev >= 64 || device_major(dev) < 9) return false;
-    int k = __atomic_load_n(&known[dev], __ATOMIC_ACQUIRE);
-    if (k == 0) {
-        cudaFuncAttributes fa = {};
-        k = cudaFuncGetAttributes(&fa, Kernel) == cudaSuccess && fa.ptxVersion >= 90 ? 1 : -1;
-        __atomic_store_n(&known[dev], k, __ATOMIC_RELEASE);
-    }
-    return k == 1;
 }
 
 // A launch of `kernel` in clusters of cluster_x consecutive CTAs (grid.x a multiple of it, no dynamic

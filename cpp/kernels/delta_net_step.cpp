@@ -7,7 +7,14 @@
 #include <string>
 #include <vector>
 
+#if defined(__GNUC__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wunused-function"  // ggml's internal header's static helpers
+#endif
 #include "ggml-impl.h"  // ggml_custom_op_params: the header of a custom node's op_params
+#if defined(__GNUC__)
+#pragma GCC diagnostic pop
+#endif
 #include "lucebox/errors.h"
 
 namespace lucebox::kernels::delta_net {

@@ -76,6 +76,41 @@ std::vector<float> random_proj(const layer & l, int64_t T, uint32_t seed) {
     return p;
 }
 
+// A layer's tensors in a no_alloc context: the stacked projection [proj_rows, T] (qkv | z | beta |
+// alpha, viewed apart as the model's stack is), the weights, the state, and checkpoints for `slots`
+// tokens; upload() fills them once the context is allocated.
+struct layer_tensors {
+    ggml_tensor * p, * qkv, * z, * beta, * alpha, * conv_w, * dt_bias, * a, * norm_w, * conv, * ssm, * conv_ckpt, * ssm_ckpt;
+
+    layer_tensors(ggml_context * ctx, const layer & l, int64_t T, int64_t slots) {
+        const int64_t C = l.conv_dim();
+        const size_t es = sizeof(float);
+        p = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, l.proj_rows(), T);
+        qkv = ggml_view_2d(ctx, p, C, T, p->nb[1], 0);
+        z = ggml_view_2d(ctx, p, l.Hv * N, T, p->nb[1], C * es);
+        beta = ggml_view_2d(ctx, p, l.Hv, T, p->nb[1], (C + l.Hv * N) * es);
+        alpha = ggml_view_2d(ctx, p, l.Hv, T, p->nb[1], (C + l.Hv * N + l.Hv) * es);
+        conv_w = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, l.d_conv, C);
+        dt_bias = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, l.Hv);
+        a = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, l.Hv);
+        norm_w = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, N);
+        conv = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, l.d_conv - 1, C);
+        ssm = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, N * N, l.Hv);
+        conv_ckpt = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, l.d_conv - 1 + std::max(T, slots), C);
+        ssm_ckpt = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, l.Hv * N * N, slots);
+    }
+
+    void upload(const layer & l, const state & s0, const std::vector<float> & proj) const {
+        ggml_backend_tensor_set(p, proj.data(), 0, ggml_nbytes(p));
+        ggml_backend_tensor_set(conv_w, l.conv_w.data(), 0, ggml_nbytes(conv_w));
+        ggml_backend_tensor_set(dt_bias, l.dt_bias.data(), 0, ggml_nbytes(dt_bias));
+        ggml_backend_tensor_set(a, l.a.data(), 0, ggml_nbytes(a));
+        ggml_backend_tensor_set(norm_w, l.norm_w.data(), 0, ggml_nbytes(norm_w));
+        ggml_backend_tensor_set(conv, s0.conv.data(), 0, ggml_nbytes(conv));
+        ggml_backend_tensor_set(ssm, s0.ssm.data(), 0, ggml_nbytes(ssm));
+    }
+};
+
 struct result {
     std::vector<float> out;    // [T][Hv N]
     std::vector<float> conv;   // decode: the new carried window [conv_dim][d_conv-1]; verify: [conv_dim][d_conv-1+T]
@@ -89,35 +124,18 @@ result run_ops(ggml_backend_t be, const layer & l, const state & s0, const std::
     ggml_init_params ip{ggml_tensor_overhead() * 32 + ggml_graph_overhead(), nullptr, true};
     ggml_context * ctx = ggml_init(ip);
     const int64_t C = l.conv_dim(), D = l.Hv * N * N, slots = T + 1, W = l.d_conv - 1 + slots;
-    ggml_tensor * p = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, l.proj_rows(), T);
-    ggml_tensor * conv_w = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, l.d_conv, C);
-    ggml_tensor * dt_bias = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, l.Hv);
-    ggml_tensor * a = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, l.Hv);
-    ggml_tensor * norm_w = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, N);
-    ggml_tensor * conv = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, l.d_conv - 1, C);
-    ggml_tensor * ssm = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, N * N, l.Hv);
-    ggml_tensor * conv_ckpt = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, W, C);
-    ggml_tensor * ssm_ckpt = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, D, slots);
+    const layer_tensors lt(ctx, l, T, slots);
+    ggml_tensor * conv = lt.conv, * ssm = lt.ssm, * conv_ckpt = lt.conv_ckpt, * ssm_ckpt = lt.ssm_ckpt;
     const size_t es = sizeof(float);
-    ggml_tensor * qkv = ggml_view_2d(ctx, p, C, T, p->nb[1], 0);
-    ggml_tensor * z = ggml_view_2d(ctx, p, l.Hv * N, T, p->nb[1], C * es);
-    ggml_tensor * beta = ggml_view_2d(ctx, p, l.Hv, T, p->nb[1], (C + l.Hv * N) * es);
-    ggml_tensor * alpha = ggml_view_2d(ctx, p, l.Hv, T, p->nb[1], (C + l.Hv * N + l.Hv) * es);
-    ggml_tensor * xin = dn::inputs(ctx, qkv, beta, alpha, conv, conv_w, dt_bias, a, verify ? conv_ckpt : conv, l.Hk,
-                                   verify ? 0 : T, EPS);
+    ggml_tensor * xin = dn::inputs(ctx, lt.qkv, lt.beta, lt.alpha, conv, lt.conv_w, lt.dt_bias, lt.a,
+                                   verify ? conv_ckpt : conv, l.Hk, verify ? 0 : T, EPS);
     ggml_tensor * state_dst = verify ? ssm_ckpt : ggml_view_2d(ctx, ssm, D, 1, D * es, 0);
-    ggml_tensor * out = dn::recurrence(ctx, xin, T, z, ssm, norm_w, state_dst, l.Hk,
+    ggml_tensor * out = dn::recurrence(ctx, xin, T, lt.z, ssm, lt.norm_w, state_dst, l.Hk,
                                        verify ? dn::state_out::every_state : dn::state_out::final_state, EPS);
     ggml_cgraph * gf = ggml_new_graph(ctx);
     ggml_build_forward_expand(gf, out);
     ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors(ctx, be);
-    ggml_backend_tensor_set(p, proj.data(), 0, ggml_nbytes(p));
-    ggml_backend_tensor_set(conv_w, l.conv_w.data(), 0, ggml_nbytes(conv_w));
-    ggml_backend_tensor_set(dt_bias, l.dt_bias.data(), 0, ggml_nbytes(dt_bias));
-    ggml_backend_tensor_set(a, l.a.data(), 0, ggml_nbytes(a));
-    ggml_backend_tensor_set(norm_w, l.norm_w.data(), 0, ggml_nbytes(norm_w));
-    ggml_backend_tensor_set(conv, s0.conv.data(), 0, ggml_nbytes(conv));
-    ggml_backend_tensor_set(ssm, s0.ssm.data(), 0, ggml_nbytes(ssm));
+    lt.upload(l, s0, proj);
     CHECK(ggml_backend_graph_compute(be, gf) == GGML_STATUS_SUCCESS);
     result r;
     r.out.resize(ggml_nelements(out));
@@ -266,22 +284,14 @@ void check_replay(ggml_backend_t be, const layer & l, int64_t T, uint32_t seed) 
     for (int64_t m : {int64_t(1), (T + 1) / 2, T}) {
         ggml_init_params ip{ggml_tensor_overhead() * 40 + 2 * ggml_graph_overhead(), nullptr, true};
         ggml_context * ctx = ggml_init(ip);
-        ggml_tensor * p = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, l.proj_rows(), T);
-        ggml_tensor * conv_w = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, l.d_conv, C);
-        ggml_tensor * dt_bias = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, l.Hv);
-        ggml_tensor * a = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, l.Hv);
-        ggml_tensor * norm_w = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, N);
-        ggml_tensor * conv = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, l.d_conv - 1, C);
-        ggml_tensor * ssm = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, N * N, l.Hv);
-        ggml_tensor * conv_ckpt = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, l.d_conv - 1 + T, C);
+        const layer_tensors lt(ctx, l, T, 1);
         ggml_tensor * kept = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, X + 7);  // as the model's, larger than needed
         const size_t es = sizeof(float);
-        ggml_tensor * xin = dn::inputs(ctx, ggml_view_2d(ctx, p, C, T, p->nb[1], 0),
-                                       ggml_view_2d(ctx, p, l.Hv, T, p->nb[1], (C + l.Hv * N) * es),
-                                       ggml_view_2d(ctx, p, l.Hv, T, p->nb[1], (C + l.Hv * N + l.Hv) * es), conv, conv_w,
-                                       dt_bias, a, conv_ckpt, l.Hk, 0, EPS);
-        ggml_tensor * out = dn::recurrence(ctx, xin, T, ggml_view_2d(ctx, p, l.Hv * N, T, p->nb[1], C * es), ssm, norm_w,
-                                           ggml_view_2d(ctx, ssm, D, 1, D * es, 0), l.Hk, dn::state_out::none, EPS);
+        ggml_tensor * xin = dn::inputs(ctx, lt.qkv, lt.beta, lt.alpha, lt.conv, lt.conv_w, lt.dt_bias, lt.a,
+                                       lt.conv_ckpt, l.Hk, 0, EPS);
+        ggml_tensor * ssm = lt.ssm;
+        ggml_tensor * out = dn::recurrence(ctx, xin, T, lt.z, ssm, lt.norm_w, ggml_view_2d(ctx, ssm, D, 1, D * es, 0),
+                                           l.Hk, dn::state_out::none, EPS);
         ggml_cgraph * verify = ggml_new_graph(ctx);
         ggml_build_forward_expand(verify, ggml_cpy(ctx, xin, ggml_view_1d(ctx, kept, X, 0)));
         ggml_build_forward_expand(verify, out);
@@ -289,13 +299,7 @@ void check_replay(ggml_backend_t be, const layer & l, int64_t T, uint32_t seed) 
         ggml_build_forward_expand(commit, dn::replay(ctx, ggml_view_1d(ctx, kept, X, 0), T, m, ssm,
                                                      ggml_view_2d(ctx, ssm, D, 1, D * es, 0), l.Hk));
         ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors(ctx, be);
-        ggml_backend_tensor_set(p, proj.data(), 0, ggml_nbytes(p));
-        ggml_backend_tensor_set(conv_w, l.conv_w.data(), 0, ggml_nbytes(conv_w));
-        ggml_backend_tensor_set(dt_bias, l.dt_bias.data(), 0, ggml_nbytes(dt_bias));
-        ggml_backend_tensor_set(a, l.a.data(), 0, ggml_nbytes(a));
-        ggml_backend_tensor_set(norm_w, l.norm_w.data(), 0, ggml_nbytes(norm_w));
-        ggml_backend_tensor_set(conv, s0.conv.data(), 0, ggml_nbytes(conv));
-        ggml_backend_tensor_set(ssm, s0.ssm.data(), 0, ggml_nbytes(ssm));
+        lt.upload(l, s0, proj);
         CHECK(ggml_backend_graph_compute(be, verify) == GGML_STATUS_SUCCESS);
         std::vector<float> o(ggml_nelements(out)), untouched(ggml_nelements(ssm)), replayed(ggml_nelements(ssm));
         ggml_backend_tensor_get(out, o.data(), 0, ggml_nbytes(out));

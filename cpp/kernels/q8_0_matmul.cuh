@@ -37,6 +37,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <initializer_list>
+#include <type_traits>
 #include <utility>
 
 #include "q8_0_matmul_args.h"
@@ -742,14 +743,14 @@ inline cudaError_t matmul_group(const matmul_args & a, void * scratch, cudaStrea
     cudaError_t err = cudaGetDevice(&dev);
     if (err != cudaSuccess) return err;
     // one warp per group of blocks and column: a block (Q8_0 weights) or a chunk (Q4_K, Q6_K)
-    const int64_t warps = int64_t(nb) / (per_chunk ? CHUNK_BLOCKS : 1) * cols;
-    const dim3 grid(unsigned((warps * 32 + threads - 1) / threads));
-    err = per_chunk ? detail::launch(detail::quantize_columns<CHUNK_BLOCKS>, grid, dim3(threads), 0, stream,
-                               detail::pdl_kernel<detail::quantize_columns<CHUNK_BLOCKS>>(dev), a.x, a.x_stride, a.K,
-                               a.N, cols, xq, xd, xs, a.norm_w, ss)
-              : detail::launch(detail::quantize_columns<1>, grid, dim3(threads), 0, stream,
-                               detail::pdl_kernel<detail::quantize_columns<1>>(dev), a.x, a.x_stride, a.K, a.N, cols,
-                               xq, xd, xs, a.norm_w, ss);
+    auto quantize = [&](auto group) {
+        constexpr int GROUP = decltype(group)::value;
+        const int64_t warps = int64_t(nb) / GROUP * cols;
+        return detail::launch(detail::quantize_columns<GROUP>, dim3(unsigned((warps * 32 + threads - 1) / threads)),
+                              dim3(threads), 0, stream, detail::pdl_kernel<detail::quantize_columns<GROUP>>(dev), a.x,
+                              a.x_stride, a.K, a.N, cols, xq, xd, xs, a.norm_w, ss);
+    };
+    err = per_chunk ? quantize(std::integral_constant<int, CHUNK_BLOCKS>{}) : quantize(std::integral_constant<int, 1>{});
     if (err != cudaSuccess) return err;
     const bool gated = a.gate != nullptr;
     switch (a.type) {

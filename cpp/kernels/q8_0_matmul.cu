@@ -55,12 +55,8 @@ namespace {
 // Most columns the product kernel takes in one launch on the current device (0: it does not run).
 int own_kernel_cols() {
     int dev = 0;
-    return cudaGetDevice(&dev) == cudaSuccess && q8_0::detail::device_major(dev) >= 8 ? q8_0::max_cols(dev) : 0;
+    return device_runs_own_kernels() && cudaGetDevice(&dev) == cudaSuccess ? q8_0::max_cols(dev) : 0;
 }
-
-}  // namespace
-
-namespace {
 
 std::atomic<bool> g_installed{false};  // install_cuda_kernels ran: the hook reads tiled weights
 std::atomic<bool> g_tiles_enabled{true};

@@ -36,6 +36,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <type_traits>
+#include <utility>
 
 #include "cuda_launch.cuh"
 #include "q8_0_matmul_args.h"
@@ -685,15 +687,15 @@ inline cudaError_t matmul_group(const matmul_args & a, void * scratch, cudaStrea
     if (err != cudaSuccess) return err;
     // one warp per block and column; Q4_K / Q6_K: a thread block of CHUNK_BLOCKS warps per chunk and
     // column (the chunk's blocks share one scale)
-    const int threads = per_chunk ? CHUNK_BLOCKS * 32 : 256;
-    const int64_t warps = int64_t(nb) * cols;
-    const dim3 grid(unsigned((warps * 32 + threads - 1) / threads));
-    err = per_chunk ? detail::launch(detail::quantize_columns<CHUNK_BLOCKS>, grid, dim3(threads), 0, stream,
-                               detail::pdl_kernel<detail::quantize_columns<CHUNK_BLOCKS>>(dev), a.x, a.x_stride, a.K,
-                               a.N, cols, xq, xd, xs, a.norm_w, ss)
-              : detail::launch(detail::quantize_columns<1>, grid, dim3(threads), 0, stream,
-                               detail::pdl_kernel<detail::quantize_columns<1>>(dev), a.x, a.x_stride, a.K, a.N, cols,
-                               xq, xd, xs, a.norm_w, ss);
+    auto quantize = [&](auto group) {
+        constexpr int GROUP = decltype(group)::value;
+        const int threads = GROUP > 1 ? GROUP * 32 : 256;
+        const int64_t warps = int64_t(nb) * cols;
+        return detail::launch(detail::quantize_columns<GROUP>, dim3(unsigned((warps * 32 + threads - 1) / threads)),
+                              dim3(threads), 0, stream, detail::pdl_kernel<detail::quantize_columns<GROUP>>(dev), a.x,
+                              a.x_stride, a.K, a.N, cols, xq, xd, xs, a.norm_w, ss);
+    };
+    err = per_chunk ? quantize(std::integral_constant<int, CHUNK_BLOCKS>{}) : quantize(std::integral_constant<int, 1>{});
     if (err != cudaSuccess) return err;
     const bool gated = a.gate != nullptr;
     switch (a.type) {

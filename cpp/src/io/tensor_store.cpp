@@ -207,9 +207,8 @@ tensor_store tensor_store::load(const gguf_file & file, const std::vector<std::s
             throw gguf_error(file.where() + "seek failed for tensor '" + e->name + "'");
         }
         const bool tile = tiled.count(e) != 0;
-        kernels::q8_0::weight_type wt = kernels::q8_0::weight_type::q8_0;
-        if (tile) kernels::q8_0::kernel_weight_type(e->type, /*tiled =*/true, wt);
         const int64_t row_bytes = tile ? int64_t(e->nbytes / uint64_t(e->ne[1])) : 0;
+        const int64_t chunk_bytes = tile ? row_bytes / (e->ne[0] / kernels::tiles::CHUNK_VALUES) : 0;  // of 256 values
         const int64_t tile_bytes = kernels::tiles::TILE_ROWS * row_bytes;
         size_t chunk = meta ? std::max<size_t>(e->nbytes, 1) : 64u << 20;
         if (tile) chunk = size_t(std::max<int64_t>(1, int64_t(chunk) / tile_bytes) * tile_bytes);  // whole tiles
@@ -227,8 +226,7 @@ tensor_store tensor_store::load(const gguf_file & file, const std::vector<std::s
             }
             if (tile) {  // these rows (whole tiles, or the matrix's last) in the tiled order
                 tiles_staging.resize(std::max(tiles_staging.size(), n));
-                kernels::tiles::to_tiles(dst, tiles_staging.data(), int64_t(n) / row_bytes, row_bytes,
-                                         kernels::q8_0::chunk_bytes(wt));
+                kernels::tiles::to_tiles(dst, tiles_staging.data(), int64_t(n) / row_bytes, row_bytes, chunk_bytes);
                 dst = tiles_staging.data();
             }
             if (!host) {

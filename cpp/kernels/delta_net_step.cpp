@@ -66,10 +66,10 @@ shape shape_of(const ggml_tensor * dst) {
     s.Hk = params_of(dst).n_k_heads;
     s.key_dim = s.Hk * HEAD;
     if (op_of(dst) == 1) {
-        s.T = dst->src[0]->ne[1];
-        s.conv_dim = dst->src[0]->ne[0];
-        s.Hv = dst->src[1]->ne[0];
-        s.d_conv = dst->src[4]->ne[0];
+        s.T = input_operand(dst, 0)->ne[1];
+        s.conv_dim = input_operand(dst, 0)->ne[0];
+        s.Hv = input_operand(dst, 1)->ne[0];
+        s.d_conv = input_operand(dst, 4)->ne[0];
     } else {
         s.T = params_of(dst).n_tokens;
         s.Hv = dst->src[2]->ne[1];
@@ -78,23 +78,11 @@ shape shape_of(const ggml_tensor * dst) {
     return s;
 }
 
-input_views views_of(ggml_context * ctx, ggml_tensor * x, int64_t n_k_heads, int64_t n_v_heads, int64_t T) {
-    const int64_t C = (2 * n_k_heads + n_v_heads) * HEAD, K = n_k_heads * HEAD;
-    require(x->ne[0] == (C + 2 * n_v_heads) * T && ggml_is_contiguous(x), "views_of", "x: the inputs op's result");
-    const size_t es = sizeof(float), col = size_t(C) * es;
-    input_views v;
-    v.q = ggml_view_4d(ctx, x, HEAD, n_k_heads, T, 1, HEAD * es, col, col * T, 0);
-    v.k = ggml_view_4d(ctx, x, HEAD, n_k_heads, T, 1, HEAD * es, col, col * T, K * es);
-    v.v = ggml_view_4d(ctx, x, HEAD, n_v_heads, T, 1, HEAD * es, col, col * T, 2 * K * es);
-    const size_t gb = size_t(n_v_heads) * es;
-    v.g = ggml_view_4d(ctx, x, 1, n_v_heads, T, 1, es, gb, gb * T, col * T);
-    v.beta = ggml_view_4d(ctx, x, 1, n_v_heads, T, 1, es, gb, gb * T, col * T + gb * T);
-    return v;
-}
+ggml_tensor * input_operand(const ggml_tensor * dst, int i) { return dst->src[i + params_of(dst).kept]; }
 
 ggml_tensor * inputs(ggml_context * ctx, ggml_tensor * qkv, ggml_tensor * beta, ggml_tensor * alpha,
                      ggml_tensor * conv_state, ggml_tensor * conv_w, ggml_tensor * dt_bias, ggml_tensor * a,
-                     ggml_tensor * conv_dst, int64_t n_k_heads, int64_t window_from, float eps) {
+                     ggml_tensor * conv_dst, int64_t n_k_heads, int64_t window_from, float eps, ggml_tensor * keep) {
     const char * op = "inputs";
     const int64_t T = qkv->ne[1], conv_dim = qkv->ne[0], Hv = beta->ne[0], d_conv = conv_w->ne[0];
     for (const ggml_tensor * t : {qkv, beta, alpha, conv_state, conv_w, dt_bias, a, conv_dst})
@@ -108,12 +96,18 @@ ggml_tensor * inputs(ggml_context * ctx, ggml_tensor * qkv, ggml_tensor * beta, 
     require(window_from >= 0 && window_from <= T && conv_dst->ne[1] == conv_dim &&
                 conv_dst->ne[0] >= d_conv - 1 + T - window_from,
             op, "the conv destination's rows hold the window from window_from");
+    const int64_t n_out = (conv_dim + 2 * Hv) * T;
+    require(keep == nullptr || (keep->type == GGML_TYPE_F32 && ggml_nelements(keep) == n_out && ggml_is_contiguous(keep)),
+            op, "keep: a contiguous F32 tensor of (conv_dim + 2 Hv) T values");
     ggml_tensor * srcs[8] = {qkv, beta, alpha, conv_state, conv_w, dt_bias, a, conv_dst};
-    ggml_tensor * out = ggml_custom_4d(ctx, GGML_TYPE_F32, (conv_dim + 2 * Hv) * T, 1, 1, 1, srcs, 8, &inputs_cpu,
-                                       GGML_N_TASKS_MAX, nullptr);
+    ggml_tensor * out = keep != nullptr  // (ggml_custom_inplace makes keep src[0])
+                            ? ggml_custom_inplace(ctx, keep, srcs, 8, &inputs_cpu, GGML_N_TASKS_MAX, nullptr)
+                            : ggml_custom_4d(ctx, GGML_TYPE_F32, n_out, 1, 1, 1, srcs, 8, &inputs_cpu,
+                                             GGML_N_TASKS_MAX, nullptr);
     step_params p;
     p.n_k_heads = static_cast<int32_t>(n_k_heads);
     p.window_from = static_cast<int32_t>(window_from);
+    p.kept = keep != nullptr ? 1 : 0;
     p.eps = eps;
     set_params(out, p);
     return out;
@@ -175,9 +169,10 @@ ggml_tensor * replay(ggml_context * ctx, ggml_tensor * x, int64_t x_tokens, int6
 
 void inputs_cpu(ggml_tensor * dst, int ith, int nth, void *) {
     if (ith == 0) g_cpu_runs.fetch_add(1, std::memory_order_relaxed);
-    const ggml_tensor * qkv = dst->src[0], * beta = dst->src[1], * alpha = dst->src[2], * conv_state = dst->src[3],
-                      * conv_w = dst->src[4], * dt_bias = dst->src[5], * a = dst->src[6];
-    ggml_tensor * conv_dst = dst->src[7];
+    const ggml_tensor * qkv = input_operand(dst, 0), * beta = input_operand(dst, 1), * alpha = input_operand(dst, 2),
+                      * conv_state = input_operand(dst, 3), * conv_w = input_operand(dst, 4),
+                      * dt_bias = input_operand(dst, 5), * a = input_operand(dst, 6);
+    ggml_tensor * conv_dst = input_operand(dst, 7);
     const shape s = shape_of(dst);
     const step_params p = params_of(dst);
     const int64_t T = s.T, W = s.d_conv - 1 + T, C = s.conv_dim;

@@ -31,11 +31,12 @@ int custom_op_hook(const ggml_tensor * dst, void * stream) {
     cudaError_t err = cudaSuccess;
     if (op == 1) {
         delta_net::cuda_step::inputs_args a;
-        a.qkv = cf(dst->src[0]), a.qkv_stride = floats(dst->src[0]->nb[1]);
-        a.beta = cf(dst->src[1]), a.beta_stride = floats(dst->src[1]->nb[1]);
-        a.alpha = cf(dst->src[2]), a.alpha_stride = floats(dst->src[2]->nb[1]);
-        a.conv_state = cf(dst->src[3]), a.conv_w = cf(dst->src[4]), a.dt_bias = cf(dst->src[5]), a.a = cf(dst->src[6]);
-        a.conv_dst = f(dst->src[7]), a.conv_dst_stride = floats(dst->src[7]->nb[1]), a.window_from = p.window_from;
+        const auto operand = [&](int i) { return delta_net::input_operand(dst, i); };
+        a.qkv = cf(operand(0)), a.qkv_stride = floats(operand(0)->nb[1]);
+        a.beta = cf(operand(1)), a.beta_stride = floats(operand(1)->nb[1]);
+        a.alpha = cf(operand(2)), a.alpha_stride = floats(operand(2)->nb[1]);
+        a.conv_state = cf(operand(3)), a.conv_w = cf(operand(4)), a.dt_bias = cf(operand(5)), a.a = cf(operand(6));
+        a.conv_dst = f(operand(7)), a.conv_dst_stride = floats(operand(7)->nb[1]), a.window_from = p.window_from;
         a.out = f(dst);
         a.T = int(s.T), a.Hk = int(s.Hk), a.Hv = int(s.Hv), a.conv_dim = int(s.conv_dim), a.d_conv = int(s.d_conv);
         a.eps = p.eps;

@@ -63,9 +63,16 @@ __device__ __forceinline__ void warp_sum(float (&v)[N]) {
         for (int j = 0; j < N; ++j) v[j] += __shfl_xor_sync(0xffffffffu, v[j], off);
 }
 
+constexpr int INPUT_PREFETCH = 16;  // tokens whose inputs a thread loads before it convolves them
+
+// The blocks of the inputs kernel: one per head-sized block of conv channels, then one per HEAD
+// (token, value head) gate pairs.
+inline int input_blocks(int conv_dim, int Hv, int T) { return conv_dim / HEAD + (Hv * T + HEAD - 1) / HEAD; }
+
 // One block of HEAD threads per head-sized block of conv channels (q heads, k heads, v heads),
-// thread j its channel; one more block for the gates. The inputs are the previous kernel's outputs
-// (read after the PDL wait, plain loads).
+// thread j its channel; then the gate blocks, a thread per (token, value head). The inputs are the
+// previous kernel's outputs (read after the PDL wait, plain loads); a conv thread loads
+// INPUT_PREFETCH tokens' inputs at a time, so that their loads are in flight together.
 template <int DC>
 __global__ void __launch_bounds__(HEAD) inputs_kernel(inputs_args a) {
     extern __shared__ float ys[];  // q / k blocks: [T][HEAD] conv outputs, for the L2 norm
@@ -74,14 +81,14 @@ __global__ void __launch_bounds__(HEAD) inputs_kernel(inputs_args a) {
     const int u = blockIdx.x, j = threadIdx.x;
     const int n_blocks = a.conv_dim / HEAD;
     const int64_t C = a.conv_dim, G = C * a.T, B = G + int64_t(a.Hv) * a.T;  // where q|k|v, g, beta start
-    if (u == n_blocks) {
-        for (int e = j; e < a.Hv * a.T; e += blockDim.x) {
-            const int h = e % a.Hv, t = e / a.Hv;
-            const float x = a.alpha[int64_t(t) * a.alpha_stride + h] + a.dt_bias[h];
-            const float sp = x > 20.0f ? x : logf(1.0f + expf(x));
-            a.out[G + int64_t(t) * a.Hv + h] = sp * a.a[h];
-            a.out[B + int64_t(t) * a.Hv + h] = 1.0f / (1.0f + expf(-a.beta[int64_t(t) * a.beta_stride + h]));
-        }
+    if (u >= n_blocks) {
+        const int e = (u - n_blocks) * HEAD + j;
+        if (e >= a.Hv * a.T) return;
+        const int h = e % a.Hv, t = e / a.Hv;
+        const float x = a.alpha[int64_t(t) * a.alpha_stride + h] + a.dt_bias[h];
+        const float sp = x > 20.0f ? x : logf(1.0f + expf(x));
+        a.out[G + int64_t(t) * a.Hv + h] = sp * a.a[h];
+        a.out[B + int64_t(t) * a.Hv + h] = 1.0f / (1.0f + expf(-a.beta[int64_t(t) * a.beta_stride + h]));
         return;
     }
     const int c = u * HEAD + j;
@@ -95,17 +102,25 @@ __global__ void __launch_bounds__(HEAD) inputs_kernel(inputs_args a) {
     for (int i = 0; i < DC - 1; ++i)
         if (i >= a.window_from) cd[i - a.window_from] = win[i];  // (may overwrite conv_state: read above, by this thread only)
     const bool qk = u < 2 * a.Hk;
-    for (int t = 0; t < a.T; ++t) {
-        win[DC - 1] = a.qkv[int64_t(t) * a.qkv_stride + c];
-        if (DC - 1 + t >= a.window_from) cd[DC - 1 + t - a.window_from] = win[DC - 1];
-        float sum = 0.0f;
+    for (int t0 = 0; t0 < a.T; t0 += INPUT_PREFETCH) {
+        float xv[INPUT_PREFETCH];
 #pragma unroll
-        for (int i = 0; i < DC; ++i) sum += win[i] * w[i];
-        const float y = silu(sum);
-        if (qk) ys[t * HEAD + j] = y;
-        else a.out[int64_t(t) * C + c] = y;
+        for (int i = 0; i < INPUT_PREFETCH; ++i) xv[i] = t0 + i < a.T ? a.qkv[int64_t(t0 + i) * a.qkv_stride + c] : 0.0f;
 #pragma unroll
-        for (int i = 0; i < DC - 1; ++i) win[i] = win[i + 1];
+        for (int i = 0; i < INPUT_PREFETCH; ++i) {
+            const int t = t0 + i;
+            if (t >= a.T) break;
+            win[DC - 1] = xv[i];
+            if (DC - 1 + t >= a.window_from) cd[DC - 1 + t - a.window_from] = win[DC - 1];
+            float sum = 0.0f;
+#pragma unroll
+            for (int k = 0; k < DC; ++k) sum += win[k] * w[k];
+            const float y = silu(sum);
+            if (qk) ys[t * HEAD + j] = y;
+            else a.out[int64_t(t) * C + c] = y;
+#pragma unroll
+            for (int k = 0; k < DC - 1; ++k) win[k] = win[k + 1];
+        }
     }
     if (!qk) return;
     __syncthreads();
@@ -270,7 +285,7 @@ inline bool supported(int d_conv, int conv_dim, int T) {
 template <int DC>
 cudaError_t launch_inputs(const inputs_args & a, int dev, cudaStream_t stream) {
     const size_t smem = size_t(a.T) * HEAD * sizeof(float);  // <= 32 KB (MAX_TOKENS)
-    return cuda::launch(inputs_kernel<DC>, dim3(a.conv_dim / HEAD + 1), dim3(HEAD), smem, stream,
+    return cuda::launch(inputs_kernel<DC>, dim3(input_blocks(a.conv_dim, a.Hv, a.T)), dim3(HEAD), smem, stream,
                         cuda::pdl_kernel<inputs_kernel<DC>>(dev), a);
 }
 

@@ -37,6 +37,7 @@ enum class state_out : int32_t {
 struct step_params {
     int32_t n_k_heads = 0;    // Hk (q and k heads); value heads Hv from the shapes
     int32_t window_from = 0;  // inputs: conv window values [window_from, d_conv-1+T) go to the conv destination
+    int32_t kept = 0;         // inputs: 1 when the node is a view of `keep` (src[0]; its operands from src[1])
     int32_t state_mode = 0;   // recurrence: a state_out
     int32_t outputs = 1;      // recurrence: 0 = state only (replay)
     int32_t x_tokens = 0;     // recurrence: the tokens of the inputs op's result x (>= n_tokens)
@@ -50,18 +51,18 @@ struct step_params {
 // stride nb[1]) receives each channel's window values from window_from on: the new carried state
 // (window_from = T; conv_dst may be conv_state itself) or the whole window (0: a verify's
 // checkpoint). Returns one F32 buffer of (conv_dim + 2 Hv) T values in three parts: [conv_dim, T]
-// (per token q (Hk HEAD) | k | v (Hv HEAD)), then g [Hv, T], then beta [Hv, T] (views_of: the
-// shapes ggml_gated_delta_net takes).
+// (per token q (Hk HEAD) | k | v (Hv HEAD)), then g [Hv, T], then beta [Hv, T]. keep: null (a
+// new tensor of the graph), or a contiguous F32 tensor of exactly that many values that receives
+// the result and outlives the graph (a chain verify's checkpoint, for a commit that replays it):
+// the node is then a view of keep.
 ggml_tensor * inputs(ggml_context * ctx, ggml_tensor * qkv, ggml_tensor * beta, ggml_tensor * alpha,
                      ggml_tensor * conv_state, ggml_tensor * conv_w, ggml_tensor * dt_bias, ggml_tensor * a,
-                     ggml_tensor * conv_dst, int64_t n_k_heads, int64_t window_from, float eps);
+                     ggml_tensor * conv_dst, int64_t n_k_heads, int64_t window_from, float eps,
+                     ggml_tensor * keep = nullptr);
 
-// The inputs op's result as ggml_gated_delta_net's operands: q, k [HEAD, Hk, T], v [HEAD, Hv, T]
-// (rows contiguous), g, beta [1, Hv, T] (contiguous).
-struct input_views {
-    ggml_tensor * q = nullptr, * k = nullptr, * v = nullptr, * g = nullptr, * beta = nullptr;
-};
-input_views views_of(ggml_context * ctx, ggml_tensor * x, int64_t n_k_heads, int64_t n_v_heads, int64_t T);
+// Operand i of an inputs node, in inputs()' order (0 qkv, 1 beta, 2 alpha, 3 conv_state, 4 conv_w,
+// 5 dt_bias, 6 a, 7 conv_dst), whether or not the node writes into a kept tensor.
+ggml_tensor * input_operand(const ggml_tensor * dst, int i);
 
 // The recurrence op. x: the inputs op's result for x_tokens >= T tokens; z [Hv HEAD, T] (rows
 // contiguous, any column stride); s0 [HEAD HEAD, Hv] contiguous (per head [HEAD, HEAD], k index

@@ -46,7 +46,6 @@
 namespace lucebox::kernels::q8_0 {
 
 constexpr int CHUNK_BYTES = CHUNK_BLOCKS * BLOCK_BYTES;  // 272 = 17 x 16 bytes (q8_0)
-constexpr int WARPS = 4;                               // per CTA, splitting K
 // Probe knobs (bench/probes/q8_0_matmul_bench.cu; the defaults are the measured choice):
 // LUCEBOX_Q8_0_STAGES: chunks staged per warp (STAGES - 1 in flight while one is multiplied);
 // LUCEBOX_Q8_0_ONE_TILE_MAX_NG: plain products of up to 8 * this many columns take one m16 tile of
@@ -54,12 +53,21 @@ constexpr int WARPS = 4;                               // per CTA, splitting K
 #ifndef LUCEBOX_Q8_0_STAGES
 #define LUCEBOX_Q8_0_STAGES 2
 #endif
+// LUCEBOX_Q8_0_WARPS: warps per CTA, splitting K (not yet measured other than 4).
+#ifndef LUCEBOX_Q8_0_WARPS
+#define LUCEBOX_Q8_0_WARPS 4
+#endif
+constexpr int WARPS = LUCEBOX_Q8_0_WARPS;  // per CTA, splitting K
 // LUCEBOX_Q8_0_ST3_MAX_M: Q4_K products of <= 8 columns and at most this many rows stage 3 chunks
 // per warp (few CTAs, long rows: more bytes in flight; H200 probe at STAGES=3 for everything:
 // ssm_out 15.1 -> 11.4 us, attn_gate 13.0 -> 10.1, the large shapes slower; as chosen here, row-tiled,
 // the 18 shapes' one-column sum 210.7 -> 183.4 us against -DLUCEBOX_Q8_0_ST3_MAX_M=0); 0: never.
 #ifndef LUCEBOX_Q8_0_ST3_MAX_M
 #define LUCEBOX_Q8_0_ST3_MAX_M 6144
+#endif
+// LUCEBOX_Q8_0_ST3_ALL_TYPES 1: that rule for every weight type, not Q4_K only (not yet measured).
+#ifndef LUCEBOX_Q8_0_ST3_ALL_TYPES
+#define LUCEBOX_Q8_0_ST3_ALL_TYPES 0
 #endif
 // LUCEBOX_Q8_0_ONE_TILE_MAX_NG 2 (up to 16 columns one m16 tile a warp): H200 probe, row-tiled, the
 // 18 shapes' 16-column sum 250.3 -> 237.4 us (Q8_0), 258.3 -> 238.5 (Q4_K), one column unchanged.
@@ -605,7 +613,9 @@ constexpr int worst_smem_bytes(int ng) {
     for (weight_type wt : {weight_type::q8_0, weight_type::q4_k, weight_type::q6_k})
         for (int gated = 0; gated < 2; ++gated) {
             const int m_tiles = gated != 0 || ng > LUCEBOX_Q8_0_ONE_TILE_MAX_NG ? 2 : 1;
-            const int st3 = wt == weight_type::q4_k && ng == 1 && LUCEBOX_Q8_0_ST3_MAX_M > 0 ? 3 : STAGES;
+            const int st3 = (wt == weight_type::q4_k || LUCEBOX_Q8_0_ST3_ALL_TYPES) && ng == 1 && LUCEBOX_Q8_0_ST3_MAX_M > 0
+                                ? 3
+                                : STAGES;
             const int a = smem_bytes(COL_GROUP * ng, m_tiles, wt, STAGES), b = smem_bytes(COL_GROUP * ng, m_tiles, wt, st3);
             worst = worst > a ? worst : a;
             worst = worst > b ? worst : b;
@@ -615,7 +625,8 @@ constexpr int worst_smem_bytes(int ng) {
 
 }  // namespace detail
 
-static_assert(detail::worst_smem_bytes(MAX_COLS / COL_GROUP) <= 227 * 1024, "64-column launches fit a Hopper block's shared memory");
+static_assert(WARPS != 4 || detail::worst_smem_bytes(MAX_COLS / COL_GROUP) <= 227 * 1024,
+              "64-column launches fit a Hopper block's shared memory (with the default 4 warps)");
 
 // Most columns one launch pair takes on device dev, as its shared memory allows: 64 on Hopper
 // (227 KB a block), 32 on an A100 (163 KB), 8 on compute capability 8.6 / 8.9 (99 KB); 0: none.
@@ -661,7 +672,7 @@ cudaError_t launch_groups(const matmul_args & a, const int8_t * xq, const float 
 template <bool GATED, weight_type WT>
 cudaError_t launch_gated(const matmul_args & a, const int8_t * xq, const float * xd, const float * xs,
                          const float * ss, cudaStream_t stream) {
-    if constexpr (WT == weight_type::q4_k && LUCEBOX_Q8_0_ST3_MAX_M > 0 && STAGES != 3)
+    if constexpr ((WT == weight_type::q4_k || LUCEBOX_Q8_0_ST3_ALL_TYPES) && LUCEBOX_Q8_0_ST3_MAX_M > 0 && STAGES != 3)
         if (col_groups(a.N) == 1 && a.M <= LUCEBOX_Q8_0_ST3_MAX_M) return launch_groups<1, GATED, WT, 3>(a, xq, xd, xs, ss, stream);
     switch (col_groups(a.N)) {
         case 1: return launch_groups<1, GATED, WT>(a, xq, xd, xs, ss, stream);

@@ -273,8 +273,8 @@ void check_batch_independent(ggml_backend_t be, const layer & l, int64_t T, uint
     CHECK(window_differ == 0);
 }
 
-// A verify that keeps its fused inputs (state_out::none) and a commit that replays its first m
-// tokens: the verify's outputs and the replayed state must be the same bits as a verify that writes
+// A verify that keeps its fused inputs (written into `kept`, state_out::none) and a commit that
+// replays its first m tokens: the verify's outputs and the replayed state must be the same bits as a verify that writes
 // every token's state (its outputs, its slot T-m).
 void check_replay(ggml_backend_t be, const layer & l, int64_t T, uint32_t seed) {
     const state s0 = random_state(l, seed);
@@ -288,12 +288,11 @@ void check_replay(ggml_backend_t be, const layer & l, int64_t T, uint32_t seed) 
         ggml_tensor * kept = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, X + 7);  // as the model's, larger than needed
         const size_t es = sizeof(float);
         ggml_tensor * xin = dn::inputs(ctx, lt.qkv, lt.beta, lt.alpha, lt.conv, lt.conv_w, lt.dt_bias, lt.a,
-                                       lt.conv_ckpt, l.Hk, 0, EPS);
+                                       lt.conv_ckpt, l.Hk, 0, EPS, ggml_view_1d(ctx, kept, X, 0));
         ggml_tensor * ssm = lt.ssm;
         ggml_tensor * out = dn::recurrence(ctx, xin, T, lt.z, ssm, lt.norm_w, ggml_view_2d(ctx, ssm, D, 1, D * es, 0),
                                            l.Hk, dn::state_out::none, EPS);
         ggml_cgraph * verify = ggml_new_graph(ctx);
-        ggml_build_forward_expand(verify, ggml_cpy(ctx, xin, ggml_view_1d(ctx, kept, X, 0)));
         ggml_build_forward_expand(verify, out);
         ggml_cgraph * commit = ggml_new_graph(ctx);
         ggml_build_forward_expand(commit, dn::replay(ctx, ggml_view_1d(ctx, kept, X, 0), T, m, ssm,
@@ -359,7 +358,7 @@ TEST_CASE(cpu_token_results_do_not_depend_on_batch) {
 }
 
 TEST_CASE(builders_refuse_bad_shapes) {
-    ggml_init_params ip{ggml_tensor_overhead() * 32, nullptr, true};
+    ggml_init_params ip{ggml_tensor_overhead() * 48, nullptr, true};
     ggml_context * ctx = ggml_init(ip);
     const int64_t Hk = 1, Hv = 2, C = (2 * Hk + Hv) * N, T = 3;
     auto f32 = [&](int64_t a, int64_t b) { return ggml_new_tensor_2d(ctx, GGML_TYPE_F32, a, b); };
@@ -372,6 +371,10 @@ TEST_CASE(builders_refuse_bad_shapes) {
     CHECK_THROWS(dn::inputs(ctx, qkv, beta, alpha, conv, w, dt, a, conv, Hk, 0, EPS), error, "window_from");
     ggml_tensor * half = ggml_new_tensor_2d(ctx, GGML_TYPE_F16, C, T);
     CHECK_THROWS(dn::inputs(ctx, half, beta, alpha, conv, w, dt, a, conv, Hk, T, EPS), error, "F32");
+    ggml_tensor * keep = f32((C + 2 * Hv) * T, 1);
+    CHECK(dn::inputs(ctx, qkv, beta, alpha, conv, w, dt, a, conv, Hk, T, EPS, keep) != nullptr);
+    CHECK_THROWS(dn::inputs(ctx, qkv, beta, alpha, conv, w, dt, a, conv, Hk, T, EPS, f32((C + 2 * Hv) * T + 1, 1)),
+                 error, "keep:");
     ggml_tensor * x = f32((C + 2 * Hv) * T, 1), * z = f32(Hv * N, T), * s = f32(N * N, Hv), * nw = f32(N, 1);
     ggml_tensor * dst = f32(N * N * Hv, 1), * ckpt = f32(N * N * Hv, T);
     const auto fin = dn::state_out::final_state, every = dn::state_out::every_state;
@@ -384,7 +387,6 @@ TEST_CASE(builders_refuse_bad_shapes) {
     CHECK_THROWS(dn::recurrence(ctx, x, T, f32(Hv * N + 1, T), s, nw, dst, Hk, fin, EPS), error, "z [");
     CHECK(dn::replay(ctx, x, T, 2, s, dst, Hk) != nullptr);
     CHECK_THROWS(dn::replay(ctx, x, T, T + 1, s, dst, Hk), error, "x_tokens >= T");
-    CHECK_THROWS(dn::views_of(ctx, f32(C, T), Hk, Hv, T), error, "x:");
     ggml_free(ctx);
 }
 

@@ -70,6 +70,12 @@ void require(bool cond, const std::string & what) {
     }
 }
 
+// The values of a DeltaNet layer's fused inputs for T tokens (kernels/delta_net_step.h: q | k | v,
+// then g and beta per token): what a replayed commit keeps of its verify.
+int64_t inputs_floats(const qwen35_hparams & hp, int64_t T) {
+    return (hp.conv_dim() + 2 * int64_t(hp.ssm_n_v_heads)) * T;
+}
+
 }  // namespace
 
 uint32_t qwen35_hparams::n_attention_layers() const {
@@ -385,8 +391,7 @@ qwen35_state qwen35_state::allocate(const qwen35_hparams & hp, uint32_t kv_size,
                                                          hp.conv_dim());
                     ggml_format_name(s.conv_ckpt[il], "ckpt_conv-%u", il);
                     if (fused != nullptr && (*fused)[il]) {
-                        s.inputs_ckpt[il] = ggml_new_tensor_1d(
-                            ctx, GGML_TYPE_F32, (hp.conv_dim() + 2 * int64_t(hp.ssm_n_v_heads)) * n_checkpoints);
+                        s.inputs_ckpt[il] = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, inputs_floats(hp, n_checkpoints));
                         ggml_format_name(s.inputs_ckpt[il], "ckpt_inputs-%u", il);
                     }
                 }
@@ -440,21 +445,11 @@ bool fused_step(const qwen35_hparams & hp, const qwen35_layer_weights & l, const
     return in.parents == nullptr && T <= delta_net::MAX_TOKENS && fused_layer(hp, l);
 }
 
-// EXPERIMENT (branch wip/delta-net-step, for one build's A/B on a GPU): LUCEBOX_DELTA_NET_RECURRENCE=ggml
-// keeps the fused inputs op but runs ggml's gated delta net and gated norm after it. Read once.
-bool fused_recurrence() {
-    static const bool fused = [] {
-        const char * env = std::getenv("LUCEBOX_DELTA_NET_RECURRENCE");
-        return env == nullptr || std::string(env) != "ggml";
-    }();
-    return fused;
-}
-
 // Whether a chain verify of T tokens keeps the fused inputs op's result (the layer has inputs_ckpt)
 // for a commit that re-runs the kept tokens, instead of writing every token's state. The verify
 // graph and the commit graph decide alike (from the state, not from switches that may change).
 bool replays_commit(bool chain, const ggml_tensor * inputs_ckpt, int64_t T) {
-    return chain && inputs_ckpt != nullptr && T <= delta_net::MAX_TOKENS && fused_recurrence();
+    return chain && inputs_ckpt != nullptr && T <= delta_net::MAX_TOKENS;
 }
 
 // Gated DeltaNet mixer. x: [E, T] (normed) -> [E, T]. Updates conv and ssm state in place.
@@ -478,19 +473,18 @@ ggml_tensor * build_delta_net(ggml_context * ctx, ggml_cgraph * gf, const qwen35
     // into the state (decode) or whole into the checkpoint (verify); the state likewise
     const bool verify = ssm_ckpt != nullptr;
     const bool replayed = verify && replays_commit(in.parents == nullptr, inputs_ckpt, T);
-    const bool fused = replayed || (!verify || inputs_ckpt == nullptr ? fused_step(hp, l, in, T)
-                                                                      : in.parents == nullptr && T <= delta_net::MAX_TOKENS);
-    ggml_tensor * xin = fused ? named(delta_net::inputs(ctx, qkv, proj[2], proj[3], conv_state, l.ssm_conv1d,
-                                                        l.ssm_dt_bias, l.ssm_a, conv_ckpt != nullptr ? conv_ckpt : conv_state,
-                                                        Hk, conv_ckpt != nullptr ? 0 : T, hp.rms_eps),
-                                      "gdn_inputs", il)
-                              : nullptr;
-    if (fused && fused_recurrence()) {
+    // a layer with inputs_ckpt verifies fused exactly when it replays (its verify and commit graphs
+    // agree whatever the kernel switches say now); other layers as fused_step says
+    const bool fused = replayed || ((!verify || inputs_ckpt == nullptr) && fused_step(hp, l, in, T));
+    if (fused) {
+        ggml_tensor * xin = named(delta_net::inputs(ctx, qkv, proj[2], proj[3], conv_state, l.ssm_conv1d, l.ssm_dt_bias,
+                                                    l.ssm_a, conv_ckpt != nullptr ? conv_ckpt : conv_state, Hk,
+                                                    conv_ckpt != nullptr ? 0 : T, hp.rms_eps,
+                                                    replayed ? ggml_view_1d(ctx, inputs_ckpt, inputs_floats(hp, T), 0)
+                                                             : nullptr),
+                                  "gdn_inputs", il);  // replayed: kept for the commit, no state written
         const int64_t D = dk * dk * Hv;
         ggml_tensor * state_dst = ssm_ckpt != nullptr ? ssm_ckpt : ggml_view_2d(ctx, ssm_state, D, 1, D * sizeof(float), 0);
-        if (replayed) {  // keep the inputs for the commit, write no state
-            ggml_build_forward_expand(gf, ggml_cpy(ctx, xin, ggml_view_1d(ctx, inputs_ckpt, ggml_nelements(xin), 0)));
-        }
         const delta_net::state_out mode = replayed ? delta_net::state_out::none
                                           : verify ? delta_net::state_out::every_state
                                                    : delta_net::state_out::final_state;
@@ -500,59 +494,53 @@ ggml_tensor * build_delta_net(ggml_context * ctx, ggml_cgraph * gf, const qwen35
         return named(ggml_mul_mat(ctx, l.ssm_out, o), "gdn_out", il);
     }
     ggml_tensor * z = named(graph::contiguous(ctx, proj[1]), "gdn_z", il);  // [value_dim, T]
-    ggml_tensor * q = nullptr, * k = nullptr, * v = nullptr, * g = nullptr, * beta = nullptr;
-    if (fused) {  // the fused inputs op, then ggml's gated delta net and gated norm (see fused_recurrence)
-        const delta_net::input_views iv = delta_net::views_of(ctx, xin, Hk, Hv, T);
-        q = iv.q, k = iv.k, v = iv.v, g = iv.g, beta = iv.beta;
+    ggml_tensor * beta = ggml_sigmoid(ctx, graph::contiguous(ctx, proj[2]));  // [Hv, T]
+    beta = named(ggml_reshape_4d(ctx, beta, 1, Hv, T, 1), "gdn_beta", il);
+    ggml_tensor * alpha = ggml_add(ctx, proj[3], l.ssm_dt_bias);
+    ggml_tensor * g = ggml_mul(ctx, ggml_softplus(ctx, alpha), l.ssm_a);  // log decay <= 0
+    g = named(ggml_reshape_4d(ctx, g, 1, Hv, T, 1), "gdn_g", il);
+
+    // causal depthwise conv over [carried d_conv-1 inputs, this batch]
+    ggml_tensor * conv_out = nullptr;
+    if (in.parents != nullptr) {
+        // tree: gather each node's window [conv_dim, d_conv] from [carried state | batch] (channels
+        // fastest), then one conv "sequence" of a single output per node. The checkpoint keeps that
+        // sequence as it is (conv_ckpt's first floats as [conv_dim, d_conv-1+T]): the tree commit
+        // gathers the kept columns as rows.
+        ggml_tensor * seq = ggml_concat(ctx, ggml_cont(ctx, ggml_transpose(ctx, conv_state)), qkv, 1);  // [conv_dim, d_conv-1+T]
+        named(seq, "gdn_tree_conv_seq", il);
+        ggml_tensor * dst = ggml_view_2d(ctx, conv_ckpt, conv_dim, d_conv - 1 + T,
+                                         conv_dim * ggml_element_size(conv_ckpt), 0);
+        ggml_build_forward_expand(gf, ggml_cpy(ctx, seq, dst));
+        ggml_tensor * win = ggml_get_rows(ctx, seq, in.conv_rows);                                     // [conv_dim, d_conv*T]
+        win = ggml_cont(ctx, ggml_permute(ctx, ggml_reshape_3d(ctx, win, conv_dim, d_conv, T), 1, 0, 2, 3));  // [d_conv, conv_dim, T]
+        named(win, "gdn_tree_conv_win", il);
+        conv_out = ggml_reshape_3d(ctx, ggml_ssm_conv(ctx, win, l.ssm_conv1d), conv_dim, T, 1);  // [conv_dim, T, 1]
     } else {
-        beta = ggml_sigmoid(ctx, graph::contiguous(ctx, proj[2]));  // [Hv, T]
-        beta = named(ggml_reshape_4d(ctx, beta, 1, Hv, T, 1), "gdn_beta", il);
-        ggml_tensor * alpha = ggml_add(ctx, proj[3], l.ssm_dt_bias);
-        g = ggml_mul(ctx, ggml_softplus(ctx, alpha), l.ssm_a);  // log decay <= 0
-        g = named(ggml_reshape_4d(ctx, g, 1, Hv, T, 1), "gdn_g", il);
-
-        // causal depthwise conv over [carried d_conv-1 inputs, this batch]
-        ggml_tensor * conv_out = nullptr;
-        if (in.parents != nullptr) {
-            // tree: gather each node's window [conv_dim, d_conv] from [carried state | batch] (channels
-            // fastest), then one conv "sequence" of a single output per node. The checkpoint keeps that
-            // sequence as it is (conv_ckpt's first floats as [conv_dim, d_conv-1+T]): the tree commit
-            // gathers the kept columns as rows.
-            ggml_tensor * seq = ggml_concat(ctx, ggml_cont(ctx, ggml_transpose(ctx, conv_state)), qkv, 1);  // [conv_dim, d_conv-1+T]
-            named(seq, "gdn_tree_conv_seq", il);
-            ggml_tensor * dst = ggml_view_2d(ctx, conv_ckpt, conv_dim, d_conv - 1 + T,
-                                             conv_dim * ggml_element_size(conv_ckpt), 0);
-            ggml_build_forward_expand(gf, ggml_cpy(ctx, seq, dst));
-            ggml_tensor * win = ggml_get_rows(ctx, seq, in.conv_rows);                                     // [conv_dim, d_conv*T]
-            win = ggml_cont(ctx, ggml_permute(ctx, ggml_reshape_3d(ctx, win, conv_dim, d_conv, T), 1, 0, 2, 3));  // [d_conv, conv_dim, T]
-            named(win, "gdn_tree_conv_win", il);
-            conv_out = ggml_reshape_3d(ctx, ggml_ssm_conv(ctx, win, l.ssm_conv1d), conv_dim, T, 1);  // [conv_dim, T, 1]
+        ggml_tensor * conv_in = ggml_concat(ctx, conv_state, ggml_transpose(ctx, qkv), 0);  // [d_conv-1+T, conv_dim]
+        named(conv_in, "gdn_conv_in", il);
+        if (conv_ckpt != nullptr) {
+            ggml_tensor * dst = ggml_view_2d(ctx, conv_ckpt, d_conv - 1 + T, conv_dim, conv_ckpt->nb[1], 0);
+            ggml_build_forward_expand(gf, graph::copy_by_kernel(ctx, conv_in, dst));  // conv_dim narrow rows
         } else {
-            ggml_tensor * conv_in = ggml_concat(ctx, conv_state, ggml_transpose(ctx, qkv), 0);  // [d_conv-1+T, conv_dim]
-            named(conv_in, "gdn_conv_in", il);
-            if (conv_ckpt != nullptr) {
-                ggml_tensor * dst = ggml_view_2d(ctx, conv_ckpt, d_conv - 1 + T, conv_dim, conv_ckpt->nb[1], 0);
-                ggml_build_forward_expand(gf, graph::copy_by_kernel(ctx, conv_in, dst));  // conv_dim narrow rows
-            } else {
-                ggml_tensor * new_conv = ggml_view_2d(ctx, conv_in, d_conv - 1, conv_dim, conv_in->nb[1],
-                                                      T * ggml_element_size(conv_in));
-                ggml_build_forward_expand(gf, graph::copy_by_kernel(ctx, new_conv, conv_state));
-            }
-            conv_out = ggml_ssm_conv(ctx, ggml_reshape_3d(ctx, conv_in, d_conv - 1 + T, conv_dim, 1),
-                                     l.ssm_conv1d);  // [conv_dim, T, 1]
+            ggml_tensor * new_conv = ggml_view_2d(ctx, conv_in, d_conv - 1, conv_dim, conv_in->nb[1],
+                                                  T * ggml_element_size(conv_in));
+            ggml_build_forward_expand(gf, graph::copy_by_kernel(ctx, new_conv, conv_state));
         }
-        conv_out = named(ggml_silu(ctx, conv_out), "gdn_conv_out", il);
-
-        // conv_out per token: [q: Hk heads of dk | k: Hk heads | v: Hv heads]. q and k are L2-normed
-        // per head as one [dk, 2 Hk, T] tensor (one kernel), then viewed apart; v stays a view (the
-        // gated delta net reads rows of dk contiguous floats at any stride).
-        const size_t es = ggml_element_size(conv_out);
-        ggml_tensor * qk = ggml_view_3d(ctx, conv_out, dk, 2 * Hk, T, dk * es, conv_out->nb[1], 0);
-        qk = named(graph::l2_norm(ctx, qk, hp.rms_eps), "gdn_qk", il);  // [dk, 2 Hk, T], contiguous
-        q = ggml_view_4d(ctx, qk, dk, Hk, T, 1, qk->nb[1], qk->nb[2], qk->nb[2] * T, 0);
-        k = ggml_view_4d(ctx, qk, dk, Hk, T, 1, qk->nb[1], qk->nb[2], qk->nb[2] * T, key_dim * es);
-        v = ggml_view_4d(ctx, conv_out, dk, Hv, T, 1, dk * es, conv_out->nb[1], conv_out->nb[2], 2 * key_dim * es);
+        conv_out = ggml_ssm_conv(ctx, ggml_reshape_3d(ctx, conv_in, d_conv - 1 + T, conv_dim, 1),
+                                 l.ssm_conv1d);  // [conv_dim, T, 1]
     }
+    conv_out = named(ggml_silu(ctx, conv_out), "gdn_conv_out", il);
+
+    // conv_out per token: [q: Hk heads of dk | k: Hk heads | v: Hv heads]. q and k are L2-normed
+    // per head as one [dk, 2 Hk, T] tensor (one kernel), then viewed apart; v stays a view (the
+    // gated delta net reads rows of dk contiguous floats at any stride).
+    const size_t es = ggml_element_size(conv_out);
+    ggml_tensor * qk = ggml_view_3d(ctx, conv_out, dk, 2 * Hk, T, dk * es, conv_out->nb[1], 0);
+    qk = named(graph::l2_norm(ctx, qk, hp.rms_eps), "gdn_qk", il);  // [dk, 2 Hk, T], contiguous
+    ggml_tensor * q = ggml_view_4d(ctx, qk, dk, Hk, T, 1, qk->nb[1], qk->nb[2], qk->nb[2] * T, 0);
+    ggml_tensor * k = ggml_view_4d(ctx, qk, dk, Hk, T, 1, qk->nb[1], qk->nb[2], qk->nb[2] * T, key_dim * es);
+    ggml_tensor * v = ggml_view_4d(ctx, conv_out, dk, Hv, T, 1, dk * es, conv_out->nb[1], conv_out->nb[2], 2 * key_dim * es);
     ggml_tensor * s0 = ggml_reshape_4d(ctx, ssm_state, dk, dk, Hv, 1);
     const int64_t n_snap = ssm_ckpt != nullptr ? T : 1;  // snapshots: slot s = state after token T-1-s
     ggml_tensor * res = in.parents != nullptr  // tree: n_snap = T, state of node i from its parent's
@@ -821,8 +809,7 @@ ggml_cgraph * build_qwen35_commit_graph(ggml_context * ctx, const qwen35_hparams
         if (replays_commit(true, st.inputs_ckpt[il], n_verified)) {
             // the kept tokens' recurrence again from the state before the verify (the same bits as the
             // verify's state after token last_kept: the ops' results do not depend on the batch)
-            const int64_t n_in = (hp.conv_dim() + 2 * int64_t(hp.ssm_n_v_heads)) * n_verified;
-            ggml_tensor * x = ggml_view_1d(ctx, st.inputs_ckpt[il], n_in, 0);
+            ggml_tensor * x = ggml_view_1d(ctx, st.inputs_ckpt[il], inputs_floats(hp, n_verified), 0);
             ggml_build_forward_expand(gf, delta_net::replay(ctx, x, n_verified, int64_t(last_kept) + 1, st.ssm[il],
                                                             ggml_view_2d(ctx, st.ssm[il], D, 1, D * sizeof(float), 0),
                                                             hp.ssm_n_k_heads));

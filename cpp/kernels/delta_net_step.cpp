@@ -89,7 +89,8 @@ ggml_tensor * inputs(ggml_context * ctx, ggml_tensor * qkv, ggml_tensor * beta, 
         require(rows_f32(t) && t->ne[2] == 1 && t->ne[3] == 1, op, "F32 tensors of 2 dimensions with contiguous rows");
     require(n_k_heads > 0 && conv_dim == (2 * n_k_heads + Hv) * HEAD, op, "conv channels = (2 Hk + Hv) heads of 128");
     require(alpha->ne[0] == Hv && beta->ne[1] == T && alpha->ne[1] == T, op, "beta and alpha [Hv, T]");
-    require(d_conv >= 2 && conv_w->ne[1] == conv_dim && ggml_is_contiguous(conv_w), op, "conv weight [d_conv, conv_dim]");
+    require(d_conv >= 2 && d_conv <= MAX_D_CONV && conv_w->ne[1] == conv_dim && ggml_is_contiguous(conv_w), op,
+            "conv weight [d_conv, conv_dim], 2 <= d_conv <= MAX_D_CONV");
     require(conv_state->ne[0] == d_conv - 1 && conv_state->ne[1] == conv_dim && ggml_is_contiguous(conv_state), op,
             "conv state [d_conv-1, conv_dim]");
     require(ggml_nelements(dt_bias) == Hv && ggml_nelements(a) == Hv, op, "dt_bias and a of Hv values");

@@ -14,6 +14,7 @@ namespace {
 
 static_assert(delta_net::MAX_TOKENS == delta_net::cuda_step::MAX_TOKENS, "one token limit for both backends");
 static_assert(delta_net::HEAD == delta_net::cuda_step::HEAD, "one head size for both backends");
+static_assert(delta_net::MAX_D_CONV == delta_net::cuda_step::MAX_D_CONV, "one conv limit for both backends");
 
 std::atomic<uint64_t> g_step_runs{0};
 

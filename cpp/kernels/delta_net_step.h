@@ -25,6 +25,9 @@ namespace lucebox::kernels::delta_net {
 constexpr int64_t HEAD = 128;
 // Most tokens a step op takes (decode, a verify); longer batches (prefill) run ggml's ops.
 constexpr int64_t MAX_TOKENS = 64;
+// Longest causal conv the inputs op takes (the CUDA kernel's; every qwen35 GGUF's is 4); longer
+// ones run ggml's ops.
+constexpr int64_t MAX_D_CONV = 8;
 
 // What a state destination of the recurrence receives.
 enum class state_out : int32_t {

@@ -368,6 +368,8 @@ TEST_CASE(builders_refuse_bad_shapes) {
     CHECK_THROWS(dn::inputs(ctx, qkv, beta, alpha, conv, w, dt, a, conv, 2, T, EPS), error, "conv channels");
     CHECK_THROWS(dn::inputs(ctx, qkv, f32(Hv, T + 1), alpha, conv, w, dt, a, conv, Hk, T, EPS), error, "beta and alpha");
     CHECK_THROWS(dn::inputs(ctx, qkv, beta, alpha, f32(2, C), w, dt, a, conv, Hk, T, EPS), error, "conv state");
+    CHECK_THROWS(dn::inputs(ctx, qkv, beta, alpha, f32(8, C), f32(9, C), dt, a, f32(8, C), Hk, T, EPS), error,
+                 "d_conv <= MAX_D_CONV");
     CHECK_THROWS(dn::inputs(ctx, qkv, beta, alpha, conv, w, dt, a, conv, Hk, 0, EPS), error, "window_from");
     ggml_tensor * half = ggml_new_tensor_2d(ctx, GGML_TYPE_F16, C, T);
     CHECK_THROWS(dn::inputs(ctx, half, beta, alpha, conv, w, dt, a, conv, Hk, T, EPS), error, "F32");

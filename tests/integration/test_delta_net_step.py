@@ -52,3 +52,16 @@ def test_replayed_commits_equal_plain_greedy(target128: str) -> None:
             got = engine.session().generate(p, max_tokens=40, propose=forced(ref, len(p), k))
             assert got.tokens == ref, f"prompt {i}, corrupt_at={k}"
             assert got.stats.spec["fast_rollbacks"] == got.stats.spec["steps"]
+
+
+def test_a_conv_longer_than_the_ops_take_runs_ggml_ops(tmp_path: Path) -> None:
+    # conv kernel 9 > MAX_D_CONV (8): ggml's ops, and speculation still equals plain greedy decoding
+    path = tmp_path / "conv9.gguf"
+    synth.write_target(str(path), "tiny", type="f32", seed=5, overrides=dict(HEAD128, ssm_d_conv=9))
+    engine = lucebox.Engine(str(path), ctx=256, device="cpu")
+    p = [int(x) for x in np.random.default_rng(3).integers(0, 1000, 20)]
+    before = _core.delta_net_step_runs()
+    ref = engine.generate(p, max_tokens=24).tokens
+    assert _core.delta_net_step_runs() == before
+    got = engine.session().generate(p, max_tokens=24, propose=forced(ref, len(p), 5))
+    assert got.tokens == ref

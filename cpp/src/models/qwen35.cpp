@@ -427,10 +427,11 @@ namespace {
 using graph::named;
 namespace delta_net = kernels::delta_net;
 
-// Whether a DeltaNet layer can run the fused step ops: head size 128 (keys and values), F32 conv,
-// gate and norm weights, on a backend that runs them (kernels::fused_delta_net_in).
+// Whether a DeltaNet layer can run the fused step ops: head size 128 (keys and values), a conv of
+// at most MAX_D_CONV, F32 conv, gate and norm weights, on a backend that runs them
+// (kernels::fused_delta_net_in).
 bool fused_layer(const qwen35_hparams & hp, const qwen35_layer_weights & l) {
-    if (l.ssm_conv1d == nullptr || hp.ssm_d_state != delta_net::HEAD ||
+    if (l.ssm_conv1d == nullptr || hp.ssm_d_state != delta_net::HEAD || hp.ssm_d_conv > delta_net::MAX_D_CONV ||
         hp.conv_dim() != (2 * int64_t(hp.ssm_n_k_heads) + hp.ssm_n_v_heads) * delta_net::HEAD)
         return false;
     for (const ggml_tensor * t : {l.ssm_conv1d, l.ssm_dt_bias, l.ssm_a, l.ssm_norm})

@@ -159,23 +159,29 @@ void set_cuda_kernels_enabled(bool enabled) {
 
 void set_bf16_gemm_min_cols(int64_t n) { ggml_backend_cuda_set_bf16_gemm_min_cols(n, n); }
 
+namespace {
+
+// The CUDA device of a buffer of ggml's CUDA backend, else -1 (host, a split's meta buffer or
+// another backend's).
+int cuda_device_of(ggml_backend_buffer_t buffer) {
+    const ggml_backend_buffer_type_t buft = ggml_backend_buffer_get_type(buffer);
+    for (int dev = 0; dev < ggml_backend_cuda_get_device_count(); ++dev)
+        if (buft == ggml_backend_cuda_buffer_type(dev)) return dev;
+    return -1;
+}
+
+}  // namespace
+
 bool tile_weights_in(ggml_backend_buffer_t buffer) {
     if (buffer == nullptr || !g_installed.load() || !g_enabled.load() || !g_tiles_enabled.load()) return false;
-    const ggml_backend_buffer_type_t buft = ggml_backend_buffer_get_type(buffer);
-    for (int dev = 0; dev < ggml_backend_cuda_get_device_count(); ++dev) {
-        if (buft == ggml_backend_cuda_buffer_type(dev)) return q8_0::detail::device_major(dev) >= 8;
-    }
-    return false;  // host, split or another backend's buffer
+    const int dev = cuda_device_of(buffer);
+    return dev >= 0 && q8_0::detail::device_major(dev) >= 8;
 }
 
 bool fused_delta_net_in(ggml_backend_buffer_t buffer) {
     if (buffer == nullptr) return false;
     if (ggml_backend_buffer_is_host(buffer)) return true;
-    if (!g_installed.load() || !g_enabled.load()) return false;
-    const ggml_backend_buffer_type_t buft = ggml_backend_buffer_get_type(buffer);
-    for (int dev = 0; dev < ggml_backend_cuda_get_device_count(); ++dev)
-        if (buft == ggml_backend_cuda_buffer_type(dev)) return true;
-    return false;  // a split or another backend's buffer
+    return g_installed.load() && g_enabled.load() && cuda_device_of(buffer) >= 0;
 }
 
 void set_weight_tiles_enabled(bool enabled) { g_tiles_enabled.store(enabled); }

@@ -53,21 +53,13 @@ constexpr int CHUNK_BYTES = CHUNK_BLOCKS * BLOCK_BYTES;  // 272 = 17 x 16 bytes 
 #ifndef LUCEBOX_Q8_0_STAGES
 #define LUCEBOX_Q8_0_STAGES 2
 #endif
-// LUCEBOX_Q8_0_WARPS: warps per CTA, splitting K (not yet measured other than 4).
-#ifndef LUCEBOX_Q8_0_WARPS
-#define LUCEBOX_Q8_0_WARPS 4
-#endif
-constexpr int WARPS = LUCEBOX_Q8_0_WARPS;  // per CTA, splitting K
+constexpr int WARPS = 4;  // per CTA, splitting K (H200 probe: 8 slower, docs/benchmarks.md)
 // LUCEBOX_Q8_0_ST3_MAX_M: Q4_K products of <= 8 columns and at most this many rows stage 3 chunks
 // per warp (few CTAs, long rows: more bytes in flight; H200 probe at STAGES=3 for everything:
 // ssm_out 15.1 -> 11.4 us, attn_gate 13.0 -> 10.1, the large shapes slower; as chosen here, row-tiled,
 // the 18 shapes' one-column sum 210.7 -> 183.4 us against -DLUCEBOX_Q8_0_ST3_MAX_M=0); 0: never.
 #ifndef LUCEBOX_Q8_0_ST3_MAX_M
 #define LUCEBOX_Q8_0_ST3_MAX_M 6144
-#endif
-// LUCEBOX_Q8_0_ST3_ALL_TYPES 1: that rule for every weight type, not Q4_K only (not yet measured).
-#ifndef LUCEBOX_Q8_0_ST3_ALL_TYPES
-#define LUCEBOX_Q8_0_ST3_ALL_TYPES 0
 #endif
 // LUCEBOX_Q8_0_ONE_TILE_MAX_NG 2 (up to 16 columns one m16 tile a warp): H200 probe, row-tiled, the
 // 18 shapes' 16-column sum 250.3 -> 237.4 us (Q8_0), 258.3 -> 238.5 (Q4_K), one column unchanged.
@@ -177,10 +169,8 @@ template <int GROUP>
 __global__ void quantize_columns(const float * x, int64_t x_stride, int K, int N, int cols,
                                  int8_t * __restrict__ xq, float * __restrict__ xd, float * __restrict__ xs,
                                  const float * __restrict__ norm_w, float * __restrict__ ss) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");  // the product may start now
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");  // x is the previous kernel's output
-#endif
+    cuda::launch_dependents();  // the product may start now
+    cuda::wait_for_previous();  // x is the previous kernel's output
     const int lane = threadIdx.x % 32;
     const int n_groups = K / QK / GROUP;
     // GROUP 1: warp wid of the grid = (block wid / cols, column wid % cols); GROUP > 1: thread block
@@ -291,11 +281,9 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
     const int n_chunks = a.K / K_ALIGN;
     const int n_mine = n_chunks > warp ? (n_chunks - warp + WARPS - 1) / WARPS : 0;
     uint8_t * stages = smem + warp * ST * STAGE;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     // the next kernel (ggml's launch with PDL, or the next quantization) may launch once every CTA
     // here has started; it waits for this grid's completion before it reads anything
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
+    cuda::launch_dependents();
 
     // The i-th chunk of this warp (chunk warp + i*WARPS) into stage i % ST. Staged row s comes
     // from global row r0 + s (gated: rows 16..31 are the gate's rows r0..r0+15); rows past M repeat
@@ -374,9 +362,7 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
     // launched as its dependent), then their activations; one commit group per chunk
 #pragma unroll
     for (int i = 0; i < ST - 1; ++i) issue_weights(i);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
+    cuda::wait_for_previous();
 #pragma unroll
     for (int i = 0; i < ST - 1; ++i) issue_x(i);
     // the columns' partial sums of squares (while the first chunks load), added after the main loop
@@ -613,9 +599,7 @@ constexpr int worst_smem_bytes(int ng) {
     for (weight_type wt : {weight_type::q8_0, weight_type::q4_k, weight_type::q6_k})
         for (int gated = 0; gated < 2; ++gated) {
             const int m_tiles = gated != 0 || ng > LUCEBOX_Q8_0_ONE_TILE_MAX_NG ? 2 : 1;
-            const int st3 = (wt == weight_type::q4_k || LUCEBOX_Q8_0_ST3_ALL_TYPES) && ng == 1 && LUCEBOX_Q8_0_ST3_MAX_M > 0
-                                ? 3
-                                : STAGES;
+            const int st3 = wt == weight_type::q4_k && ng == 1 && LUCEBOX_Q8_0_ST3_MAX_M > 0 ? 3 : STAGES;
             const int a = smem_bytes(COL_GROUP * ng, m_tiles, wt, STAGES), b = smem_bytes(COL_GROUP * ng, m_tiles, wt, st3);
             worst = worst > a ? worst : a;
             worst = worst > b ? worst : b;
@@ -625,8 +609,7 @@ constexpr int worst_smem_bytes(int ng) {
 
 }  // namespace detail
 
-static_assert(WARPS != 4 || detail::worst_smem_bytes(MAX_COLS / COL_GROUP) <= 227 * 1024,
-              "64-column launches fit a Hopper block's shared memory (with the default 4 warps)");
+static_assert(detail::worst_smem_bytes(MAX_COLS / COL_GROUP) <= 227 * 1024, "64-column launches fit a Hopper block's shared memory");
 
 // Most columns one launch pair takes on device dev, as its shared memory allows: 64 on Hopper
 // (227 KB a block), 32 on an A100 (163 KB), 8 on compute capability 8.6 / 8.9 (99 KB); 0: none.
@@ -672,7 +655,7 @@ cudaError_t launch_groups(const matmul_args & a, const int8_t * xq, const float 
 template <bool GATED, weight_type WT>
 cudaError_t launch_gated(const matmul_args & a, const int8_t * xq, const float * xd, const float * xs,
                          const float * ss, cudaStream_t stream) {
-    if constexpr ((WT == weight_type::q4_k || LUCEBOX_Q8_0_ST3_ALL_TYPES) && LUCEBOX_Q8_0_ST3_MAX_M > 0 && STAGES != 3)
+    if constexpr (WT == weight_type::q4_k && LUCEBOX_Q8_0_ST3_MAX_M > 0 && STAGES != 3)
         if (col_groups(a.N) == 1 && a.M <= LUCEBOX_Q8_0_ST3_MAX_M) return launch_groups<1, GATED, WT, 3>(a, xq, xd, xs, ss, stream);
     switch (col_groups(a.N)) {
         case 1: return launch_groups<1, GATED, WT>(a, xq, xd, xs, ss, stream);

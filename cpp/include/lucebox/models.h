@@ -44,6 +44,9 @@ struct qwen35_hparams {
     uint32_t key_dim() const { return ssm_d_state * ssm_n_k_heads; }
     uint32_t value_dim() const { return ssm_d_state * ssm_n_v_heads; }  // ssm.inner_size
     uint32_t conv_dim() const { return 2 * key_dim() + value_dim(); }
+    // Values per token of a DeltaNet layer's fused step inputs (q | k | v, then g and beta per value
+    // head; cpp/kernels/delta_net_step.h): what a chain verify keeps for a replayed commit.
+    uint32_t fused_inputs_dim() const { return conv_dim() + 2 * ssm_n_v_heads; }
     uint32_t n_attention_layers() const;
     uint32_t n_recurrent_layers() const { return n_layer - n_attention_layers(); }
 

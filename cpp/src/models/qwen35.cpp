@@ -5,7 +5,6 @@
 // V heads are in tiled order (V head h uses K head h % n_k_heads).
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <sstream>
 
 #include "lucebox/errors.h"
@@ -68,12 +67,6 @@ void require(bool cond, const std::string & what) {
     if (!cond) {
         throw config_error("qwen35 hyperparameters: " + what);
     }
-}
-
-// The values of a DeltaNet layer's fused inputs for T tokens (kernels/delta_net_step.h: q | k | v,
-// then g and beta per token): what a replayed commit keeps of its verify.
-int64_t inputs_floats(const qwen35_hparams & hp, int64_t T) {
-    return (hp.conv_dim() + 2 * int64_t(hp.ssm_n_v_heads)) * T;
 }
 
 }  // namespace
@@ -391,7 +384,8 @@ qwen35_state qwen35_state::allocate(const qwen35_hparams & hp, uint32_t kv_size,
                                                          hp.conv_dim());
                     ggml_format_name(s.conv_ckpt[il], "ckpt_conv-%u", il);
                     if (fused != nullptr && (*fused)[il]) {
-                        s.inputs_ckpt[il] = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, inputs_floats(hp, n_checkpoints));
+                        s.inputs_ckpt[il] =
+                            ggml_new_tensor_1d(ctx, GGML_TYPE_F32, int64_t(hp.fused_inputs_dim()) * n_checkpoints);
                         ggml_format_name(s.inputs_ckpt[il], "ckpt_inputs-%u", il);
                     }
                 }
@@ -478,11 +472,10 @@ ggml_tensor * build_delta_net(ggml_context * ctx, ggml_cgraph * gf, const qwen35
     // agree whatever the kernel switches say now); other layers as fused_step says
     const bool fused = replayed || ((!verify || inputs_ckpt == nullptr) && fused_step(hp, l, in, T));
     if (fused) {
+        ggml_tensor * keep = replayed ? ggml_view_1d(ctx, inputs_ckpt, int64_t(hp.fused_inputs_dim()) * T, 0) : nullptr;
         ggml_tensor * xin = named(delta_net::inputs(ctx, qkv, proj[2], proj[3], conv_state, l.ssm_conv1d, l.ssm_dt_bias,
                                                     l.ssm_a, conv_ckpt != nullptr ? conv_ckpt : conv_state, Hk,
-                                                    conv_ckpt != nullptr ? 0 : T, hp.rms_eps,
-                                                    replayed ? ggml_view_1d(ctx, inputs_ckpt, inputs_floats(hp, T), 0)
-                                                             : nullptr),
+                                                    conv_ckpt != nullptr ? 0 : T, hp.rms_eps, keep),
                                   "gdn_inputs", il);  // replayed: kept for the commit, no state written
         const int64_t D = dk * dk * Hv;
         ggml_tensor * state_dst = ssm_ckpt != nullptr ? ssm_ckpt : ggml_view_2d(ctx, ssm_state, D, 1, D * sizeof(float), 0);
@@ -810,7 +803,7 @@ ggml_cgraph * build_qwen35_commit_graph(ggml_context * ctx, const qwen35_hparams
         if (replays_commit(true, st.inputs_ckpt[il], n_verified)) {
             // the kept tokens' recurrence again from the state before the verify (the same bits as the
             // verify's state after token last_kept: the ops' results do not depend on the batch)
-            ggml_tensor * x = ggml_view_1d(ctx, st.inputs_ckpt[il], inputs_floats(hp, n_verified), 0);
+            ggml_tensor * x = ggml_view_1d(ctx, st.inputs_ckpt[il], int64_t(hp.fused_inputs_dim()) * n_verified, 0);
             ggml_build_forward_expand(gf, delta_net::replay(ctx, x, n_verified, int64_t(last_kept) + 1, st.ssm[il],
                                                             ggml_view_2d(ctx, st.ssm[il], D, 1, D * sizeof(float), 0),
                                                             hp.ssm_n_k_heads));

@@ -63,7 +63,7 @@ memory_plan plan_memory(const qwen35_hparams & t, const dflash_hparams * d, cons
     p.ssm_state_bytes_per_seq = n_gdn * uint64_t(t.ssm_d_state) * t.value_dim() * sizeof(float);
     p.recurrent_bytes = (p.conv_state_bytes_per_seq + p.ssm_state_bytes_per_seq) * req.n_seq;
     // per verified token: its conv input and state, and (fused DeltaNet steps) its fused inputs
-    const uint64_t inputs_per_token = n_gdn * (uint64_t(t.conv_dim()) + 2 * uint64_t(t.ssm_n_v_heads)) * sizeof(float);
+    const uint64_t inputs_per_token = n_gdn * uint64_t(t.fused_inputs_dim()) * sizeof(float);
     p.checkpoint_bytes_per_token = p.conv_state_bytes_per_seq + p.ssm_state_bytes_per_seq + inputs_per_token;
     p.checkpoint_bytes = p.checkpoint_bytes_per_token * req.verify_tokens * req.n_seq;
 

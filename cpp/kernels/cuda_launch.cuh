@@ -71,6 +71,32 @@ bool pdl_kernel(int dev) { return pdl_device(dev) && sm90_code<Kernel>(dev); }
 template <auto Kernel>
 bool clusters_run(int dev) { return sm90_code<Kernel>(dev); }
 
+// The dynamic shared memory to give each CTA of a `grid`-CTA launch of `Kernel` (blocks of `block`
+// threads needing `smem` bytes) so that its CTAs spread over all multiprocessors: a grid that fits
+// in one wave of resident CTAs, r = ceil(grid / SMs) < the kernel's residency, is given the most
+// shared memory with which only r CTAs fit on one multiprocessor (the CTA scheduler otherwise may
+// fill some multiprocessors up to the residency and leave others idle). `smem` itself where no
+// padding applies. The kernel's dynamic shared memory limit must allow device_smem_optin(dev) bytes.
+template <auto Kernel>
+int spread_smem(int dev, int grid, int block, int smem) {
+    static int known[64] = {};  // the kernel's residency at `smem` + 1 per device; 0: not asked yet
+    if (dev < 0 || dev >= 64) return smem;
+    int k = __atomic_load_n(&known[dev], __ATOMIC_ACQUIRE);
+    if (k == 0) {
+        int resident = 0;
+        k = 1 + (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, Kernel, block, size_t(smem)) == cudaSuccess ? resident : 0);
+        __atomic_store_n(&known[dev], k, __ATOMIC_RELEASE);
+    }
+    const int resident = k - 1, sms = device_attribute<cudaDevAttrMultiProcessorCount>(dev);
+    const int per_sm = device_attribute<cudaDevAttrMaxSharedMemoryPerMultiprocessor>(dev);
+    const int reserved = device_attribute<cudaDevAttrReservedSharedMemoryPerBlock>(dev);
+    if (resident <= 0 || sms <= 0 || per_sm <= 0) return smem;
+    const int r = (grid + sms - 1) / sms;
+    if (r >= resident) return smem;
+    const int padded = per_sm / r - reserved, optin = device_smem_optin(dev);
+    return padded > smem ? (padded < optin ? padded : optin) : smem;
+}
+
 // A launch of `kernel` on stream, as a programmatic dependent of the stream's previous kernel when
 // `pdl` (the kernel then waits for it with griddepcontrol.wait before reading its results).
 template <typename... Params, typename... Args>

@@ -61,6 +61,13 @@ constexpr int WARPS = 4;  // per CTA, splitting K (H200 probe: 8 slower, docs/be
 #ifndef LUCEBOX_Q8_0_ST3_MAX_M
 #define LUCEBOX_Q8_0_ST3_MAX_M 6144
 #endif
+// LUCEBOX_Q8_0_SPREAD 1: a product of one wave spreads its CTAs over all multiprocessors
+// (cuda::spread_smem). H200 probe, row-tiled, the 18 shapes' one-column sum against 0: Q8_0 217.1 ->
+// 202.8 us (ffn_down, 320 CTAs of at most 4 a multiprocessor, 34.3 -> 27.7), Q4_K 166.2 -> 163.0,
+// Q6_K 216.6 -> 205.5; capping every grid at 3 or 2 CTAs a multiprocessor was slower (211.4, 240.2).
+#ifndef LUCEBOX_Q8_0_SPREAD
+#define LUCEBOX_Q8_0_SPREAD 1
+#endif
 // LUCEBOX_Q8_0_ONE_TILE_MAX_NG 2 (up to 16 columns one m16 tile a warp): H200 probe, row-tiled, the
 // 18 shapes' 16-column sum 250.3 -> 237.4 us (Q8_0), 258.3 -> 238.5 (Q4_K), one column unchanged.
 #ifndef LUCEBOX_Q8_0_ONE_TILE_MAX_NG
@@ -643,12 +650,16 @@ cudaError_t launch_groups(const matmul_args & a, const int8_t * xq, const float 
     if (err != cudaSuccess) return err;
     if (dev >= 64) return cudaErrorInvalidDevice;
     if (!(__atomic_load_n(&configured, __ATOMIC_ACQUIRE) & (1ull << dev))) {
-        err = cudaFuncSetAttribute(matmul<NG, GATED, M_TILES, WT, ST>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
+        // (all the device allows: cuda::spread_smem pads a launch's shared memory)
+        err = cudaFuncSetAttribute(matmul<NG, GATED, M_TILES, WT, ST>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   LUCEBOX_Q8_0_SPREAD ? device_smem_optin(dev) : SMEM);
         if (err != cudaSuccess) return err;
         __atomic_fetch_or(&configured, 1ull << dev, __ATOMIC_ACQ_REL);
     }
     constexpr int OUT_ROWS = GATED ? 16 : 16 * M_TILES;
-    return launch(matmul<NG, GATED, M_TILES, WT, ST>, dim3((a.M + OUT_ROWS - 1) / OUT_ROWS), dim3(WARPS * 32), SMEM, stream,
+    const int grid = (a.M + OUT_ROWS - 1) / OUT_ROWS;
+    const int smem = LUCEBOX_Q8_0_SPREAD ? cuda::spread_smem<matmul<NG, GATED, M_TILES, WT, ST>>(dev, grid, WARPS * 32, SMEM) : SMEM;
+    return launch(matmul<NG, GATED, M_TILES, WT, ST>, dim3(grid), dim3(WARPS * 32), smem, stream,
                   pdl_kernel<matmul<NG, GATED, M_TILES, WT, ST>>(dev), a, xq, xd, xs, ss);
 }
 

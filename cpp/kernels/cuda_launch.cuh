@@ -93,7 +93,8 @@ int spread_smem(int dev, int grid, int block, int smem) {
     if (resident <= 0 || sms <= 0 || per_sm <= 0) return smem;
     const int r = (grid + sms - 1) / sms;
     if (r >= resident) return smem;
-    const int padded = per_sm / r - reserved, optin = device_smem_optin(dev);
+    // (a CTA's shared memory, its reserved share included, is allocated in units of 128 bytes)
+    const int padded = per_sm / r / 128 * 128 - reserved, optin = device_smem_optin(dev);
     return padded > smem ? (padded < optin ? padded : optin) : smem;
 }
 

@@ -146,6 +146,7 @@ void register_engine(py::module_ & m) {
             return s.snapshot(where);
         }, py::arg("location") = "host")
         .def_property_readonly("snapshot_nbytes", &session::snapshot_bytes)
+        .def_property_readonly("state_nbytes", &session::state_bytes)
         .def("restore", &session::restore, py::arg("snapshot"), py::call_guard<py::gil_scoped_release>())
         .def("draft_proposals", &session::draft_proposals, py::arg("last"), py::call_guard<py::gil_scoped_release>())
         .def_property_readonly("n_past", &session::n_past)

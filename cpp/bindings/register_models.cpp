@@ -172,7 +172,7 @@ void register_models(py::module_ & m) {
 
     m.def("plan_memory", [](const target_model_file & t, const draft_model_file * d, uint32_t n_ctx, uint32_t n_seq,
                             const std::string & kv_type_k, const std::string & kv_type_v, uint32_t verify_tokens,
-                            uint32_t ubatch) {
+                            uint32_t ubatch, bool keep_states) {
         memory_request req;
         req.n_ctx = n_ctx;
         req.n_seq = n_seq;
@@ -180,13 +180,17 @@ void register_models(py::module_ & m) {
         req.kv_type_v = parse_kv_type(kv_type_v);
         req.verify_tokens = verify_tokens;
         req.ubatch = ubatch;
+        req.keep_states = keep_states;
         memory_plan p = plan_memory(t.hparams, d ? &d->hparams : nullptr, req);
         p.target_weight_bytes = t.weight_bytes;
         p.draft_weight_bytes = d ? d->weight_bytes : 0;
         return plan_to_dict(p);
     }, py::arg("target"), py::arg("draft") = nullptr, py::arg("n_ctx") = 4096, py::arg("n_seq") = 1,
        py::arg("kv_type_k") = "f16", py::arg("kv_type_v") = "f16", py::arg("verify_tokens") = 16,
-       py::arg("ubatch") = 512, "Bytes needed for weights, KV, recurrent state, checkpoints, draft KV, feature ring.");
+       py::arg("ubatch") = 512, py::arg("keep_states") = true,
+       "Bytes needed for weights, KV, recurrent state, checkpoints, draft KV, feature ring. keep_states: every "
+       "verified token's whole DeltaNet state is kept (trees, long verifies, the replay rollback); false: chain "
+       "verifies whose fused DeltaNet layers keep their inputs instead.");
 
     m.def("quantize", [](py::array_t<float, py::array::c_style | py::array::forcecast> rows, const std::string & type_name,
                          int n_threads) {

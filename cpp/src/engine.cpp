@@ -122,6 +122,17 @@ struct engine::impl {
     uint32_t verify_width() const {
         return std::max({block_size(), MAX_FORCED_BLOCK, cfg.spec == "tree" ? cfg.tree_budget + 1 : 0u});
     }
+    // Whether verifies keep every token's whole DeltaNet state (lucebox::keeps_states): trees, the
+    // replay rollback's backup, verifies longer than the fused step takes, and (for now) a split
+    // over devices. Otherwise a one-device session allocates those of layers that replay their
+    // commits only when a tree is asked for (generate_params::propose_tree:
+    // qwen35_state::add_state_checkpoints).
+    bool keeps_states() const {
+        memory_request req;
+        req.verify_tokens = verify_width();
+        req.keep_states = cfg.rollback == "replay" || cfg.spec == "tree" || cfg.split != "none";
+        return lucebox::keeps_states(req);
+    }
 
     // Allocates the graph's tensors; the caller then sets inputs and calls compute().
     void alloc(ggml_backend_sched_t s, ggml_cgraph * gf, const std::string & what) {
@@ -282,6 +293,7 @@ struct engine::impl {
                                 : cfg.spec == "tree"   ? std::max(draft->hparams.block_size, cfg.tree_budget + 1)
                                                        : draft->hparams.block_size;
         }
+        req.keep_states = keeps_states();
         memory_plan p = plan_memory(target.hparams, draft ? &draft->hparams : nullptr, req);
         p.target_weight_bytes = target.weight_bytes;
         p.draft_weight_bytes = draft ? draft->weight_bytes : 0;
@@ -472,7 +484,8 @@ std::unique_ptr<session> engine::new_session() {
     } else {
         const std::vector<bool> fused = qwen35_fused_layers(e.target.hparams, e.w);
         st->model_state = qwen35_state::allocate(e.target.hparams, e.kv_size, e.type_k, e.type_v, e.capture, ring,
-                                                 checkpoints, ggml_backend_dev_buffer_type(e.dev), e.dev, nullptr, &fused);
+                                                 checkpoints, ggml_backend_dev_buffer_type(e.dev), e.dev, nullptr, &fused,
+                                                 e.keeps_states());
     }
     if (e.draft) {
         st->draft_state = dflash_state::allocate(e.draft->hparams, e.kv_size, e.type_k, e.type_v,
@@ -979,6 +992,15 @@ session_snapshot session::snapshot(snapshot_location where) {
     return snap;
 }
 
+uint64_t session::state_bytes() const {
+    const qwen35_state & ms = st_->model_state;
+    uint64_t n = ms.store.size_bytes() + st_->draft_state.store.size_bytes() + st_->ring_mirror_store.size_bytes();
+    for (const tensor_store & more : ms.more_stores) {
+        n += more.size_bytes();
+    }
+    return n;
+}
+
 uint64_t session::snapshot_bytes() const {
     uint64_t n = tokens_.size() * sizeof(int32_t);
     const uint32_t n_past = static_cast<uint32_t>(tokens_.size());
@@ -1464,6 +1486,9 @@ spec::commit_plan session::tree_step(int32_t last, uint32_t room, const generate
                                      const std::function<bool(int32_t)> & is_stop, const token_callback & on_token,
                                      sampler & smp, row_candidates & cands) {
     engine::impl & e = *eng_;
+    if (!st_->model_state.has_state_checkpoints()) {  // a tree (propose_tree) in a session allocated for chains
+        st_->model_state.add_state_checkpoints(e.target.hparams, ggml_backend_dev_buffer_type(e.dev), e.dev);
+    }
     const qwen35_state & st = st_->model_state;
     // nodes of one verify: checkpoint slots and feature-ring rows per node, and context room
     const uint32_t cap = std::min({st.n_checkpoints, st.ring.empty() ? st.n_checkpoints : st.ring_size, room});

@@ -36,7 +36,8 @@ def _cmd_info(args: argparse.Namespace) -> int:
         if args.tree_budget:  # a DDTree verify holds the root and tree_budget nodes
             verify = max(verify, args.tree_budget + 1)
         plan = _core.plan_memory(target, draft, n_ctx=args.ctx, n_seq=args.n_seq, kv_type_k=args.kv_type_k,
-                                 kv_type_v=args.kv_type_v, verify_tokens=verify, ubatch=args.ubatch)
+                                 kv_type_v=args.kv_type_v, verify_tokens=verify, ubatch=args.ubatch,
+                                 keep_states=bool(args.tree_budget))
         report["model"] = _describe_target(target)
         if draft is not None:
             report["draft"] = _describe_draft(draft)

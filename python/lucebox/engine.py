@@ -229,6 +229,13 @@ class Session:
         """Bytes a snapshot taken now would hold (`Snapshot.nbytes`), computed without copying."""
         return self._core.snapshot_nbytes
 
+    @property
+    def state_nbytes(self) -> int:
+        """Bytes of memory this session holds for its state (KV caches, recurrent state, verify
+        checkpoints, feature rings, the draft's caches); a tree asked of a session made for chain
+        speculation adds its DeltaNet state checkpoints on first use."""
+        return self._core.state_nbytes
+
     def restore(self, snapshot: _core.Snapshot) -> None:
         """Replace this session's state by `snapshot` (host or device). Raises ConfigError if it
         was taken with another model/KV/draft layout or does not fit this engine's context."""

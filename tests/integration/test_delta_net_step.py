@@ -2,7 +2,8 @@
 preset's DeltaNet heads are 32 wide, so these tests use heads of 128 (the ops' size, every real
 qwen35 GGUF's): the forward agrees with upstream llama.cpp with the ops in use (short batches and
 decode steps), and chain speculation with every accept length equals plain greedy decoding (the
-verify keeps the ops' inputs, the commit re-runs the kept tokens)."""
+verify keeps the ops' inputs, the commit re-runs the kept tokens), without memory for whole
+DeltaNet states until a tree asks for them."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -12,7 +13,7 @@ import pytest
 
 import lucebox
 from lucebox import _core, synth
-from forcing import forced
+from forcing import forced, forced_tree
 
 HEAD128 = dict(ssm_d_state=128, ssm_n_k_heads=1, ssm_n_v_heads=2)
 BLOCK = 16
@@ -65,3 +66,34 @@ def test_a_conv_longer_than_the_ops_take_runs_ggml_ops(tmp_path: Path) -> None:
     assert _core.delta_net_step_runs() == before
     got = engine.session().generate(p, max_tokens=24, propose=forced(ref, len(p), 5))
     assert got.tokens == ref
+
+
+def test_chain_sessions_hold_no_state_checkpoints_until_a_tree(target128: str) -> None:
+    # chain verifies of fused layers keep their inputs: neither the plan nor the session holds whole
+    # DeltaNet states per verified token; a tree (propose_tree) adds them on first use, and both
+    # still equal plain greedy decoding
+    engine = lucebox.Engine(target128, ctx=256, device="cpu")
+    hp = _core.TargetFile.open(target128).hparams
+    n_gdn = sum(1 for r in hp.is_recurrent if r)
+    state_bytes = n_gdn * hp.ssm_d_state * hp.ssm_d_state * hp.ssm_n_v_heads * 4  # one token's, all layers
+    plan = engine.memory_plan()
+    kept = _core.plan_memory(_core.TargetFile.open(target128), n_ctx=256, verify_tokens=16, keep_states=True)
+    assert plan["checkpoint_bytes_per_token"] + state_bytes == kept["checkpoint_bytes_per_token"]
+    assert plan["checkpoint_bytes"] == 16 * plan["checkpoint_bytes_per_token"]
+
+    p = [int(x) for x in np.random.default_rng(11).integers(0, 1000, 30)]
+    ref = engine.generate(p, max_tokens=40).tokens
+    s = engine.session()
+    before = s.state_nbytes
+    got = s.generate(p, max_tokens=40, propose=forced(ref, len(p), 5))
+    assert got.tokens == ref and s.state_nbytes == before
+    s.reset()
+    got = s.generate(p, max_tokens=40, propose_tree=forced_tree(ref, len(p), 4))
+    assert got.tokens == ref
+    added = s.state_nbytes - before
+    assert 16 * state_bytes <= added <= 16 * state_bytes + 4096  # 16 checkpoint slots (forced blocks)
+    s.reset()  # the checkpoints stay: a chain, then a tree again
+    assert s.generate(p, max_tokens=40, propose=forced(ref, len(p), 3)).tokens == ref
+    s.reset()
+    assert s.generate(p, max_tokens=40, propose_tree=forced_tree(ref, len(p), 2)).tokens == ref
+    assert s.state_nbytes == before + added

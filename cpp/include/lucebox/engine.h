@@ -199,6 +199,9 @@ class session {
     // (naming the bytes needed) when that memory is short; the session is unchanged then.
     session_snapshot snapshot(snapshot_location where = snapshot_location::host);
     uint64_t snapshot_bytes() const;  // what snapshot().bytes() would be now, without copying anything
+    // Bytes of the memory this session holds for its state: KV caches, recurrent state, verify
+    // checkpoints, feature rings, the draft's caches (not the engine's weights or compute buffers).
+    uint64_t state_bytes() const;
     // Replaces the state by `snap` (from host or device memory). Throws config_error on a layout
     // mismatch or a snapshot longer than the context; the session is unchanged then.
     void restore(const session_snapshot & snap);

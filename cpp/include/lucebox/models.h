@@ -47,6 +47,9 @@ struct qwen35_hparams {
     // Values per token of a DeltaNet layer's fused step inputs (q | k | v, then g and beta per value
     // head; cpp/kernels/delta_net_step.h): what a chain verify keeps for a replayed commit.
     uint32_t fused_inputs_dim() const { return conv_dim() + 2 * ssm_n_v_heads; }
+    // Whether the DeltaNet layers have the shape the fused step ops take (heads of 128 keys and
+    // values, a conv of at most 8): then they run them where their weights allow (qwen35_fused_layers).
+    bool fused_delta_net_shape() const;
     uint32_t n_attention_layers() const;
     uint32_t n_recurrent_layers() const { return n_layer - n_attention_layers(); }
 

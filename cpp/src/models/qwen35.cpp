@@ -71,6 +71,11 @@ void require(bool cond, const std::string & what) {
 
 }  // namespace
 
+bool qwen35_hparams::fused_delta_net_shape() const {
+    return ssm_d_state == kernels::delta_net::HEAD && ssm_d_conv <= kernels::delta_net::MAX_D_CONV &&
+           conv_dim() == (2 * int64_t(ssm_n_k_heads) + ssm_n_v_heads) * kernels::delta_net::HEAD;
+}
+
 uint32_t qwen35_hparams::n_attention_layers() const {
     return static_cast<uint32_t>(std::count(is_recurrent.begin(), is_recurrent.end(), false));
 }
@@ -346,10 +351,23 @@ qwen35_weights bind_qwen35_weights(const qwen35_hparams & hp, const std::functio
     return w;
 }
 
+namespace {
+
+// A DeltaNet layer's [dk*dk*Hv, n] F32 state checkpoints (qwen35_state::ssm_ckpt), in ctx.
+ggml_tensor * new_state_checkpoint(ggml_context * ctx, const qwen35_hparams & hp, uint32_t n, uint32_t il) {
+    const int64_t d = int64_t(hp.ssm_d_state) * hp.ssm_d_state * hp.ssm_n_v_heads;
+    ggml_tensor * t = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, d, n);
+    ggml_format_name(t, "ckpt_ssm-%u", il);
+    return t;
+}
+
+}  // namespace
+
 qwen35_state qwen35_state::allocate(const qwen35_hparams & hp, uint32_t kv_size, ggml_type type_k, ggml_type type_v,
                                     const std::vector<int32_t> & capture_layers, uint32_t ring_size,
                                     uint32_t n_checkpoints, ggml_backend_buffer_type_t buft, ggml_backend_dev_t dev,
-                                    const std::vector<bool> * layers, const std::vector<bool> * fused) {
+                                    const std::vector<bool> * layers, const std::vector<bool> * fused,
+                                    bool keep_states) {
     auto has_layer = [&](uint32_t il) { return layers == nullptr || (*layers)[il]; };
     qwen35_state s;
     s.n_checkpoints = n_checkpoints;
@@ -377,13 +395,14 @@ qwen35_state qwen35_state::allocate(const qwen35_hparams & hp, uint32_t kv_size,
                                                hp.ssm_n_v_heads);
                 ggml_format_name(s.ssm[il], "cache_ssm-%u", il);
                 if (n_checkpoints > 0) {
-                    const int64_t d = int64_t(hp.ssm_d_state) * hp.ssm_d_state * hp.ssm_n_v_heads;
-                    s.ssm_ckpt[il] = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, d, n_checkpoints);
-                    ggml_format_name(s.ssm_ckpt[il], "ckpt_ssm-%u", il);
+                    const bool layer_fused = fused != nullptr && (*fused)[il];
+                    if (keep_states || !layer_fused) {
+                        s.ssm_ckpt[il] = new_state_checkpoint(ctx, hp, n_checkpoints, il);
+                    }
                     s.conv_ckpt[il] = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, hp.ssm_d_conv - 1 + n_checkpoints,
                                                          hp.conv_dim());
                     ggml_format_name(s.conv_ckpt[il], "ckpt_conv-%u", il);
-                    if (fused != nullptr && (*fused)[il]) {
+                    if (layer_fused) {
                         s.inputs_ckpt[il] =
                             ggml_new_tensor_1d(ctx, GGML_TYPE_F32, int64_t(hp.fused_inputs_dim()) * n_checkpoints);
                         ggml_format_name(s.inputs_ckpt[il], "ckpt_inputs-%u", il);
@@ -416,18 +435,47 @@ void qwen35_state::clear() {
     }
 }
 
+bool qwen35_state::has_state_checkpoints() const {
+    for (size_t il = 0; il < ssm.size(); ++il) {
+        if (ssm[il] != nullptr && n_checkpoints > 0 && ssm_ckpt[il] == nullptr) {
+            return false;
+        }
+    }
+    return true;
+}
+
+void qwen35_state::add_state_checkpoints(const qwen35_hparams & hp, ggml_backend_buffer_type_t buft,
+                                         ggml_backend_dev_t dev) {
+    std::vector<uint32_t> missing;
+    for (uint32_t il = 0; il < hp.n_layer; ++il) {
+        if (ssm[il] != nullptr && n_checkpoints > 0 && ssm_ckpt[il] == nullptr) {
+            missing.push_back(il);
+        }
+    }
+    if (missing.empty()) {
+        return;
+    }
+    std::vector<ggml_tensor *> made(hp.n_layer, nullptr);
+    tensor_store added = tensor_store::allocate(buft, dev, missing.size(), [&](ggml_context * ctx) {
+        for (uint32_t il : missing) {
+            made[il] = new_state_checkpoint(ctx, hp, n_checkpoints, il);
+        }
+    }, "the DeltaNet state checkpoints of tree verifies");
+    for (uint32_t il : missing) {
+        ssm_ckpt[il] = made[il];
+    }
+    more_stores.push_back(std::move(added));
+}
+
 namespace {
 
 using graph::named;
 namespace delta_net = kernels::delta_net;
 
-// Whether a DeltaNet layer can run the fused step ops: head size 128 (keys and values), a conv of
-// at most MAX_D_CONV, F32 conv, gate and norm weights, on a backend that runs them
-// (kernels::fused_delta_net_in).
+// Whether a DeltaNet layer can run the fused step ops: their shape (fused_delta_net_shape), F32
+// conv, gate and norm weights, on a backend that runs them (kernels::fused_delta_net_in).
 bool fused_layer(const qwen35_hparams & hp, const qwen35_layer_weights & l) {
-    if (l.ssm_conv1d == nullptr || hp.ssm_d_state != delta_net::HEAD || hp.ssm_d_conv > delta_net::MAX_D_CONV ||
-        hp.conv_dim() != (2 * int64_t(hp.ssm_n_k_heads) + hp.ssm_n_v_heads) * delta_net::HEAD)
-        return false;
+    if (l.ssm_conv1d == nullptr || !hp.fused_delta_net_shape()) return false;
     for (const ggml_tensor * t : {l.ssm_conv1d, l.ssm_dt_bias, l.ssm_a, l.ssm_norm})
         if (t == nullptr || t->type != GGML_TYPE_F32 || !ggml_is_contiguous(t)) return false;
     return kernels::fused_delta_net_in(l.ssm_conv1d->buffer);
@@ -450,9 +498,10 @@ bool replays_commit(bool chain, const ggml_tensor * inputs_ckpt, int64_t T) {
 // Gated DeltaNet mixer. x: [E, T] (normed) -> [E, T]. Updates conv and ssm state in place.
 ggml_tensor * build_delta_net(ggml_context * ctx, ggml_cgraph * gf, const qwen35_hparams & hp,
                               const qwen35_layer_weights & l, ggml_tensor * conv_state, ggml_tensor * ssm_state,
-                              ggml_tensor * conv_ckpt, ggml_tensor * ssm_ckpt, ggml_tensor * inputs_ckpt,
+                              bool verify, ggml_tensor * conv_ckpt, ggml_tensor * ssm_ckpt, ggml_tensor * inputs_ckpt,
                               const qwen35_inputs & in, ggml_tensor * x, int il) {
-    // conv_ckpt / ssm_ckpt non-null: verify mode (keep every token's state, leave the state alone);
+    // verify: keep every token's state in ssm_ckpt (null where the layer replays its commits) and
+    // conv input in conv_ckpt, leave the state alone;
     // in.parents non-null: tree verify (each node continues its parent's conv window and state);
     // a chain verify that replays_commit: the fused inputs op's result goes to inputs_ckpt instead
     // of the states to ssm_ckpt, and the commit re-runs the kept tokens (build_qwen35_commit_graph)
@@ -466,8 +515,10 @@ ggml_tensor * build_delta_net(ggml_context * ctx, ggml_cgraph * gf, const qwen35
     ggml_tensor * qkv = named(proj[0], "gdn_qkv", il);                            // [conv_dim, T]
     // the same layer as below in two fused ops (kernels/delta_net_step.h): the conv window goes back
     // into the state (decode) or whole into the checkpoint (verify); the state likewise
-    const bool verify = ssm_ckpt != nullptr;
     const bool replayed = verify && replays_commit(in.parents == nullptr, inputs_ckpt, T);
+    if (verify && !replayed && ssm_ckpt == nullptr) {
+        throw error("internal: a verify of layer " + std::to_string(il) + " keeps states it has no checkpoints for");
+    }
     // a layer with inputs_ckpt verifies fused exactly when it replays (its verify and commit graphs
     // agree whatever the kernel switches say now); other layers as fused_step says
     const bool fused = replayed || ((!verify || inputs_ckpt == nullptr) && fused_step(hp, l, in, T));
@@ -478,7 +529,7 @@ ggml_tensor * build_delta_net(ggml_context * ctx, ggml_cgraph * gf, const qwen35
                                                     conv_ckpt != nullptr ? 0 : T, hp.rms_eps, keep),
                                   "gdn_inputs", il);  // replayed: kept for the commit, no state written
         const int64_t D = dk * dk * Hv;
-        ggml_tensor * state_dst = ssm_ckpt != nullptr ? ssm_ckpt : ggml_view_2d(ctx, ssm_state, D, 1, D * sizeof(float), 0);
+        ggml_tensor * state_dst = verify && !replayed ? ssm_ckpt : ggml_view_2d(ctx, ssm_state, D, 1, D * sizeof(float), 0);
         const delta_net::state_out mode = replayed ? delta_net::state_out::none
                                           : verify ? delta_net::state_out::every_state
                                                    : delta_net::state_out::final_state;
@@ -536,7 +587,7 @@ ggml_tensor * build_delta_net(ggml_context * ctx, ggml_cgraph * gf, const qwen35
     ggml_tensor * k = ggml_view_4d(ctx, qk, dk, Hk, T, 1, qk->nb[1], qk->nb[2], qk->nb[2] * T, key_dim * es);
     ggml_tensor * v = ggml_view_4d(ctx, conv_out, dk, Hv, T, 1, dk * es, conv_out->nb[1], conv_out->nb[2], 2 * key_dim * es);
     ggml_tensor * s0 = ggml_reshape_4d(ctx, ssm_state, dk, dk, Hv, 1);
-    const int64_t n_snap = ssm_ckpt != nullptr ? T : 1;  // snapshots: slot s = state after token T-1-s
+    const int64_t n_snap = verify ? T : 1;  // snapshots: slot s = state after token T-1-s
     ggml_tensor * res = in.parents != nullptr  // tree: n_snap = T, state of node i from its parent's
                             ? ggml_gated_delta_net_tree(ctx, q, k, v, g, beta, s0, in.parents)
                             : ggml_gated_delta_net(ctx, q, k, v, g, beta, s0, n_snap);
@@ -550,7 +601,7 @@ ggml_tensor * build_delta_net(ggml_context * ctx, ggml_cgraph * gf, const qwen35
     const int64_t D = dk * dk * Hv;
     const size_t row = ggml_row_size(res->type, D);
     ggml_tensor * snaps = ggml_view_3d(ctx, res, D, 1, n_snap, row, row, ggml_row_size(res->type, dk * Hv * T));
-    ggml_tensor * dst = ssm_ckpt != nullptr ? ggml_view_3d(ctx, ssm_ckpt, D, 1, T, row, ssm_ckpt->nb[1], 0)
+    ggml_tensor * dst = verify ? ggml_view_3d(ctx, ssm_ckpt, D, 1, T, row, ssm_ckpt->nb[1], 0)
                                             : ggml_view_3d(ctx, ssm_state, D, 1, 1, row, row, 0);
     ggml_build_forward_expand(gf, ggml_cpy(ctx, snaps, dst));
 
@@ -677,7 +728,7 @@ qwen35_graph build_qwen35_graph(ggml_context * ctx, const qwen35_hparams & hp, c
         capture(cur, int32_t(il));
         ggml_tensor * x = named(graph::rms_norm(ctx, cur, l.attn_norm, hp.rms_eps), "attn_norm", il);
         ggml_tensor * mix = hp.is_recurrent[il]
-                                ? build_delta_net(ctx, g.gf, hp, l, st.conv[il], st.ssm[il],
+                                ? build_delta_net(ctx, g.gf, hp, l, st.conv[il], st.ssm[il], verify,
                                                   verify ? st.conv_ckpt[il] : nullptr,
                                                   verify ? st.ssm_ckpt[il] : nullptr,
                                                   verify ? st.inputs_ckpt[il] : nullptr, in, x, il)
@@ -809,6 +860,9 @@ ggml_cgraph * build_qwen35_commit_graph(ggml_context * ctx, const qwen35_hparams
                                                             hp.ssm_n_k_heads));
         } else {
             ggml_tensor * ck = st.ssm_ckpt[il];
+            if (ck == nullptr) {
+                throw error("internal: commit of layer " + std::to_string(il) + " without its state checkpoints");
+            }
             const size_t slot = n_verified - 1 - last_kept;
             ggml_tensor * src = ggml_view_1d(ctx, ck, D, slot * ck->nb[1]);
             ggml_build_forward_expand(gf, ggml_cpy(ctx, src, ggml_reshape_1d(ctx, st.ssm[il], D)));
@@ -872,6 +926,9 @@ qwen35_tree_commit build_qwen35_tree_commit_graph(ggml_context * ctx, const qwen
                 return g;  // no raw-word alias of these rows
             }
         }
+    }
+    if (!st.has_state_checkpoints()) {
+        throw error("internal: a tree commit without the DeltaNet state checkpoints");
     }
     const int64_t N = st.n_checkpoints, n_keep = int64_t(hp.ssm_d_conv) - 1, C = hp.conv_dim();
     const bool recurrent = hp.n_recurrent_layers() > 0;
@@ -961,6 +1018,9 @@ ggml_cgraph * build_qwen35_tree_commit_copy_graph(ggml_context * ctx, const qwen
                                                   const qwen35_state & st, uint32_t n_verified, uint32_t n_past,
                                                   const std::vector<int32_t> & path) {
     check_tree_commit_path(st, n_verified, path);
+    if (!st.has_state_checkpoints()) {
+        throw error("internal: a tree commit without the DeltaNet state checkpoints");
+    }
     const size_t L = path.size();
     // nodes: a row copy is 3 (two views + cpy): 2 per path node per attention layer and ring, plus the
     // ssm copy (3) and the d_conv-1 conv column copies (4: two views, copy_by_kernel's view, cpy) per
@@ -1009,7 +1069,7 @@ ggml_cgraph * build_qwen35_tree_commit_copy_graph(ggml_context * ctx, const qwen
 
 ggml_cgraph * build_qwen35_backup_graph(ggml_context * ctx, const qwen35_hparams & hp, const qwen35_state & st,
                                         bool backup) {
-    if (st.n_checkpoints == 0) {
+    if (st.n_checkpoints == 0 || !st.has_state_checkpoints()) {
         throw error("internal: no checkpoint slot for a state backup");
     }
     // nodes per DeltaNet layer: the ssm copy (view, reshape, cpy), the conv copy (view, view, cpy)

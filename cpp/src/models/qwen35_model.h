@@ -66,7 +66,10 @@ struct qwen35_state {
     std::vector<ggml_tensor *> ring;  // per capture layer: [E, ring_size] F32
     uint32_t ring_size = 0;
     // Verify checkpoints (speculative decoding), per DeltaNet layer, for up to n_checkpoints tokens:
-    std::vector<ggml_tensor *> ssm_ckpt;   // [dk*dk*Hv, n_checkpoints]: state after token T-1-s in column s
+    // [dk*dk*Hv, n_checkpoints]: state after token T-1-s in column s; null for a layer with
+    // inputs_ckpt until a verify needs whole states (a tree, more than delta_net::MAX_TOKENS tokens,
+    // a backup: add_state_checkpoints), since its chain verifies keep the fused inputs instead
+    std::vector<ggml_tensor *> ssm_ckpt;
     std::vector<ggml_tensor *> conv_ckpt;  // [d_conv-1+n_checkpoints, conv_dim]: the verify batch's conv input
                                            // [carried | batch] (a tree verify: the same channels fastest,
                                            // its first floats as [conv_dim, d_conv-1+T])
@@ -76,18 +79,27 @@ struct qwen35_state {
     std::vector<ggml_tensor *> inputs_ckpt;
     uint32_t n_checkpoints = 0;
     tensor_store store;
-    // A layer split's state spans one store per device: the others (store holds the first).
+    // A layer split's state spans one store per device: the others (store holds the first); and
+    // the state checkpoints add_state_checkpoints allocated later.
     std::vector<tensor_store> more_stores;
 
     void clear();  // zero every store
 
+    // Whether every DeltaNet layer with a state has its ssm_ckpt (a verify may keep whole states).
+    bool has_state_checkpoints() const;
+    // Allocates the missing ssm_ckpt (layers with inputs_ckpt, allocated without them) on buft / dev;
+    // throws (the state unchanged) when the memory is not there.
+    void add_state_checkpoints(const qwen35_hparams & hp, ggml_backend_buffer_type_t buft, ggml_backend_dev_t dev);
+
     // `layers` (optional, one flag per layer): allocate only these layers' state and the rings of
     // the capture layers they compute (capture n_layer belongs to the last layer); the rest stay null.
-    // `fused` (optional, one flag per layer, qwen35_fused_layers): the DeltaNet layers that get inputs_ckpt.
+    // `fused` (optional, one flag per layer, qwen35_fused_layers): the DeltaNet layers that get
+    // inputs_ckpt; with keep_states false, not ssm_ckpt (memory_request::keep_states).
     static qwen35_state allocate(const qwen35_hparams & hp, uint32_t kv_size, ggml_type type_k, ggml_type type_v,
                                  const std::vector<int32_t> & capture_layers, uint32_t ring_size,
                                  uint32_t n_checkpoints, ggml_backend_buffer_type_t buft, ggml_backend_dev_t dev,
-                                 const std::vector<bool> * layers = nullptr, const std::vector<bool> * fused = nullptr);
+                                 const std::vector<bool> * layers = nullptr, const std::vector<bool> * fused = nullptr,
+                                 bool keep_states = true);
 };
 
 // Per layer: whether it is a DeltaNet layer whose steps run the fused ops of kernels/delta_net_step.h

@@ -4,6 +4,7 @@
 
 #include "lucebox/errors.h"
 #include "lucebox/models.h"
+#include "delta_net_step.h"
 
 namespace lucebox {
 
@@ -41,6 +42,10 @@ uint64_t row_bytes(ggml_type type, int64_t n, const char * what) {
 
 }  // namespace
 
+bool keeps_states(const memory_request & req) {
+    return req.keep_states || req.verify_tokens > kernels::delta_net::MAX_TOKENS;
+}
+
 memory_plan plan_memory(const qwen35_hparams & t, const dflash_hparams * d, const memory_request & req) {
     if (req.n_ctx == 0 || req.n_seq == 0 || req.verify_tokens == 0 || req.ubatch == 0) {
         throw config_error("memory plan: context, sequences, verify tokens and micro-batch must all be > 0");
@@ -62,9 +67,12 @@ memory_plan plan_memory(const qwen35_hparams & t, const dflash_hparams * d, cons
     p.conv_state_bytes_per_seq = n_gdn * uint64_t(t.ssm_d_conv > 0 ? t.ssm_d_conv - 1 : 0) * t.conv_dim() * sizeof(float);
     p.ssm_state_bytes_per_seq = n_gdn * uint64_t(t.ssm_d_state) * t.value_dim() * sizeof(float);
     p.recurrent_bytes = (p.conv_state_bytes_per_seq + p.ssm_state_bytes_per_seq) * req.n_seq;
-    // per verified token: its conv input and state, and (fused DeltaNet steps) its fused inputs
-    const uint64_t inputs_per_token = n_gdn * uint64_t(t.fused_inputs_dim()) * sizeof(float);
-    p.checkpoint_bytes_per_token = p.conv_state_bytes_per_seq + p.ssm_state_bytes_per_seq + inputs_per_token;
+    // per verified token: its conv input; with fused DeltaNet steps its fused inputs, and its whole
+    // state where it is kept (req.keep_states), else the state (the commit copies it)
+    const bool fused = n_gdn > 0 && t.fused_delta_net_shape();
+    const uint64_t inputs_per_token = fused ? n_gdn * uint64_t(t.fused_inputs_dim()) * sizeof(float) : 0;
+    const uint64_t state_per_token = !fused || keeps_states(req) ? p.ssm_state_bytes_per_seq : 0;
+    p.checkpoint_bytes_per_token = p.conv_state_bytes_per_seq + state_per_token + inputs_per_token;
     p.checkpoint_bytes = p.checkpoint_bytes_per_token * req.verify_tokens * req.n_seq;
 
     if (d != nullptr) {

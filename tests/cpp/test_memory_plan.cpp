@@ -41,6 +41,32 @@ TEST_CASE(kv_and_recurrent_bytes) {
     CHECK(q.kv_bytes_per_token == 16ull * (1024 / 32) * (34 + 18));
 }
 
+TEST_CASE(checkpoint_bytes_with_and_without_whole_states) {
+    const qwen35_hparams hp = qwen36_27b();
+    CHECK(hp.fused_delta_net_shape());
+    memory_request req;
+    req.n_ctx = 4096;
+    const uint64_t conv = 48ull * 3 * 10240 * 4, state = 48ull * 128 * 6144 * 4;
+    const uint64_t inputs = 48ull * (10240 + 2 * 48) * 4;  // q | k | v, g and beta per value head
+    const memory_plan kept = plan_memory(hp, nullptr, req);  // keep_states: trees, the replay backup
+    CHECK(keeps_states(req));
+    CHECK(kept.checkpoint_bytes_per_token == conv + state + inputs);
+    req.keep_states = false;  // chain verifies: the fused inputs, no states
+    CHECK(!keeps_states(req));
+    const memory_plan chain = plan_memory(hp, nullptr, req);
+    CHECK(chain.checkpoint_bytes_per_token == conv + inputs);
+    CHECK(chain.checkpoint_bytes == 16 * (conv + inputs));
+    req.verify_tokens = 65;  // longer than the fused step takes: states again
+    CHECK(keeps_states(req));
+    CHECK(plan_memory(hp, nullptr, req).checkpoint_bytes_per_token == conv + state + inputs);
+    qwen35_hparams narrow = hp;  // heads of 64: ggml's ops, no fused inputs, always states
+    narrow.ssm_d_state = 64;
+    req.verify_tokens = 16;
+    CHECK(!narrow.fused_delta_net_shape());
+    const memory_plan n = plan_memory(narrow, nullptr, req);
+    CHECK(n.checkpoint_bytes_per_token == n.conv_state_bytes_per_seq + n.ssm_state_bytes_per_seq);
+}
+
 TEST_CASE(draft_bytes) {
     const qwen35_hparams hp = qwen36_27b();
     dflash_hparams d;

@@ -121,9 +121,10 @@ class Engine:
 
     def memory_plan(self) -> dict[str, int]:
         """What this engine's state costs, in bytes, per session: weights, KV cache, recurrent
-        state, verify checkpoints (one per verified token; with spec="tree" one per tree node),
-        feature ring, and bytes_per_verified_token (the cost of one more verified token or tree
-        node). Compute buffers are not included."""
+        state, verify checkpoints (one per verified token: its conv input, and its whole DeltaNet
+        state, or for chain verifies of layers that run the fused step, its fused inputs; with
+        spec="tree" one per tree node), feature ring, and bytes_per_verified_token (the cost of one
+        more verified token or tree node). Compute buffers are not included."""
         return dict(self._core.plan())
 
     @property

@@ -3,14 +3,23 @@ a tiny model with DeltaNet heads of 128 (the ops' size; the tiny preset's are 32
 CUDA against the CPU over a short prefill and decode steps (both backends run the ops), and chain
 speculation at every forced accept length equal to plain greedy decoding on the GPU (the verify
 keeps the ops' inputs, the commit re-runs the kept tokens), or parting only at a near-tie as in
-test_cuda_speculative.py (a 16-token verify's attention and products round differently)."""
+test_cuda_speculative.py (a 16-token verify's attention and products round differently); such a
+chain session holds no whole-state checkpoints until a tree asks for them."""
 from __future__ import annotations
+
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import lucebox
 from lucebox import _core, synth
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
+from test_cuda_speculative import _check_same_or_tie  # noqa: E402
+from test_tree import forced_tree  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -63,3 +72,22 @@ def test_replayed_commits_equal_plain_greedy_on_gpu(target128: str) -> None:
             noise = float(np.abs(row - cpu.session().eval(p + ref[:common])[-1]).max())
             margin = float(row[ref[common]] - row[got[common]]) if common < len(got) else 0.0
             assert margin < 2 * noise, f"parted at token {common}, margin {margin:.4f} >= 2 x noise {noise:.4f}"
+
+
+def test_a_tree_in_a_chain_session_adds_its_state_checkpoints_on_gpu(target128: str) -> None:
+    engine = lucebox.Engine(target128, ctx=512, device="cuda")
+    cpu = lucebox.Engine(target128, ctx=512, device="cpu")
+    hp = engine.hparams
+    n_gdn = sum(1 for r in hp.is_recurrent if r)
+    state_bytes = n_gdn * hp.ssm_d_state * hp.ssm_d_state * hp.ssm_n_v_heads * 4  # one token's, all layers
+    p = list(range(40, 80))
+    ref = engine.generate(p, max_tokens=32).tokens
+    s = engine.session()
+    before = s.state_nbytes
+    _check_same_or_tie(engine, cpu, p, ref, s.generate(p, max_tokens=32, propose=_forced(ref, len(p), 5)).tokens)
+    assert s.state_nbytes == before  # chain verifies: the fused inputs only
+    s.reset()
+    _check_same_or_tie(engine, cpu, p, ref, s.generate(p, max_tokens=32, propose_tree=forced_tree(ref, len(p), 4)).tokens)
+    added = s.state_nbytes - before
+    print(f"state checkpoints added by the first tree: {added} bytes")
+    assert 16 * state_bytes <= added <= 16 * state_bytes + 4096  # 16 slots (forced blocks), device memory

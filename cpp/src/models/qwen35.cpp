@@ -72,8 +72,8 @@ void require(bool cond, const std::string & what) {
 }  // namespace
 
 bool qwen35_hparams::fused_delta_net_shape() const {
-    return ssm_d_state == kernels::delta_net::HEAD && ssm_d_conv <= kernels::delta_net::MAX_D_CONV &&
-           conv_dim() == (2 * int64_t(ssm_n_k_heads) + ssm_n_v_heads) * kernels::delta_net::HEAD;
+    // (ssm_d_state is the key and the value head size: the conv channels are then (2 Hk + Hv) heads)
+    return ssm_d_state == kernels::delta_net::HEAD && ssm_d_conv <= kernels::delta_net::MAX_D_CONV;
 }
 
 uint32_t qwen35_hparams::n_attention_layers() const {
@@ -435,23 +435,21 @@ void qwen35_state::clear() {
     }
 }
 
-bool qwen35_state::has_state_checkpoints() const {
+std::vector<uint32_t> qwen35_state::layers_without_state_checkpoints() const {
+    std::vector<uint32_t> missing;
     for (size_t il = 0; il < ssm.size(); ++il) {
         if (ssm[il] != nullptr && n_checkpoints > 0 && ssm_ckpt[il] == nullptr) {
-            return false;
+            missing.push_back(static_cast<uint32_t>(il));
         }
     }
-    return true;
+    return missing;
 }
+
+bool qwen35_state::has_state_checkpoints() const { return layers_without_state_checkpoints().empty(); }
 
 void qwen35_state::add_state_checkpoints(const qwen35_hparams & hp, ggml_backend_buffer_type_t buft,
                                          ggml_backend_dev_t dev) {
-    std::vector<uint32_t> missing;
-    for (uint32_t il = 0; il < hp.n_layer; ++il) {
-        if (ssm[il] != nullptr && n_checkpoints > 0 && ssm_ckpt[il] == nullptr) {
-            missing.push_back(il);
-        }
-    }
+    const std::vector<uint32_t> missing = layers_without_state_checkpoints();
     if (missing.empty()) {
         return;
     }
@@ -482,8 +480,7 @@ bool fused_layer(const qwen35_hparams & hp, const qwen35_layer_weights & l) {
 }
 
 // Whether a DeltaNet layer's T-token batch runs as the fused step ops (kernels/delta_net_step.h):
-// a chain (not a tree), at most MAX_TOKENS tokens, head size 128 (keys and values), F32 conv,
-// gate and norm weights, on a backend that runs the ops (kernels::fused_delta_net_in).
+// a chain (not a tree) of at most MAX_TOKENS tokens, of a layer that can (fused_layer).
 bool fused_step(const qwen35_hparams & hp, const qwen35_layer_weights & l, const qwen35_inputs & in, int64_t T) {
     return in.parents == nullptr && T <= delta_net::MAX_TOKENS && fused_layer(hp, l);
 }

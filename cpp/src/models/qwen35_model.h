@@ -85,7 +85,9 @@ struct qwen35_state {
 
     void clear();  // zero every store
 
-    // Whether every DeltaNet layer with a state has its ssm_ckpt (a verify may keep whole states).
+    // The DeltaNet layers with a state but no ssm_ckpt (allocated without them); none: a verify may
+    // keep whole states.
+    std::vector<uint32_t> layers_without_state_checkpoints() const;
     bool has_state_checkpoints() const;
     // Allocates the missing ssm_ckpt (layers with inputs_ckpt, allocated without them) on buft / dev;
     // throws (the state unchanged) when the memory is not there.

@@ -180,12 +180,14 @@ __global__ void quantize_columns(const float * x, int64_t x_stride, int K, int N
     cuda::wait_for_previous();  // x is the previous kernel's output
     const int lane = threadIdx.x % 32;
     const int n_groups = K / QK / GROUP;
-    // GROUP 1: warp wid of the grid = (block wid / cols, column wid % cols); GROUP > 1: thread block
-    // wid = (group wid / cols, column wid % cols), its warp w the group's block w
+    // GROUP 1: warp wid of the grid = (block wid / N, column wid % N); GROUP > 1: thread block wid =
+    // (group wid / N, column wid % N), its warp w the group's block w. The padding columns N..cols-1
+    // are not written: the product zero-fills their int8 values, and their scales and sums reach
+    // only their own sums, which are never written.
     const int64_t wid = GROUP == 1 ? (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32 : int64_t(blockIdx.x);
-    if (wid >= int64_t(n_groups) * cols) return;  // (GROUP > 1: the whole thread block)
-    const int b = int(wid / cols) * GROUP + (GROUP == 1 ? 0 : int(threadIdx.x / 32)), n = int(wid % cols);
-    float v = n < N ? __ldcg(x + int64_t(n) * x_stride + int64_t(b) * QK + lane) : 0.0f;
+    if (wid >= int64_t(n_groups) * N) return;  // (GROUP > 1: the whole thread block)
+    const int b = int(wid / N) * GROUP + (GROUP == 1 ? 0 : int(threadIdx.x / 32)), n = int(wid % N);
+    float v = __ldcg(x + int64_t(n) * x_stride + int64_t(b) * QK + lane);
     if (norm_w != nullptr) {
         float sq = v * v;
 #pragma unroll
@@ -695,7 +697,7 @@ inline cudaError_t matmul_group(const matmul_args & a, void * scratch, cudaStrea
     auto quantize = [&](auto group) {
         constexpr int GROUP = decltype(group)::value;
         const int threads = GROUP > 1 ? GROUP * 32 : 256;
-        const int64_t warps = int64_t(nb) * cols;
+        const int64_t warps = int64_t(nb) * a.N;  // the columns' blocks (not the padding's)
         return detail::launch(detail::quantize_columns<GROUP>, dim3(unsigned((warps * 32 + threads - 1) / threads)),
                               dim3(threads), 0, stream, detail::pdl_kernel<detail::quantize_columns<GROUP>>(dev), a.x,
                               a.x_stride, a.K, a.N, cols, xq, xd, xs, a.norm_w, ss);

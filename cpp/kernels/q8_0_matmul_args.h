@@ -88,7 +88,8 @@ struct matmul_args {
 inline int col_groups(int N) { return N <= 8 ? 1 : N <= 16 ? 2 : N <= 32 ? 4 : 8; }
 
 // Scratch for the quantized activations (cols = 8 * col_groups(N), at most 64: groups of 64 columns
-// reuse it one after another; columns >= N are zeros): xq int8 [K/32][cols][32], then their scales
+// reuse it one after another; columns >= N are left as they are, never read as values): xq int8
+// [K/32][cols][32], then their scales
 // xd float [K/32][cols] (q4_k, q6_k: the 8 blocks of a 256-value chunk hold the chunk's one scale),
 // then for q4_k xs float [K/32][cols] (the sums of each block's 32 values, for the mins), then with
 // norm_w ss float [K/32][cols] (the sums of each block's 32 squares of x).

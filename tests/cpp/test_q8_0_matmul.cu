@@ -218,7 +218,9 @@ std::vector<float> run(const weights & w, const weights * gate, const std::vecto
         return y;
     }
     device_buffer ds(q8::scratch_bytes(a));
-    CHECK_CUDA(cudaMemset(ds.p, 0x7f, q8::scratch_bytes(a)));  // garbage: the kernels must not rely on zeros
+    // garbage (NaN scales and sums, int8 -1): nothing may rely on zeros, nor read the padding
+    // columns' (never written) values into a real column
+    CHECK_CUDA(cudaMemset(ds.p, 0xff, q8::scratch_bytes(a)));
     CHECK_CUDA(q8::matmul(a, ds.p, nullptr));
     if (!in_place) CHECK_CUDA(q8::matmul(a, ds.p, nullptr));  // again, on the used scratch
     CHECK_CUDA(cudaDeviceSynchronize());

@@ -1,0 +1,146 @@
+// The fused gated attention op (attention_step.h): the graph node and the CPU reference.
+#include "attention_step.h"
+
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#if defined(__GNUC__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wunused-function"  // ggml's internal header's static helpers
+#endif
+#include "ggml-impl.h"  // ggml_custom_op_params: the header of a custom node's op_params
+#if defined(__GNUC__)
+#pragma GCC diagnostic pop
+#endif
+#include "lucebox/errors.h"
+
+namespace lucebox::kernels::attention {
+namespace {
+
+std::atomic<uint64_t> g_cpu_runs{0};
+
+// op_params: ggml's ggml_custom_op_params first, then ours
+struct op_params {
+    int32_t n_kv = 0;
+    float scale = 0.0f;
+};
+constexpr size_t PARAMS_AT = sizeof(ggml_custom_op_params);
+static_assert(PARAMS_AT + sizeof(op_params) <= GGML_MAX_OP_PARAMS, "op_params fit a node's op_params");
+
+op_params params_of(const ggml_tensor * dst) {
+    op_params p;
+    std::memcpy(&p, reinterpret_cast<const char *>(dst->op_params) + PARAMS_AT, sizeof p);
+    return p;
+}
+
+void require(bool ok, const std::string & what) {
+    if (!ok) throw error("internal: attention::gated: " + what);
+}
+
+template <class T>
+const T * at(const ggml_tensor * t, int64_t i1, int64_t i2 = 0) {
+    return reinterpret_cast<const T *>(static_cast<const char *>(t->data) + i1 * t->nb[1] + i2 * t->nb[2]);
+}
+
+}  // namespace
+
+uint64_t cpu_runs() { return g_cpu_runs.load(); }
+
+bool supported(int64_t head_dim, int64_t n_head, int64_t n_head_kv, ggml_type k_type, ggml_type v_type, int64_t T) {
+    return (head_dim == 128 || head_dim == 256) && n_head_kv > 0 && n_head % n_head_kv == 0 &&
+           n_head / n_head_kv <= MAX_GROUP && k_type == GGML_TYPE_F16 && v_type == GGML_TYPE_F16 && T >= 1 &&
+           T <= MAX_TOKENS;
+}
+
+bool is_gated(const ggml_tensor * node) {
+    if (node == nullptr || node->op != GGML_OP_CUSTOM) return false;
+    ggml_custom_op_params cp;
+    std::memcpy(&cp, node->op_params, sizeof cp);
+    return cp.fun == &gated_cpu;
+}
+
+shape shape_of(const ggml_tensor * dst) {
+    shape s;
+    s.hd = dst->src[0]->ne[0];
+    s.H = dst->src[0]->ne[1];
+    s.T = dst->src[0]->ne[2];
+    s.Hkv = dst->src[1]->ne[0] / s.hd;
+    const op_params p = params_of(dst);
+    s.n_kv = p.n_kv;
+    s.scale = p.scale;
+    return s;
+}
+
+int64_t partial_floats(const ggml_tensor * dst) {
+    const shape s = shape_of(dst);
+    return attention::partial_floats(int(s.hd), int(s.H), int(s.T), int(s.n_kv));
+}
+
+ggml_tensor * gated(ggml_context * ctx, ggml_tensor * q, ggml_tensor * k_cache, ggml_tensor * v_cache, int64_t n_kv,
+                    ggml_tensor * mask, ggml_tensor * gate, float scale) {
+    const int64_t hd = q->ne[0], H = q->ne[1], T = q->ne[2];
+    require(q->type == GGML_TYPE_F32 && q->nb[0] == sizeof(float) && q->ne[3] == 1, "q [hd, H, T] F32, contiguous rows");
+    require(gate->type == GGML_TYPE_F32 && gate->nb[0] == sizeof(float) && gate->ne[0] == hd && gate->ne[1] == H &&
+                gate->ne[2] == T && gate->ne[3] == 1,
+            "gate [hd, H, T] F32, contiguous rows");
+    require(k_cache->ne[0] % hd == 0 && v_cache->ne[0] == k_cache->ne[0] && k_cache->ne[2] == 1 && v_cache->ne[2] == 1,
+            "K and V caches [hd Hkv, n_ctx]");
+    const int64_t Hkv = k_cache->ne[0] / hd;
+    require(supported(hd, H, Hkv, k_cache->type, v_cache->type, T), "a shape or type the op does not take");
+    require(k_cache->nb[0] == 2 && v_cache->nb[0] == 2, "contiguous cache rows");
+    require(n_kv >= 1 && n_kv <= k_cache->ne[1] && n_kv <= v_cache->ne[1] && n_kv <= INT32_MAX, "1 <= n_kv <= cache rows");
+    require(mask->type == GGML_TYPE_F16 && mask->nb[0] == 2 && mask->ne[0] >= n_kv && mask->ne[1] >= T,
+            "mask [>= n_kv, >= T] F16");
+    ggml_tensor * srcs[5] = {q, k_cache, v_cache, mask, gate};
+    const int64_t extra = attention::partial_floats(int(hd), int(H), int(T), int(n_kv));
+    ggml_tensor * node = ggml_custom_4d(ctx, GGML_TYPE_F32, hd * H * T + extra, 1, 1, 1, srcs, 5, &gated_cpu,
+                                        GGML_N_TASKS_MAX, nullptr);
+    op_params p;
+    p.n_kv = static_cast<int32_t>(n_kv);
+    p.scale = scale;
+    std::memcpy(reinterpret_cast<char *>(node->op_params) + PARAMS_AT, &p, sizeof p);
+    return ggml_view_2d(ctx, node, hd * H, T, size_t(hd * H) * sizeof(float), 0);
+}
+
+// One (token, head) a unit, units split over the threads. Scores in float, added in key order;
+// the softmax's sums too: nothing depends on the other tokens.
+void gated_cpu(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
+    const shape s = shape_of(dst);
+    const ggml_tensor *q = dst->src[0], *k = dst->src[1], *v = dst->src[2], *mask = dst->src[3], *gate = dst->src[4];
+    const int64_t G = s.H / s.Hkv;
+    std::vector<float> score(static_cast<size_t>(s.n_kv)), acc(static_cast<size_t>(s.hd));
+    for (int64_t u = ith; u < s.T * s.H; u += nth) {
+        const int64_t t = u / s.H, h = u % s.H, kvh = h / G;
+        const float * qv = at<float>(q, h, t);
+        const ggml_fp16_t * mrow = at<ggml_fp16_t>(mask, t);
+        float m = -std::numeric_limits<float>::infinity();
+        for (int64_t j = 0; j < s.n_kv; ++j) {
+            const ggml_fp16_t * kr = at<ggml_fp16_t>(k, j) + kvh * s.hd;
+            float dot = 0.0f;
+            for (int64_t d = 0; d < s.hd; ++d) dot += qv[d] * ggml_fp16_to_fp32(kr[d]);
+            score[j] = s.scale * dot + ggml_fp16_to_fp32(mrow[j]);
+            m = std::fmax(m, score[j]);
+        }
+        std::fill(acc.begin(), acc.end(), 0.0f);
+        float l = 0.0f;
+        if (m != -std::numeric_limits<float>::infinity()) {  // (every key hidden: zeros)
+            for (int64_t j = 0; j < s.n_kv; ++j) {
+                const float p = std::exp(score[j] - m);
+                if (p == 0.0f) continue;
+                l += p;
+                const ggml_fp16_t * vr = at<ggml_fp16_t>(v, j) + kvh * s.hd;
+                for (int64_t d = 0; d < s.hd; ++d) acc[d] += p * ggml_fp16_to_fp32(vr[d]);
+            }
+        }
+        const float * g = at<float>(gate, h, t);
+        float * o = static_cast<float *>(dst->data) + (t * s.H + h) * s.hd;
+        for (int64_t d = 0; d < s.hd; ++d) o[d] = (l > 0.0f ? acc[d] / l : 0.0f) / (1.0f + std::exp(-g[d]));
+    }
+    if (ith == 0) g_cpu_runs.fetch_add(1, std::memory_order_relaxed);
+}
+
+}  // namespace lucebox::kernels::attention

@@ -106,39 +106,56 @@ ggml_tensor * gated(ggml_context * ctx, ggml_tensor * q, ggml_tensor * k_cache, 
     return ggml_view_2d(ctx, node, hd * H, T, size_t(hd * H) * sizeof(float), 0);
 }
 
-// One (token, head) a unit, units split over the threads. Scores in float, added in key order;
-// the softmax's sums too: nothing depends on the other tokens.
+// One (token, KV head) a unit, units split over the threads: each K and V row converted to float
+// once for the unit's G query heads. Per (token, head): the scores' dot products in dim order, the
+// softmax's sums in key order; nothing depends on the other tokens.
 void gated_cpu(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
     const shape s = shape_of(dst);
     const ggml_tensor *q = dst->src[0], *k = dst->src[1], *v = dst->src[2], *mask = dst->src[3], *gate = dst->src[4];
-    const int64_t G = s.H / s.Hkv;
-    std::vector<float> score(static_cast<size_t>(s.n_kv)), acc(static_cast<size_t>(s.hd));
-    for (int64_t u = ith; u < s.T * s.H; u += nth) {
-        const int64_t t = u / s.H, h = u % s.H, kvh = h / G;
-        const float * qv = at<float>(q, h, t);
+    const int64_t G = s.H / s.Hkv, hd = s.hd, n_kv = s.n_kv;
+    std::vector<float> score(static_cast<size_t>(G * n_kv)), row(static_cast<size_t>(hd)),
+        acc(static_cast<size_t>(G * hd)), m(static_cast<size_t>(G)), l(static_cast<size_t>(G));
+    constexpr float NEG_INF = -std::numeric_limits<float>::infinity();
+    for (int64_t u = ith; u < s.T * s.Hkv; u += nth) {
+        const int64_t t = u / s.Hkv, kvh = u % s.Hkv;
         const ggml_fp16_t * mrow = at<ggml_fp16_t>(mask, t);
-        float m = -std::numeric_limits<float>::infinity();
-        for (int64_t j = 0; j < s.n_kv; ++j) {
-            const ggml_fp16_t * kr = at<ggml_fp16_t>(k, j) + kvh * s.hd;
-            float dot = 0.0f;
-            for (int64_t d = 0; d < s.hd; ++d) dot += qv[d] * ggml_fp16_to_fp32(kr[d]);
-            score[j] = s.scale * dot + ggml_fp16_to_fp32(mrow[j]);
-            m = std::fmax(m, score[j]);
-        }
-        std::fill(acc.begin(), acc.end(), 0.0f);
-        float l = 0.0f;
-        if (m != -std::numeric_limits<float>::infinity()) {  // (every key hidden: zeros)
-            for (int64_t j = 0; j < s.n_kv; ++j) {
-                const float p = std::exp(score[j] - m);
-                if (p == 0.0f) continue;
-                l += p;
-                const ggml_fp16_t * vr = at<ggml_fp16_t>(v, j) + kvh * s.hd;
-                for (int64_t d = 0; d < s.hd; ++d) acc[d] += p * ggml_fp16_to_fp32(vr[d]);
+        std::fill(m.begin(), m.end(), NEG_INF);
+        for (int64_t j = 0; j < n_kv; ++j) {
+            ggml_fp16_to_fp32_row(at<ggml_fp16_t>(k, j) + kvh * hd, row.data(), hd);
+            const float mk = ggml_fp16_to_fp32(mrow[j]);
+            for (int64_t g = 0; g < G; ++g) {
+                const float * qv = at<float>(q, kvh * G + g, t);
+                float dot = 0.0f;
+                for (int64_t d = 0; d < hd; ++d) dot += qv[d] * row[d];
+                const float sc = s.scale * dot + mk;
+                score[g * n_kv + j] = sc;
+                m[g] = std::fmax(m[g], sc);
             }
         }
-        const float * g = at<float>(gate, h, t);
-        float * o = static_cast<float *>(dst->data) + (t * s.H + h) * s.hd;
-        for (int64_t d = 0; d < s.hd; ++d) o[d] = (l > 0.0f ? acc[d] / l : 0.0f) / (1.0f + std::exp(-g[d]));
+        std::fill(acc.begin(), acc.end(), 0.0f);
+        std::fill(l.begin(), l.end(), 0.0f);
+        for (int64_t j = 0; j < n_kv; ++j) {
+            bool converted = false;
+            for (int64_t g = 0; g < G; ++g) {
+                if (m[g] == NEG_INF) continue;  // (every key hidden: zeros)
+                const float p = std::exp(score[g * n_kv + j] - m[g]);
+                if (p == 0.0f) continue;
+                if (!converted) {
+                    ggml_fp16_to_fp32_row(at<ggml_fp16_t>(v, j) + kvh * hd, row.data(), hd);
+                    converted = true;
+                }
+                l[g] += p;
+                float * a = acc.data() + g * hd;
+                for (int64_t d = 0; d < hd; ++d) a[d] += p * row[d];
+            }
+        }
+        for (int64_t g = 0; g < G; ++g) {
+            const int64_t h = kvh * G + g;
+            const float * gv = at<float>(gate, h, t);
+            const float * a = acc.data() + g * hd;
+            float * o = static_cast<float *>(dst->data) + (t * s.H + h) * hd;
+            for (int64_t d = 0; d < hd; ++d) o[d] = (l[g] > 0.0f ? a[d] / l[g] : 0.0f) / (1.0f + std::exp(-gv[d]));
+        }
     }
     if (ith == 0) g_cpu_runs.fetch_add(1, std::memory_order_relaxed);
 }

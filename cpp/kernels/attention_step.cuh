@@ -1,8 +1,8 @@
 // CUDA kernels of the fused gated attention op (attention_step.h; attention_step.cpp's gated_cpu is
 // the reference). Flash decoding: the n_kv keys are cut into `splits` chunks (from n_kv alone, so a
-// token's bits do not depend on T); a CTA takes one chunk of one KV head for one token and all G
-// query heads sharing that head, in tiles of TILE keys staged in shared memory (cp.async, two
-// stages): two threads a key for the scores (the K row read once for the G heads), an online
+// token's bits do not depend on T); a CTA takes one chunk of one KV head for up to TOKENS tokens
+// and all G query heads sharing that head, in tiles of TILE keys staged in shared memory (cp.async, two
+// stages): KEY_THREADS threads a key for the scores (the K row read once for the G heads), an online
 // softmax per head, then every thread two value dims (hd 256; one for 128) for the G heads, keys in
 // order. One chunk: the CTA writes
 // the gated output; more: (max, sum, unnormalized sums) per chunk into `partial`, and `combine`
@@ -24,7 +24,9 @@ namespace lucebox::kernels::attention::cuda_step {
 constexpr int MAX_GROUP = 8;    // query heads a KV head (attention::MAX_GROUP)
 constexpr int MAX_TOKENS = 64;  // attention::MAX_TOKENS
 constexpr int WARPS = 4;
-constexpr int TILE = 64;  // keys a CTA stages and scores at a time (two threads a key)
+constexpr int TILE = 32;                     // keys a CTA stages and scores at a time
+constexpr int KEY_THREADS = WARPS * 32 / TILE;  // threads a key's scores (each a part of the dims)
+constexpr int TOKENS = 2;                    // tokens a CTA (they share its staged tiles)
 struct gated_args {
     const float * q = nullptr;  // q[t * q_token + h * q_head + d]
     int64_t q_head = 0, q_token = 0;
@@ -58,30 +60,37 @@ template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
 // Shared memory of attend_kernel<HD>: two stages of a TILE-key K and V tile (rows padded by 16
-// bytes: a quarter warp's 16-byte reads of 8 rows hit distinct banks), q [MAX_GROUP][HD], the
-// scores [MAX_GROUP][TILE], the heads' running max, sum and rescale factor [3][MAX_GROUP].
+// bytes: a quarter warp's 16-byte reads of 8 rows hit distinct banks), q [TOKENS][MAX_GROUP][HD],
+// the scores [TOKENS MAX_GROUP][TILE], the (token, head) pairs' running max, sum and rescale factor
+// [3][TOKENS MAX_GROUP].
 template <int HD>
 __host__ __device__ constexpr int row_bytes() { return HD * 2 + 16; }
+constexpr int PAIRS = TOKENS * MAX_GROUP;
 template <int HD>
 constexpr int attend_smem() {
-    return 2 * 2 * TILE * row_bytes<HD>() + (MAX_GROUP * HD + MAX_GROUP * TILE + 3 * MAX_GROUP) * 4;
+    return 2 * 2 * TILE * row_bytes<HD>() + (PAIRS * HD + PAIRS * TILE + 3 * PAIRS) * 4;
 }
+static_assert(attend_smem<256>() <= 99 * 1024, "fits the shared memory of every device of compute capability >= 8.0");
+static_assert(TILE * KEY_THREADS == WARPS * 32 && (KEY_THREADS & (KEY_THREADS - 1)) == 0, "a power of two threads a key");
 
-// grid (splits, Hkv, T), WARPS * 32 threads. Per tile of TILE keys (the next one loading meanwhile):
-// the scores, two threads a key (each half of the dims, then one exchange: a fixed order), the
-// online softmax per head, then the values (thread tid: dims tid * DIMS ..) for the G heads.
+// grid (splits, Hkv, ceil(T / TOKENS)), WARPS * 32 threads: a chunk of keys of one KV head for up
+// to TOKENS tokens (each staged tile serves them all) and their G query heads. Per tile of TILE keys
+// (the next one loading meanwhile): the scores, KEY_THREADS threads a key (each a part of the dims,
+// then a butterfly sum: a fixed order), the online softmax per (token, head), then the values (thread tid:
+// dims tid * DIMS ..). A token's operations are the same whichever tokens share its CTA.
 template <int HD>
 __global__ void __launch_bounds__(WARPS * 32) attend_kernel(gated_args a, int chunk, int splits) {
     constexpr int DIMS = HD / (WARPS * 32);  // value dims a thread (2 or 1)
     constexpr int ROW = row_bytes<HD>(), VECS = HD * 2 / 16;  // a staged row; its 16-byte vectors
-    constexpr int HALF = HD / 2;                              // dims a thread scores
+    constexpr int PART = HD / KEY_THREADS;                    // dims a thread scores
     extern __shared__ __align__(16) uint8_t smem[];
     uint8_t * tiles = smem;  // [stage][K, V][TILE][ROW]
-    float * sq = reinterpret_cast<float *>(smem + 2 * 2 * TILE * ROW);  // [G][HD]
-    float * ss = sq + MAX_GROUP * HD;                                 // [G][TILE]
-    float * run = ss + MAX_GROUP * TILE;                              // [3][G]: max, sum, factor
+    float * sq = reinterpret_cast<float *>(smem + 2 * 2 * TILE * ROW);  // [TOKENS][G][HD]
+    float * ss = sq + PAIRS * HD;                                     // [TOKENS G][TILE]
+    float * run = ss + PAIRS * TILE;                                  // [3][TOKENS G]: max, sum, factor
     const int G = a.H / a.Hkv;
-    const int split = blockIdx.x, kvh = blockIdx.y, t = blockIdx.z, tid = threadIdx.x;
+    const int split = blockIdx.x, kvh = blockIdx.y, t0 = blockIdx.z * TOKENS, tid = threadIdx.x;
+    const int nt = min(TOKENS, a.T - t0);  // tokens t0 .. t0 + nt - 1
     const int lane = tid % 32, warp = tid / 32;
     const int j0 = split * chunk, j1 = min(a.n_kv, j0 + chunk);
     const int n_tiles = (j1 - j0 + TILE - 1) / TILE;
@@ -102,19 +111,22 @@ __global__ void __launch_bounds__(WARPS * 32) attend_kernel(gated_args a, int ch
         cp_async_commit();
     };
     stage(0);
-    for (int i = tid; i < G * HD; i += WARPS * 32) {
-        const int g = i / HD, d = i % HD;
-        sq[i] = __ldcg(a.q + int64_t(t) * a.q_token + int64_t(kvh * G + g) * a.q_head + d);
+    for (int i = tid; i < nt * G * HD; i += WARPS * 32) {
+        const int tt = i / (G * HD), g = (i / HD) % G, d = i % HD;
+        sq[(tt * MAX_GROUP + g) * HD + d] =
+            __ldcg(a.q + int64_t(t0 + tt) * a.q_token + int64_t(kvh * G + g) * a.q_head + d);
     }
-    if (tid < MAX_GROUP) {
+    if (tid < PAIRS) {
         run[tid] = -INFINITY;
-        run[MAX_GROUP + tid] = 0.0f;
+        run[PAIRS + tid] = 0.0f;
     }
-    float acc[MAX_GROUP][DIMS];
+    float acc[TOKENS][MAX_GROUP][DIMS];
 #pragma unroll
-    for (int g = 0; g < MAX_GROUP; ++g)
+    for (int tt = 0; tt < TOKENS; ++tt)
 #pragma unroll
-        for (int e = 0; e < DIMS; ++e) acc[g][e] = 0.0f;
+        for (int g = 0; g < MAX_GROUP; ++g)
+#pragma unroll
+            for (int e = 0; e < DIMS; ++e) acc[tt][g][e] = 0.0f;
     for (int i = 0; i < n_tiles; ++i) {
         stage(i + 1);
         cp_async_wait<1>();  // tile i is in
@@ -122,14 +134,16 @@ __global__ void __launch_bounds__(WARPS * 32) attend_kernel(gated_args a, int ch
         const uint8_t * sk = tiles + (i % 2) * 2 * TILE * ROW;
         const uint8_t * sv = sk + TILE * ROW;
         const int base = j0 + i * TILE;
-        {  // scores: threads 2r and 2r + 1 take key base + r, halves of its dims
-            const int r = tid / 2, half = tid % 2;
-            float dot[MAX_GROUP];
+        {  // scores: threads KEY_THREADS r + q take key base + r, part q of its dims, for every (token, head)
+            const int r = tid / KEY_THREADS, part = tid % KEY_THREADS;
+            float dot[TOKENS][MAX_GROUP];
 #pragma unroll
-            for (int g = 0; g < MAX_GROUP; ++g) dot[g] = 0.0f;
-            const uint4 * kr = reinterpret_cast<const uint4 *>(sk + r * ROW + half * HALF * 2);
-#pragma unroll 4
-            for (int c = 0; c < HALF / 8; ++c) {
+            for (int tt = 0; tt < TOKENS; ++tt)
+#pragma unroll
+                for (int g = 0; g < MAX_GROUP; ++g) dot[tt][g] = 0.0f;
+            const uint4 * kr = reinterpret_cast<const uint4 *>(sk + r * ROW + part * PART * 2);
+#pragma unroll 2
+            for (int c = 0; c < PART / 8; ++c) {
                 const uint4 raw = kr[c];
                 const __half2 * h2 = reinterpret_cast<const __half2 *>(&raw);
                 float kv[8];
@@ -140,57 +154,72 @@ __global__ void __launch_bounds__(WARPS * 32) attend_kernel(gated_args a, int ch
                     kv[2 * e + 1] = f.y;
                 }
 #pragma unroll
-                for (int g = 0; g < MAX_GROUP; ++g) {
-                    if (g >= G) break;
-                    const float * qq = sq + g * HD + half * HALF + 8 * c;
+                for (int tt = 0; tt < TOKENS; ++tt) {
+                    if (tt >= nt) break;
 #pragma unroll
-                    for (int e = 0; e < 8; ++e) dot[g] = fmaf(qq[e], kv[e], dot[g]);
+                    for (int g = 0; g < MAX_GROUP; ++g) {
+                        if (g >= G) break;
+                        const float * qq = sq + (tt * MAX_GROUP + g) * HD + part * PART + 8 * c;
+#pragma unroll
+                        for (int e = 0; e < 8; ++e) dot[tt][g] = fmaf(qq[e], kv[e], dot[tt][g]);
+                    }
                 }
             }
             const bool in = base + r < j1;
-            const float mk = in ? __half2float(__ldcg(a.mask + int64_t(t) * a.mask_row + base + r)) : -INFINITY;
 #pragma unroll
-            for (int g = 0; g < MAX_GROUP; ++g) {  // (unrolled: dot and acc stay in registers)
-                if (g >= G) break;
-                const float other = __shfl_xor_sync(0xffffffffu, dot[g], 1);
-                const float full = half == 0 ? dot[g] + other : other + dot[g];  // the same sum in both
-                if (half == 0) ss[g * TILE + r] = in ? fmaf(a.scale, full, mk) : -INFINITY;
+            for (int tt = 0; tt < TOKENS; ++tt) {  // (unrolled: dot and acc stay in registers)
+                if (tt >= nt) break;
+                const float mk =
+                    in ? __half2float(__ldcg(a.mask + int64_t(t0 + tt) * a.mask_row + base + r)) : -INFINITY;
+#pragma unroll
+                for (int g = 0; g < MAX_GROUP; ++g) {
+                    if (g >= G) break;
+                    float full = dot[tt][g];  // the parts' butterfly sum: the same bits in each of them
+#pragma unroll
+                    for (int o = 1; o < KEY_THREADS; o *= 2) full += __shfl_xor_sync(0xffffffffu, full, o);
+                    if (part == 0) ss[(tt * MAX_GROUP + g) * TILE + r] = in ? fmaf(a.scale, full, mk) : -INFINITY;
+                }
             }
         }
         __syncthreads();
-        // the online softmax, warp w for heads w, w + WARPS, ..: the tile's max, its p, their sum
-        for (int g = warp; g < G; g += WARPS) {
+        // the online softmax, warp w for pairs w, w + WARPS, ..: the tile's max, its p, their sum
+        for (int u = warp; u < nt * G; u += WARPS) {
+            const int pr = (u / G) * MAX_GROUP + u % G;  // the (token, head) pair's slot
             float m = -INFINITY;
-            for (int k = lane; k < TILE; k += 32) m = fmaxf(m, ss[g * TILE + k]);
+            for (int k = lane; k < TILE; k += 32) m = fmaxf(m, ss[pr * TILE + k]);
 #pragma unroll
             for (int o = 16; o > 0; o /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-            const float m_old = run[g], m_new = fmaxf(m_old, m);
+            const float m_old = run[pr], m_new = fmaxf(m_old, m);
             float sum = 0.0f;
             for (int k = lane; k < TILE; k += 32) {
-                const float p = m_new == -INFINITY ? 0.0f : expf(ss[g * TILE + k] - m_new);
-                ss[g * TILE + k] = p;
+                const float p = m_new == -INFINITY ? 0.0f : expf(ss[pr * TILE + k] - m_new);
+                ss[pr * TILE + k] = p;
                 sum += p;
             }
 #pragma unroll
             for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
             if (lane == 0) {
                 const float factor = m_new == -INFINITY ? 1.0f : expf(m_old - m_new);
-                run[g] = m_new;
-                run[MAX_GROUP + g] = run[MAX_GROUP + g] * factor + sum;
-                run[2 * MAX_GROUP + g] = factor;
+                run[pr] = m_new;
+                run[PAIRS + pr] = run[PAIRS + pr] * factor + sum;
+                run[2 * PAIRS + pr] = factor;
             }
         }
         __syncthreads();
-        // the values: thread tid's dims for the G heads, the tile's keys in order
+        // the values: thread tid's dims for every (token, head), the tile's keys in order
 #pragma unroll
-        for (int g = 0; g < MAX_GROUP; ++g) {
-            if (g >= G) break;
-            const float f = run[2 * MAX_GROUP + g];
+        for (int tt = 0; tt < TOKENS; ++tt) {
+            if (tt >= nt) break;
 #pragma unroll
-            for (int e = 0; e < DIMS; ++e) acc[g][e] *= f;
+            for (int g = 0; g < MAX_GROUP; ++g) {
+                if (g >= G) break;
+                const float f = run[2 * PAIRS + tt * MAX_GROUP + g];
+#pragma unroll
+                for (int e = 0; e < DIMS; ++e) acc[tt][g][e] *= f;
+            }
         }
         const int n = min(TILE, j1 - base);
-#pragma unroll 4
+#pragma unroll 2
         for (int k = 0; k < n; ++k) {
             float vv[DIMS];
             if constexpr (DIMS == 2) {
@@ -201,36 +230,46 @@ __global__ void __launch_bounds__(WARPS * 32) attend_kernel(gated_args a, int ch
                 vv[0] = __half2float(*reinterpret_cast<const __half *>(sv + k * ROW + 2 * tid));
             }
 #pragma unroll
-            for (int g = 0; g < MAX_GROUP; ++g) {
-                if (g >= G) break;
-                const float p = ss[g * TILE + k];
+            for (int tt = 0; tt < TOKENS; ++tt) {
+                if (tt >= nt) break;
 #pragma unroll
-                for (int e = 0; e < DIMS; ++e) acc[g][e] = fmaf(p, vv[e], acc[g][e]);
+                for (int g = 0; g < MAX_GROUP; ++g) {
+                    if (g >= G) break;
+                    const float p = ss[(tt * MAX_GROUP + g) * TILE + k];
+#pragma unroll
+                    for (int e = 0; e < DIMS; ++e) acc[tt][g][e] = fmaf(p, vv[e], acc[tt][g][e]);
+                }
             }
         }
         __syncthreads();  // the stage and the scores are rewritten next
     }
     cp_async_wait<0>();
 #pragma unroll
-    for (int g = 0; g < MAX_GROUP; ++g) {
-        if (g >= G) break;
-        const int h = kvh * G + g;
-        const float l = run[MAX_GROUP + g];
-        if (splits == 1) {
+    for (int tt = 0; tt < TOKENS; ++tt) {
+        if (tt >= nt) break;
+        const int t = t0 + tt;
 #pragma unroll
-            for (int e = 0; e < DIMS; ++e) {
-                const int d = tid * DIMS + e;
-                const float gv = __ldcg(a.gate + int64_t(t) * a.gate_token + int64_t(h) * a.gate_head + d);
-                a.out[int64_t(t) * a.out_token + int64_t(h) * HD + d] = (l > 0.0f ? acc[g][e] / l : 0.0f) * sigmoid(gv);
-            }
-        } else {
-            float * p = a.partial + ((int64_t(t) * a.H + h) * splits + split) * (2 + HD);
-            if (tid == 0) {
-                p[0] = run[g];
-                p[1] = l;
-            }
+        for (int g = 0; g < MAX_GROUP; ++g) {
+            if (g >= G) break;
+            const int h = kvh * G + g, pr = tt * MAX_GROUP + g;
+            const float l = run[PAIRS + pr];
+            if (splits == 1) {
 #pragma unroll
-            for (int e = 0; e < DIMS; ++e) p[2 + tid * DIMS + e] = acc[g][e];
+                for (int e = 0; e < DIMS; ++e) {
+                    const int d = tid * DIMS + e;
+                    const float gv = __ldcg(a.gate + int64_t(t) * a.gate_token + int64_t(h) * a.gate_head + d);
+                    a.out[int64_t(t) * a.out_token + int64_t(h) * HD + d] =
+                        (l > 0.0f ? acc[tt][g][e] / l : 0.0f) * sigmoid(gv);
+                }
+            } else {
+                float * p = a.partial + ((int64_t(t) * a.H + h) * splits + split) * (2 + HD);
+                if (tid == 0) {
+                    p[0] = run[pr];
+                    p[1] = l;
+                }
+#pragma unroll
+                for (int e = 0; e < DIMS; ++e) p[2 + tid * DIMS + e] = acc[tt][g][e];
+            }
         }
     }
 }
@@ -269,7 +308,7 @@ cudaError_t launch_hd(const gated_args & a, int dev, cudaStream_t stream) {
         if (e != cudaSuccess) return e;
         __atomic_fetch_or(&configured, 1ull << dev, __ATOMIC_ACQ_REL);
     }
-    cudaError_t err = cuda::launch(attend_kernel<HD>, dim3(splits, a.Hkv, a.T), dim3(WARPS * 32), smem, stream,
+    cudaError_t err = cuda::launch(attend_kernel<HD>, dim3(splits, a.Hkv, (a.T + TOKENS - 1) / TOKENS), dim3(WARPS * 32), smem, stream,
                                    cuda::pdl_kernel<attend_kernel<HD>>(dev), a, chunk, splits);
     if (err != cudaSuccess || splits == 1) return err;
     return cuda::launch(combine_kernel<HD>, dim3(a.H, a.T), dim3(HD), 0, stream,

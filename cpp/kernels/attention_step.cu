@@ -20,7 +20,7 @@ int64_t elems(size_t bytes, size_t size) { return int64_t(bytes / size); }
 }  // namespace
 
 int attention_custom_op(const ggml_tensor * dst, void * stream) {
-    if (!attention::is_gated(dst)) return 0;
+    if (!attention::is_gated(dst) || !device_runs_own_kernels()) return 0;
     const attention::shape s = attention::shape_of(dst);
     if (!attention::cuda_step::supported(int(s.hd), int(s.H), int(s.Hkv), int(s.T))) return 0;
     if (stream == nullptr) return 1;  // supports_op

@@ -79,7 +79,7 @@ static_assert(TILE * KEY_THREADS == WARPS * 32 && (KEY_THREADS & (KEY_THREADS - 
 // then a butterfly sum: a fixed order), the online softmax per (token, head), then the values (thread tid:
 // dims tid * DIMS ..). A token's operations are the same whichever tokens share its CTA.
 template <int HD>
-__global__ void __launch_bounds__(WARPS * 32) attend_kernel(gated_args a, int chunk, int splits) {
+__global__ void __launch_bounds__(WARPS * 32, 1) attend_kernel(gated_args a, int chunk, int splits) {
     constexpr int DIMS = HD / (WARPS * 32);  // value dims a thread (2 or 1)
     constexpr int ROW = row_bytes<HD>(), VECS = HD * 2 / 16;  // a staged row; its 16-byte vectors
     constexpr int PART = HD / KEY_THREADS;                    // dims a thread scores
@@ -141,10 +141,12 @@ __global__ void __launch_bounds__(WARPS * 32) attend_kernel(gated_args a, int ch
             for (int tt = 0; tt < TOKENS; ++tt)
 #pragma unroll
                 for (int g = 0; g < MAX_GROUP; ++g) dot[tt][g] = 0.0f;
-            const uint4 * kr = reinterpret_cast<const uint4 *>(sk + r * ROW + part * PART * 2);
+            // part q takes the row's 16-byte vectors q, q + KEY_THREADS, ..: the KEY_THREADS parts' q reads
+            // at each step are one contiguous 128-byte span (no bank conflict; was 4-way)
+            const uint4 * kr = reinterpret_cast<const uint4 *>(sk + r * ROW) + part;
 #pragma unroll 2
             for (int c = 0; c < PART / 8; ++c) {
-                const uint4 raw = kr[c];
+                const uint4 raw = kr[c * KEY_THREADS];
                 const __half2 * h2 = reinterpret_cast<const __half2 *>(&raw);
                 float kv[8];
 #pragma unroll
@@ -159,7 +161,7 @@ __global__ void __launch_bounds__(WARPS * 32) attend_kernel(gated_args a, int ch
 #pragma unroll
                     for (int g = 0; g < MAX_GROUP; ++g) {
                         if (g >= G) break;
-                        const float * qq = sq + (tt * MAX_GROUP + g) * HD + part * PART + 8 * c;
+                        const float * qq = sq + (tt * MAX_GROUP + g) * HD + 8 * (c * KEY_THREADS + part);
 #pragma unroll
                         for (int e = 0; e < 8; ++e) dot[tt][g] = fmaf(qq[e], kv[e], dot[tt][g]);
                     }
@@ -218,16 +220,20 @@ __global__ void __launch_bounds__(WARPS * 32) attend_kernel(gated_args a, int ch
                 for (int e = 0; e < DIMS; ++e) acc[tt][g][e] *= f;
             }
         }
-        const int n = min(TILE, j1 - base);
-#pragma unroll 2
-        for (int k = 0; k < n; ++k) {
-            float vv[DIMS];
-            if constexpr (DIMS == 2) {
-                const float2 f = __half22float2(*reinterpret_cast<const __half2 *>(sv + k * ROW + 4 * tid));
-                vv[0] = f.x;
-                vv[1] = f.y;
-            } else {
-                vv[0] = __half2float(*reinterpret_cast<const __half *>(sv + k * ROW + 2 * tid));
+        // keys n .. TILE - 1 (past j1) have p = 0 and zero-filled V rows: 4 keys at a time adds exact zeros
+        const int n4 = (min(TILE, j1 - base) + 3) / 4;
+        for (int k4 = 0; k4 < n4; ++k4) {
+            float vv[4][DIMS];
+#pragma unroll
+            for (int x = 0; x < 4; ++x) {
+                const int k = 4 * k4 + x;
+                if constexpr (DIMS == 2) {
+                    const float2 f = __half22float2(*reinterpret_cast<const __half2 *>(sv + k * ROW + 4 * tid));
+                    vv[x][0] = f.x;
+                    vv[x][1] = f.y;
+                } else {
+                    vv[x][0] = __half2float(*reinterpret_cast<const __half *>(sv + k * ROW + 2 * tid));
+                }
             }
 #pragma unroll
             for (int tt = 0; tt < TOKENS; ++tt) {
@@ -235,9 +241,12 @@ __global__ void __launch_bounds__(WARPS * 32) attend_kernel(gated_args a, int ch
 #pragma unroll
                 for (int g = 0; g < MAX_GROUP; ++g) {
                     if (g >= G) break;
-                    const float p = ss[(tt * MAX_GROUP + g) * TILE + k];
+                    const float4 p4 = *reinterpret_cast<const float4 *>(ss + (tt * MAX_GROUP + g) * TILE + 4 * k4);
+                    const float p[4] = {p4.x, p4.y, p4.z, p4.w};
 #pragma unroll
-                    for (int e = 0; e < DIMS; ++e) acc[tt][g][e] = fmaf(p, vv[e], acc[tt][g][e]);
+                    for (int x = 0; x < 4; ++x)
+#pragma unroll
+                        for (int e = 0; e < DIMS; ++e) acc[tt][g][e] = fmaf(p[x], vv[x][e], acc[tt][g][e]);
                 }
             }
         }
@@ -317,7 +326,11 @@ cudaError_t launch_hd(const gated_args & a, int dev, cudaStream_t stream) {
 
 // Runs the op on `stream`; a.partial holds partial_floats(..) floats when there is more than one chunk.
 inline cudaError_t run_gated(const gated_args & a, cudaStream_t stream) {
-    if (!supported(a.hd, a.H, a.Hkv, a.T) || a.n_kv < 1) return cudaErrorInvalidValue;
+    if (!supported(a.hd, a.H, a.Hkv, a.T) || a.n_kv < 1 || a.Hkv > 65535 || a.H < a.Hkv) return cudaErrorInvalidValue;
+    // cp.async reads 16-byte vectors of the cache rows
+    if ((reinterpret_cast<uintptr_t>(a.k) | reinterpret_cast<uintptr_t>(a.v) | uintptr_t(a.k_row * 2) |
+         uintptr_t(a.v_row * 2)) & 15)
+        return cudaErrorInvalidValue;
     if (partial_floats(a.hd, a.H, a.T, a.n_kv) > 0 && a.partial == nullptr) return cudaErrorInvalidValue;
     int dev = 0;
     cudaError_t err = cudaGetDevice(&dev);

@@ -8,14 +8,7 @@
 #include <string>
 #include <vector>
 
-#if defined(__GNUC__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wunused-function"  // ggml's internal header's static helpers
-#endif
-#include "ggml-impl.h"  // ggml_custom_op_params: the header of a custom node's op_params
-#if defined(__GNUC__)
-#pragma GCC diagnostic pop
-#endif
+#include "custom_op.h"
 #include "lucebox/errors.h"
 
 namespace lucebox::kernels::attention {
@@ -23,17 +16,14 @@ namespace {
 
 std::atomic<uint64_t> g_cpu_runs{0};
 
-// op_params: ggml's ggml_custom_op_params first, then ours
+// the node's own parameters (custom_op.h)
 struct op_params {
     int32_t n_kv = 0;
     float scale = 0.0f;
 };
-constexpr size_t PARAMS_AT = sizeof(ggml_custom_op_params);
-static_assert(PARAMS_AT + sizeof(op_params) <= GGML_MAX_OP_PARAMS, "op_params fit a node's op_params");
-
 op_params params_of(const ggml_tensor * dst) {
     op_params p;
-    std::memcpy(&p, reinterpret_cast<const char *>(dst->op_params) + PARAMS_AT, sizeof p);
+    custom_op::read_params(dst, &p, sizeof p);
     return p;
 }
 
@@ -56,12 +46,7 @@ bool supported(int64_t head_dim, int64_t n_head, int64_t n_head_kv, ggml_type k_
            T <= MAX_TOKENS;
 }
 
-bool is_gated(const ggml_tensor * node) {
-    if (node == nullptr || node->op != GGML_OP_CUSTOM) return false;
-    ggml_custom_op_params cp;
-    std::memcpy(&cp, node->op_params, sizeof cp);
-    return cp.fun == &gated_cpu;
-}
+bool is_gated(const ggml_tensor * node) { return custom_op::function_of(node) == &gated_cpu; }
 
 shape shape_of(const ggml_tensor * dst) {
     shape s;
@@ -102,7 +87,7 @@ ggml_tensor * gated(ggml_context * ctx, ggml_tensor * q, ggml_tensor * k_cache, 
     op_params p;
     p.n_kv = static_cast<int32_t>(n_kv);
     p.scale = scale;
-    std::memcpy(reinterpret_cast<char *>(node->op_params) + PARAMS_AT, &p, sizeof p);
+    custom_op::write_params(node, &p, sizeof p);
     return ggml_view_2d(ctx, node, hd * H, T, size_t(hd * H) * sizeof(float), 0);
 }
 

@@ -13,8 +13,8 @@
 
 namespace lucebox::kernels::attention {
 
-constexpr int MAX_SPLITS = 32;  // chunks at most
-constexpr int MIN_CHUNK = 64;   // keys a chunk at least
+constexpr int MAX_SPLITS = 64;  // chunks at most
+constexpr int MIN_CHUNK = 32;   // keys a chunk at least (one step of a CTA's warps)
 
 // n_kv keys -> `splits` chunks of `chunk` keys (a multiple of 16; the last one may be shorter).
 LUCEBOX_SPLIT_HD inline void split_of(int n_kv, int & chunk, int & splits) {

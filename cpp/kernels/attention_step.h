@@ -30,6 +30,14 @@ constexpr int64_t MAX_GROUP = 8;
 // with at most MAX_GROUP query heads a KV head, 1..MAX_TOKENS tokens. Else ggml's ops run.
 bool supported(int64_t head_dim, int64_t n_head, int64_t n_head_kv, ggml_type k_type, ggml_type v_type, int64_t T);
 
+// Whether the op is the faster choice for T tokens over n_kv cache rows, where it is supported: its
+// CUDA kernels score on CUDA cores, ggml's flash attention with tensor cores, which wins for many
+// tokens over longer caches (bench/probes/attention_bench.cu on an H200: 16 tokens over 256 rows
+// 25.7 us a layer, ggml's attention + the gate's ops ~27 us; over 1024 rows 84 us). A decode step
+// always; a batch up to MAX_TOKEN_KEYS token-rows.
+constexpr int64_t MAX_TOKEN_KEYS = 4096;
+inline bool preferred(int64_t T, int64_t n_kv) { return T == 1 || T * n_kv <= MAX_TOKEN_KEYS; }
+
 // The op. q [hd, H, T] F32 with contiguous rows (any head and token strides: the roped queries);
 // k_cache, v_cache [hd Hkv, n_ctx] F16 (rows nb[1] apart; the first n_kv rows are read, KV head i
 // at values i hd .. i hd + hd - 1 of a row); mask [>= n_kv, >= T] F16 (row t for token t, as

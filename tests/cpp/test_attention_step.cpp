@@ -194,6 +194,10 @@ TEST_CASE(builder_refuses_what_it_does_not_take) {
     CHECK(!at::supported(256, 24, 4, GGML_TYPE_F16, GGML_TYPE_F16, at::MAX_TOKENS + 1));
     CHECK(!at::supported(256, 18, 2, GGML_TYPE_F16, GGML_TYPE_F16, 1));  // 9 query heads a KV head
     CHECK(at::supported(256, 24, 4, GGML_TYPE_F16, GGML_TYPE_F16, 16));
+    // the model's choice: a decode step always, batches up to MAX_TOKEN_KEYS token-rows
+    CHECK(at::preferred(1, int64_t(1) << 20));
+    CHECK(at::preferred(16, 256) && at::preferred(2, at::MAX_TOKEN_KEYS / 2));
+    CHECK(!at::preferred(16, 257) && !at::preferred(2, at::MAX_TOKEN_KEYS / 2 + 1));
     ggml_free(ctx);
 }
 

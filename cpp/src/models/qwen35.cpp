@@ -610,10 +610,13 @@ ggml_tensor * build_delta_net(ggml_context * ctx, ggml_cgraph * gf, const qwen35
     return named(ggml_mul_mat(ctx, l.ssm_out, o), "gdn_out", il);
 }
 
-// Whether an attention layer's T-token batch runs the fused gated attention op
-// (kernels/attention_step.h): a shape and cache types it takes, its cache on a backend that runs it.
-bool fused_attention(const qwen35_hparams & hp, const ggml_tensor * k_cache, const ggml_tensor * v_cache, int64_t T) {
+// Whether an attention layer's T-token batch over n_kv cache rows runs the fused gated attention op
+// (kernels/attention_step.h): a shape and cache types it takes, a batch it is faster for, its cache
+// on a backend that runs it.
+bool fused_attention(const qwen35_hparams & hp, const ggml_tensor * k_cache, const ggml_tensor * v_cache, int64_t T,
+                     int64_t n_kv) {
     return kernels::attention::supported(hp.head_dim, hp.n_head, hp.n_head_kv, k_cache->type, v_cache->type, T) &&
+           kernels::attention::preferred(T, n_kv) &&
            kernels::fused_ops_in(k_cache->buffer) && kernels::fused_ops_in(v_cache->buffer);
 }
 
@@ -656,7 +659,7 @@ ggml_tensor * build_gated_attention(ggml_context * ctx, ggml_cgraph * gf, const 
     ggml_tensor * qp = ggml_permute(ctx, q, 0, 2, 1, 3);  // [hd, T, H]
 
     const float scale = hp.attn_scale != 0.0f ? hp.attn_scale : 1.0f / std::sqrt(float(hd));
-    if (fused_attention(hp, k_cache, v_cache, T)) {  // one op for the attention, the gate and its product
+    if (fused_attention(hp, k_cache, v_cache, T, n_kv)) {  // one op for the attention, the gate and its product
         ggml_tensor * gate3 = ggml_view_3d(ctx, qg, hd, H, T, 2 * hd * es, qg->nb[1], hd * es);  // [hd, H, T]
         ggml_tensor * att = kernels::attention::gated(ctx, q, k_cache, v_cache, n_kv, in.kq_mask, gate3, scale);
         return named(ggml_mul_mat(ctx, l.wo, named(att, "attn_gated", il)), "attn_proj", il);

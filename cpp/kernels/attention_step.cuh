@@ -17,6 +17,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "attention_split.h"
 #include "cuda_launch.cuh"
@@ -60,6 +61,21 @@ __device__ __forceinline__ void cp_async16(void * dst, const void * src, int src
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+// N = 8 or 4 halves at src (16- or 8-byte aligned shared memory) as floats.
+template <int N>
+__device__ __forceinline__ void load_halves(const uint8_t * src, float (&out)[N]) {
+    static_assert(N == 8 || N == 4, "one 16- or 8-byte load");
+    using vec = typename std::conditional<N == 8, uint4, uint2>::type;
+    const vec raw = *reinterpret_cast<const vec *>(src);
+    const __half2 * h2 = reinterpret_cast<const __half2 *>(&raw);
+#pragma unroll
+    for (int e = 0; e < N / 2; ++e) {
+        const float2 f = __half22float2(h2[e]);
+        out[2 * e] = f.x;
+        out[2 * e + 1] = f.y;
+    }
+}
 
 // Shared memory of attend_kernel<HD, TOK>:
 //   staged rows [WARPS][2 steps][K, V][KEYS][ROW] (a row padded by 64 bytes: the 8 lanes of a quarter
@@ -191,15 +207,8 @@ __global__ void __launch_bounds__(WARPS * 32, 1) attend_kernel(gated_args a, int
             const uint4 * kr = reinterpret_cast<const uint4 *>(sk + r * ROW) + part;
 #pragma unroll 2
             for (int c = 0; c < PART / 8; ++c) {
-                const uint4 raw = kr[c * KEY_THREADS];
-                const __half2 * h2 = reinterpret_cast<const __half2 *>(&raw);
                 float kv[8];
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const float2 f = __half22float2(h2[e]);
-                    kv[2 * e] = f.x;
-                    kv[2 * e + 1] = f.y;
-                }
+                load_halves(reinterpret_cast<const uint8_t *>(kr + c * KEY_THREADS), kv);
 #pragma unroll
                 for (int tt = 0; tt < TOK; ++tt) {
                     if (tt >= nt) break;
@@ -266,25 +275,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1) attend_kernel(gated_args a, int
 #pragma unroll 2
         for (int k = 0; k < KEYS; ++k) {
             float vv[VD];
-            if constexpr (VD == 8) {
-                const uint4 raw = *reinterpret_cast<const uint4 *>(sv + k * ROW + 16 * lane);
-                const __half2 * h2 = reinterpret_cast<const __half2 *>(&raw);
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const float2 f = __half22float2(h2[e]);
-                    vv[2 * e] = f.x;
-                    vv[2 * e + 1] = f.y;
-                }
-            } else {
-                const uint2 raw = *reinterpret_cast<const uint2 *>(sv + k * ROW + 8 * lane);
-                const __half2 * h2 = reinterpret_cast<const __half2 *>(&raw);
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const float2 f = __half22float2(h2[e]);
-                    vv[2 * e] = f.x;
-                    vv[2 * e + 1] = f.y;
-                }
-            }
+            load_halves(sv + k * ROW + 2 * VD * lane, vv);
 #pragma unroll
             for (int tt = 0; tt < TOK; ++tt) {
                 if (tt >= nt) break;

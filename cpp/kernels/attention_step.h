@@ -30,13 +30,16 @@ constexpr int64_t MAX_GROUP = 8;
 // with at most MAX_GROUP query heads a KV head, 1..MAX_TOKENS tokens. Else ggml's ops run.
 bool supported(int64_t head_dim, int64_t n_head, int64_t n_head_kv, ggml_type k_type, ggml_type v_type, int64_t T);
 
-// Whether the op is the faster choice for T tokens over n_kv cache rows, where it is supported: its
-// CUDA kernels score on CUDA cores, ggml's flash attention with tensor cores, which wins for many
-// tokens over longer caches (bench/probes/attention_bench.cu on an H200: 16 tokens over 256 rows
-// 25.7 us a layer, ggml's attention + the gate's ops ~27 us; over 1024 rows 84 us). A decode step
-// always; a batch up to MAX_TOKEN_KEYS token-rows.
-constexpr int64_t MAX_TOKEN_KEYS = 4096;
-inline bool preferred(int64_t T, int64_t n_kv) { return T == 1 || T * n_kv <= MAX_TOKEN_KEYS; }
+// Whether the op is the faster choice for T tokens over n_kv cache rows, where it is supported. Its
+// CUDA kernels score on CUDA cores with few warps in flight for one token; ggml's flash attention
+// uses tensor cores and wins for many tokens or long caches. bench/probes/attention_bench.cu on an
+// H200, us a layer (attention + gate): one token over 256 / 1024 / 4096 rows 10.8 / 13.5 / 25.3,
+// 16 tokens over 256 / 1024 rows 21.4 / 80; ggml's flash attention alone, in bench_kernels' decode
+// and verify over ~512 rows: ~14 and ~22, the gate's three ops ~4 more. Up to MAX_ROWS rows and
+// MAX_TOKEN_ROWS token-rows (a decode step over up to 2048 rows; 16 tokens over 256).
+// tests/cpp/bench_attention measures both on one GPU.
+constexpr int64_t MAX_ROWS = 2048, MAX_TOKEN_ROWS = 4096;
+inline bool preferred(int64_t T, int64_t n_kv) { return n_kv <= MAX_ROWS && T * n_kv <= MAX_TOKEN_ROWS; }
 
 // The op. q [hd, H, T] F32 with contiguous rows (any head and token strides: the roped queries);
 // k_cache, v_cache [hd Hkv, n_ctx] F16 (rows nb[1] apart; the first n_kv rows are read, KV head i

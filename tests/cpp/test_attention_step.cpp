@@ -146,6 +146,11 @@ const config k_configs[] = {{128, 4, 2, 1, 1, 0},     {128, 4, 2, 7, 33, 1},    
                             {256, 24, 4, 16, 65, 0},   {256, 24, 4, 16, 300, 2}, {128, 8, 8, 3, 130, 1},
                             {256, 8, 1, 64, 2100, 2},  {128, 16, 2, 16, 700, 1}, {256, 24, 4, 1, 4096, 0}};
 
+void print_config(const config & c) {
+    std::printf("  hd %lld H %lld Hkv %lld T %lld n_kv %lld mask %d: ", (long long) c.hd, (long long) c.H,
+                (long long) c.Hkv, (long long) c.T, (long long) c.n_kv, c.mask_kind);
+}
+
 }  // namespace
 
 TEST_CASE(cpu_op_matches_ggml_attention) {
@@ -157,9 +162,8 @@ TEST_CASE(cpu_op_matches_ggml_attention) {
         const std::vector<float> fused = run(cpu, p, true);
         CHECK(at::cpu_runs() > before);
         const double d = max_abs_diff(fused, run(cpu, p, false));
-        std::printf("  hd %lld H %lld Hkv %lld T %lld n_kv %lld mask %d: op vs ggml max abs diff %.3g\n",
-                    (long long) c.hd, (long long) c.H, (long long) c.Hkv, (long long) c.T, (long long) c.n_kv,
-                    c.mask_kind, d);
+        print_config(c);
+        std::printf("op vs ggml max abs diff %.3g\n", d);
         CHECK(d < 1e-2);  // ggml's CPU flash attention rounds q and its V sums to F16
     }
     ggml_backend_free(cpu);
@@ -194,10 +198,9 @@ TEST_CASE(builder_refuses_what_it_does_not_take) {
     CHECK(!at::supported(256, 24, 4, GGML_TYPE_F16, GGML_TYPE_F16, at::MAX_TOKENS + 1));
     CHECK(!at::supported(256, 18, 2, GGML_TYPE_F16, GGML_TYPE_F16, 1));  // 9 query heads a KV head
     CHECK(at::supported(256, 24, 4, GGML_TYPE_F16, GGML_TYPE_F16, 16));
-    // the model's choice: a decode step always, batches up to MAX_TOKEN_KEYS token-rows
-    CHECK(at::preferred(1, int64_t(1) << 20));
-    CHECK(at::preferred(16, 256) && at::preferred(2, at::MAX_TOKEN_KEYS / 2));
-    CHECK(!at::preferred(16, 257) && !at::preferred(2, at::MAX_TOKEN_KEYS / 2 + 1));
+    // the model's choice: up to MAX_ROWS rows and MAX_TOKEN_ROWS token-rows
+    CHECK(at::preferred(1, at::MAX_ROWS) && at::preferred(16, 256) && at::preferred(2, at::MAX_ROWS));
+    CHECK(!at::preferred(1, at::MAX_ROWS + 1) && !at::preferred(16, 257) && !at::preferred(3, at::MAX_ROWS));
     ggml_free(ctx);
 }
 
@@ -213,9 +216,8 @@ TEST_CASE(gpu_matches_cpu) {
         const std::vector<float> g = run(gpu, p, true);
         const bool ran = kernels::attention_step_runs() == before + 1;
         const double d = max_abs_diff(g, run(cpu, p, true));
-        std::printf("  hd %lld H %lld Hkv %lld T %lld n_kv %lld mask %d: GPU vs CPU op max abs diff %.3g%s\n",
-                    (long long) c.hd, (long long) c.H, (long long) c.Hkv, (long long) c.T, (long long) c.n_kv,
-                    c.mask_kind, d, ran ? "" : " (lucebox's kernels did not run)");
+        print_config(c);
+        std::printf("GPU vs CPU op max abs diff %.3g%s\n", d, ran ? "" : " (lucebox's kernels did not run)");
         CHECK(ran);
         CHECK(d < 1e-4);
     }

@@ -612,11 +612,12 @@ ggml_tensor * build_delta_net(ggml_context * ctx, ggml_cgraph * gf, const qwen35
 
 // Whether an attention layer's T-token batch over n_kv cache rows runs the fused gated attention op
 // (kernels/attention_step.h): a shape and cache types it takes, a batch it is faster for, its cache
-// on a backend that runs it.
+// on a device whose lucebox kernels run it. Not on the CPU backend: there the op's code is the
+// reference, slower than ggml's vectorized flash attention (tests/cpp/bench_attention).
 bool fused_attention(const qwen35_hparams & hp, const ggml_tensor * k_cache, const ggml_tensor * v_cache, int64_t T,
                      int64_t n_kv) {
     return kernels::attention::supported(hp.head_dim, hp.n_head, hp.n_head_kv, k_cache->type, v_cache->type, T) &&
-           kernels::attention::preferred(T, n_kv) &&
+           kernels::attention::preferred(T, n_kv) && !ggml_backend_buffer_is_host(k_cache->buffer) &&
            kernels::fused_ops_in(k_cache->buffer) && kernels::fused_ops_in(v_cache->buffer);
 }
 

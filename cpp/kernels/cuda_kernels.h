@@ -40,14 +40,17 @@ void set_weight_tiles_enabled(bool enabled);
 // Fused products of tiled weights the hook left to ggml to split (lucebox's graphs build none).
 uint64_t tiles_declined();
 
-// Whether a DeltaNet layer whose weights are in `buffer` runs its steps (decode, chain verify: up
-// to delta_net::MAX_TOKENS tokens) as the fused ops of delta_net_step.h: weights in host memory
-// (the CPU backend runs the ops' reference code), or in a CUDA device buffer while the kernels are
+// Whether a layer whose weights (a DeltaNet layer's) or KV cache (an attention layer's) are in
+// `buffer` runs its steps as lucebox's fused ops (decode, a verify: delta_net_step.h, up to
+// delta_net::MAX_TOKENS tokens; attention_step.h, up to attention::MAX_TOKENS): in host memory (the
+// CPU backend runs the ops' reference code), or in a CUDA device buffer while the kernels are
 // enabled (lucebox's kernels, through ggml patch 0007); not in a tensor split's meta buffers.
 // Asked when a graph is built (graphs built before keep their ops).
-bool fused_delta_net_in(ggml_backend_buffer_t buffer);
+bool fused_ops_in(ggml_backend_buffer_t buffer);
 // How many fused DeltaNet step ops lucebox's CUDA kernels have run (graph captures count once).
 uint64_t delta_net_step_runs();
+// How many fused attention ops lucebox's CUDA kernels have run (graph captures count once).
+uint64_t attention_step_runs();
 
 // Whether the current CUDA device runs lucebox's kernels (compute capability >= 8.0; cached per device).
 bool device_runs_own_kernels();
@@ -55,6 +58,10 @@ bool device_runs_own_kernels();
 // How many gated delta nets lucebox's prefill kernel (gdn_prefill.cuh, ggml patch 0005) has run in
 // this process: tests check that it was used.
 uint64_t gdn_prefill_runs();
+
+// The fused gated attention node (attention_step.h) for patch 0007's custom-op hook: runs it on
+// `stream` (NULL: only whether it would) and returns 1, or 0 for another node (attention_step.cu).
+int attention_custom_op(const ggml_tensor * dst, void * stream);
 
 // Parts of install_cuda_kernels / set_cuda_kernels_enabled (gdn_prefill.cu).
 void install_gdn_prefill();

@@ -7,14 +7,7 @@
 #include <string>
 #include <vector>
 
-#if defined(__GNUC__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wunused-function"  // ggml's internal header's static helpers
-#endif
-#include "ggml-impl.h"  // ggml_custom_op_params: the header of a custom node's op_params
-#if defined(__GNUC__)
-#pragma GCC diagnostic pop
-#endif
+#include "custom_op.h"
 #include "lucebox/errors.h"
 
 namespace lucebox::kernels::delta_net {
@@ -22,13 +15,8 @@ namespace {
 
 std::atomic<uint64_t> g_cpu_runs{0};
 
-// op_params: ggml's ggml_custom_op_params first, then ours
-constexpr size_t PARAMS_AT = sizeof(ggml_custom_op_params);
-static_assert(PARAMS_AT + sizeof(step_params) <= GGML_MAX_OP_PARAMS, "step_params fit a node's op_params");
-
-void set_params(ggml_tensor * t, const step_params & p) {
-    std::memcpy(reinterpret_cast<char *>(t->op_params) + PARAMS_AT, &p, sizeof p);
-}
+// the node's own parameters (custom_op.h)
+void set_params(ggml_tensor * t, const step_params & p) { custom_op::write_params(t, &p, sizeof p); }
 
 void require(bool ok, const char * op, const std::string & what) {
     if (!ok) throw error(std::string("internal: delta_net::") + op + ": " + what);
@@ -50,15 +38,13 @@ uint64_t cpu_runs() { return g_cpu_runs.load(); }
 
 step_params params_of(const ggml_tensor * dst) {
     step_params p;
-    std::memcpy(&p, reinterpret_cast<const char *>(dst->op_params) + PARAMS_AT, sizeof p);
+    custom_op::read_params(dst, &p, sizeof p);
     return p;
 }
 
 int op_of(const ggml_tensor * node) {
-    if (node == nullptr || node->op != GGML_OP_CUSTOM) return 0;
-    ggml_custom_op_params cp;
-    std::memcpy(&cp, node->op_params, sizeof cp);
-    return cp.fun == &inputs_cpu ? 1 : cp.fun == &recurrence_cpu ? 2 : 0;
+    const ggml_custom_op_t fun = custom_op::function_of(node);
+    return fun == &inputs_cpu ? 1 : fun == &recurrence_cpu ? 2 : 0;
 }
 
 shape shape_of(const ggml_tensor * dst) {

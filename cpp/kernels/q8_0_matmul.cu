@@ -178,7 +178,7 @@ bool tile_weights_in(ggml_backend_buffer_t buffer) {
     return dev >= 0 && q8_0::detail::device_major(dev) >= 8;
 }
 
-bool fused_delta_net_in(ggml_backend_buffer_t buffer) {
+bool fused_ops_in(ggml_backend_buffer_t buffer) {
     if (buffer == nullptr) return false;
     if (ggml_backend_buffer_is_host(buffer)) return true;
     return g_installed.load() && g_enabled.load() && cuda_device_of(buffer) >= 0;

@@ -12,6 +12,7 @@
 #include "lucebox/models.h"
 #include "../graph/builders.h"
 #include "cuda_kernels.h"
+#include "attention_step.h"
 #include "delta_net_step.h"
 #include "qwen35_model.h"
 
@@ -471,12 +472,12 @@ using graph::named;
 namespace delta_net = kernels::delta_net;
 
 // Whether a DeltaNet layer can run the fused step ops: their shape (fused_delta_net_shape), F32
-// conv, gate and norm weights, on a backend that runs them (kernels::fused_delta_net_in).
+// conv, gate and norm weights, on a backend that runs them (kernels::fused_ops_in).
 bool fused_layer(const qwen35_hparams & hp, const qwen35_layer_weights & l) {
     if (l.ssm_conv1d == nullptr || !hp.fused_delta_net_shape()) return false;
     for (const ggml_tensor * t : {l.ssm_conv1d, l.ssm_dt_bias, l.ssm_a, l.ssm_norm})
         if (t == nullptr || t->type != GGML_TYPE_F32 || !ggml_is_contiguous(t)) return false;
-    return kernels::fused_delta_net_in(l.ssm_conv1d->buffer);
+    return kernels::fused_ops_in(l.ssm_conv1d->buffer);
 }
 
 // Whether a DeltaNet layer's T-token batch runs as the fused step ops (kernels/delta_net_step.h):
@@ -609,6 +610,17 @@ ggml_tensor * build_delta_net(ggml_context * ctx, ggml_cgraph * gf, const qwen35
     return named(ggml_mul_mat(ctx, l.ssm_out, o), "gdn_out", il);
 }
 
+// Whether an attention layer's T-token batch over n_kv cache rows runs the fused gated attention op
+// (kernels/attention_step.h): a shape and cache types it takes, a batch it is faster for, its cache
+// on a device whose lucebox kernels run it. Not on the CPU backend: there the op's code is the
+// reference, slower than ggml's vectorized flash attention (tests/cpp/bench_attention).
+bool fused_attention(const qwen35_hparams & hp, const ggml_tensor * k_cache, const ggml_tensor * v_cache, int64_t T,
+                     int64_t n_kv) {
+    return kernels::attention::supported(hp.head_dim, hp.n_head, hp.n_head_kv, k_cache->type, v_cache->type, T) &&
+           kernels::attention::preferred(T, n_kv) && !ggml_backend_buffer_is_host(k_cache->buffer) &&
+           kernels::fused_ops_in(k_cache->buffer) && kernels::fused_ops_in(v_cache->buffer);
+}
+
 // Gated full attention. x: [E, T] (normed) -> [E, T]. Writes this batch's K/V into the cache.
 ggml_tensor * build_gated_attention(ggml_context * ctx, ggml_cgraph * gf, const qwen35_hparams & hp,
                                     const qwen35_layer_weights & l, ggml_tensor * k_cache, ggml_tensor * v_cache,
@@ -648,6 +660,11 @@ ggml_tensor * build_gated_attention(ggml_context * ctx, ggml_cgraph * gf, const 
     ggml_tensor * qp = ggml_permute(ctx, q, 0, 2, 1, 3);  // [hd, T, H]
 
     const float scale = hp.attn_scale != 0.0f ? hp.attn_scale : 1.0f / std::sqrt(float(hd));
+    if (fused_attention(hp, k_cache, v_cache, T, n_kv)) {  // one op for the attention, the gate and its product
+        ggml_tensor * gate3 = ggml_view_3d(ctx, qg, hd, H, T, 2 * hd * es, qg->nb[1], hd * es);  // [hd, H, T]
+        ggml_tensor * att = kernels::attention::gated(ctx, q, k_cache, v_cache, n_kv, in.kq_mask, gate3, scale);
+        return named(ggml_mul_mat(ctx, l.wo, named(att, "attn_gated", il)), "attn_proj", il);
+    }
     ggml_tensor * att = ggml_flash_attn_ext(ctx, qp, kv_k, kv_v, in.kq_mask, scale, 0.0f, 0.0f);  // [hd, H, T]
     att = named(ggml_reshape_2d(ctx, att, hd * H, T), "attn_out", il);
     att = named(ggml_mul(ctx, att, ggml_sigmoid(ctx, gate)), "attn_gated", il);

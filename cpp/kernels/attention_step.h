@@ -1,0 +1,72 @@
+// A gated full-attention layer's attention for a few tokens (decode, a chain or DDTree verify) as
+// one fused graph op instead of ggml's flash attention (and its fixup), the cont of the gate, its
+// sigmoid and the product with it:
+//
+//   out[:, h, t] = sum_j softmax_j(scale * q[:, h, t] . K[:, j, h / G] + mask[j, t]) V[:, j, h / G]
+//                  * sigmoid(gate[:, h, t])
+//
+// (G = H / Hkv query heads share a KV head, as ggml_flash_attn_ext maps them; j < n_kv, the cache
+// rows in view; mask values -inf hide a row, a tree's ancestor mask included). GGML_OP_CUSTOM: the
+// CPU backend runs gated_cpu below (the reference), ggml's CUDA backend hands the node to lucebox's
+// kernels (attention_step.cuh, through ggml patch 0007's custom-op hook). A token's result does not
+// depend on how many tokens the op has (a decode step and a verify of the same token compute the
+// same bits, on either backend). Plain C++: compiled in every build.
+#pragma once
+
+#include <cstdint>
+
+#include "attention_split.h"
+#include "ggml.h"
+
+namespace lucebox::kernels::attention {
+
+// Most tokens the op takes (a decode, a verify of up to 64 nodes); longer batches (prefill) run
+// ggml's flash attention.
+constexpr int64_t MAX_TOKENS = 64;
+// Most query heads sharing a KV head (the 27B's 6).
+constexpr int64_t MAX_GROUP = 8;
+
+// Whether the op takes this layer: head size 128 or 256, F16 K and V caches, H a multiple of Hkv
+// with at most MAX_GROUP query heads a KV head, 1..MAX_TOKENS tokens. Else ggml's ops run.
+bool supported(int64_t head_dim, int64_t n_head, int64_t n_head_kv, ggml_type k_type, ggml_type v_type, int64_t T);
+
+// Whether the op is the faster choice for T tokens over n_kv cache rows, where it is supported. Its
+// CUDA kernels score on CUDA cores with few warps in flight for one token; ggml's flash attention
+// uses tensor cores and wins for many tokens or long caches. bench/probes/attention_bench.cu on an
+// H200, us a layer (attention + gate): one token over 256 / 1024 / 4096 rows 10.8 / 13.5 / 25.3,
+// 16 tokens over 256 / 1024 rows 21.4 / 80; ggml's flash attention alone, in bench_kernels' decode
+// and verify over ~512 rows: ~14 and ~22, the gate's three ops ~4 more. Up to MAX_ROWS rows and
+// MAX_TOKEN_ROWS token-rows (a decode step over up to 2048 rows; 16 tokens over 256).
+// tests/cpp/bench_attention measures both on one GPU.
+constexpr int64_t MAX_ROWS = 2048, MAX_TOKEN_ROWS = 4096;
+inline bool preferred(int64_t T, int64_t n_kv) { return n_kv <= MAX_ROWS && T * n_kv <= MAX_TOKEN_ROWS; }
+
+// The op. q [hd, H, T] F32 with contiguous rows (any head and token strides: the roped queries);
+// k_cache, v_cache [hd Hkv, n_ctx] F16 (rows nb[1] apart; the first n_kv rows are read, KV head i
+// at values i hd .. i hd + hd - 1 of a row); mask [>= n_kv, >= T] F16 (row t for token t, as
+// ggml_flash_attn_ext's); gate [hd, H, T] F32 with contiguous rows (a strided view of the query
+// projection). Returns [hd H, T] F32: a view of the node, whose values after the output are the
+// CUDA kernels' chunk sums (attention_split.h).
+ggml_tensor * gated(ggml_context * ctx, ggml_tensor * q, ggml_tensor * k_cache, ggml_tensor * v_cache, int64_t n_kv,
+                    ggml_tensor * mask, ggml_tensor * gate, float scale);
+
+// The CPU implementation (ggml_custom_op_t); its address also tells the op apart in a graph.
+void gated_cpu(ggml_tensor * dst, int ith, int nth, void * userdata);
+
+// Whether a node is the op.
+bool is_gated(const ggml_tensor * node);
+
+// A node's shape and parameters (srcs: 0 q, 1 k_cache, 2 v_cache, 3 mask, 4 gate).
+struct shape {
+    int64_t hd = 0, H = 0, Hkv = 0, T = 0, n_kv = 0;
+    float scale = 0.0f;
+};
+shape shape_of(const ggml_tensor * dst);
+// The node's floats after the output (partial_floats of its shape).
+int64_t partial_floats(const ggml_tensor * dst);
+
+// How many of the ops the CPU function has run in this process (tests check the op was used;
+// kernels::attention_step_runs counts the CUDA kernels').
+uint64_t cpu_runs();
+
+}  // namespace lucebox::kernels::attention

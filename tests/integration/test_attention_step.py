@@ -1,0 +1,35 @@
+"""Where the model runs the fused gated attention op (cpp/kernels/attention_step.h; the choice is
+qwen35.cpp's fused_attention): not on the CPU backend, whose code for the op is the reference of
+lucebox's CUDA kernels and slower than ggml's vectorized flash attention, so a CPU model runs
+ggml's attention also for the head sizes the op takes (128, 256: the 27B's) and gives the same
+tokens with speculation (chains and DDTree trees). The op itself against ggml's attention, on the
+CPU and the GPU: tests/cpp/test_attention_step.cpp; inside the model on the GPU:
+tests/gpu/test_cuda_attention.py."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import lucebox
+from lucebox import _core, synth
+from forcing import forced, forced_tree
+
+
+@pytest.fixture(scope="module", params=[128, 256])
+def target(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = tmp_path_factory.mktemp(f"attn{request.param}") / "target.gguf"
+    # 6 query heads a KV head, as the 27B
+    synth.write_target(str(path), "tiny", type="f32", seed=4,
+                       overrides=dict(head_dim=request.param, n_head=12, n_head_kv=2))
+    return str(path)
+
+
+def test_a_cpu_model_runs_ggml_attention(target: str) -> None:
+    engine = lucebox.Engine(target, ctx=512, device="cpu")
+    p = [int(x) for x in np.random.default_rng(5).integers(0, 1000, 40)]
+    before = _core.attention_step_runs()
+    ref = engine.generate(p, max_tokens=24).tokens
+    for k in (0, 6, None):
+        assert engine.session().generate(p, max_tokens=24, propose=forced(ref, len(p), k)).tokens == ref
+    assert engine.session().generate(p, max_tokens=24, propose_tree=forced_tree(ref, len(p), 4)).tokens == ref
+    assert _core.attention_step_runs() == before

@@ -9,7 +9,8 @@ a 16-token verify and a 1-token decode use different GPU kernels, and on a deep 
 model the last-bit differences flip near-tied argmaxes, after which a plain-decode reference would
 no longer be the target's choice. Whether the two references agree is printed as information.
 Prints tok/s per AL, the ratio to plain decoding measured in the same run, and one step's phase
-costs (draft, verify, commit) relative to one plain decode step. Two ratios: "x plain" divides the
+costs (draft, verify, commit; the phase timings wait for the device after each commit, so the
+verify column is the verify's own time) relative to one plain decode step. Two ratios: "x plain" divides the
 generations' tok/s (both count the token sampled from the prompt, and a speculative run's last step
 commits only what the budget has left: the ratio depends on --tokens), "x step" divides the
 steady-state rates, committed tokens per speculative step time over tokens per plain decode step

@@ -1459,6 +1459,9 @@ generate_result session::generate_speculative(const std::vector<int32_t> & pendi
         }
         tokens_.insert(tokens_.end(), verified.begin(), verified.begin() + plan.last_kept + 1);
         if (params.phase_timings) {
+            // the commit's own device work (a chain's replay of the kept tokens) counts here, not in the
+            // next step's draft or verify, which would otherwise wait for it
+            ggml_backend_synchronize(e.backend);
             stats.commit_seconds += seconds_since(tp);
         }
         if (adaptive && speculating) {

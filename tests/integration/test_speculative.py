@@ -115,6 +115,20 @@ def test_kept_draft_graph_across_kv_windows_and_sessions(pair: tuple[str, str]) 
     assert got_a == ref_a and got_b == ref_b
 
 
+def test_phase_timings_split_the_decode_time(pair: tuple[str, str]) -> None:
+    target, draft = pair
+    spec = lucebox.Engine(target, draft, ctx=512, device="cpu", spec="chain")
+    p = prompts(1)[0]
+    got = spec.session().generate(p, max_tokens=40, phase_timings=True)
+    assert got.tokens == spec.session().generate(p, max_tokens=40).tokens
+    s, st = got.stats.spec, got.stats
+    assert s["steps"] > 0 and min(s["draft_seconds"], s["verify_seconds"], s["commit_seconds"]) > 0
+    # the phases are parts of the decode time (each waits for its own device work)
+    assert s["draft_seconds"] + s["verify_seconds"] + s["commit_seconds"] <= st.decode_seconds * 1.001
+    untimed = spec.session().generate(p, max_tokens=40).stats.spec  # not asked: not measured
+    assert untimed["verify_seconds"] == untimed["commit_seconds"] == 0
+
+
 def test_stop_tokens_and_budget_inside_a_step(pair: tuple[str, str]) -> None:
     target, _ = pair
     engine = lucebox.Engine(target, ctx=512, device="cpu")

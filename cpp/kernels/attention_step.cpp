@@ -77,6 +77,11 @@ ggml_tensor * gated(ggml_context * ctx, ggml_tensor * q, ggml_tensor * k_cache, 
     const int64_t Hkv = k_cache->ne[0] / hd;
     require(supported(hd, H, Hkv, k_cache->type, v_cache->type, T), "a shape or type the op does not take");
     require(k_cache->nb[0] == 2 && v_cache->nb[0] == 2, "contiguous cache rows");
+    // the CUDA kernels read q and the cache rows in 16-byte vectors
+    require(q->nb[1] % 16 == 0 && q->nb[2] % 16 == 0 && q->view_offs % 16 == 0, "q heads 16-byte aligned");
+    require(k_cache->nb[1] % 16 == 0 && v_cache->nb[1] % 16 == 0 && k_cache->view_offs % 16 == 0 &&
+                v_cache->view_offs % 16 == 0,
+            "cache rows 16-byte aligned");
     require(n_kv >= 1 && n_kv <= k_cache->ne[1] && n_kv <= v_cache->ne[1] && n_kv <= INT32_MAX, "1 <= n_kv <= cache rows");
     require(mask->type == GGML_TYPE_F16 && mask->nb[0] == 2 && mask->ne[0] >= n_kv && mask->ne[1] >= T,
             "mask [>= n_kv, >= T] F16");

@@ -41,7 +41,8 @@ bool supported(int64_t head_dim, int64_t n_head, int64_t n_head_kv, ggml_type k_
 constexpr int64_t MAX_ROWS = 2048, MAX_TOKEN_ROWS = 4096;
 inline bool preferred(int64_t T, int64_t n_kv) { return n_kv <= MAX_ROWS && T * n_kv <= MAX_TOKEN_ROWS; }
 
-// The op. q [hd, H, T] F32 with contiguous rows (any head and token strides: the roped queries);
+// The op. q [hd, H, T] F32 with contiguous rows (head and token strides multiples of 16 bytes: the
+// roped queries);
 // k_cache, v_cache [hd Hkv, n_ctx] F16 (rows nb[1] apart; the first n_kv rows are read, KV head i
 // at values i hd .. i hd + hd - 1 of a row); mask [>= n_kv, >= T] F16 (row t for token t, as
 // ggml_flash_attn_ext's); gate [hd, H, T] F32 with contiguous rows (a strided view of the query

@@ -177,7 +177,7 @@ TEST_CASE(cpu_token_results_do_not_depend_on_batch) {
 }
 
 TEST_CASE(builder_refuses_what_it_does_not_take) {
-    ggml_init_params ip{ggml_tensor_overhead() * 16, nullptr, true};
+    ggml_init_params ip{ggml_tensor_overhead() * 24, nullptr, true};
     ggml_context * ctx = ggml_init(ip);
     ggml_tensor * q = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, 128, 4, 2);
     ggml_tensor * gate = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, 128, 4, 2);
@@ -195,6 +195,9 @@ TEST_CASE(builder_refuses_what_it_does_not_take) {
     ggml_tensor * q3 = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, 128, 3, 2);  // 3 heads on 2 KV heads
     ggml_tensor * g3 = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, 128, 3, 2);
     CHECK_THROWS(at::gated(ctx, q3, kc, vc, 40, mask, g3, 0.1f), error, "does not take");
+    ggml_tensor * qbig = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, 128 * 4 * 2 + 1);
+    ggml_tensor * qoff = ggml_view_3d(ctx, qbig, 128, 4, 2, 128 * 4, 128 * 4 * 4, 4);  // 4 bytes in
+    CHECK_THROWS(at::gated(ctx, qoff, kc, vc, 40, mask, gate, 0.1f), error, "aligned");
     CHECK(!at::supported(256, 24, 4, GGML_TYPE_F16, GGML_TYPE_F16, at::MAX_TOKENS + 1));
     CHECK(!at::supported(256, 18, 2, GGML_TYPE_F16, GGML_TYPE_F16, 1));  // 9 query heads a KV head
     CHECK(at::supported(256, 24, 4, GGML_TYPE_F16, GGML_TYPE_F16, 16));

@@ -96,6 +96,18 @@ ggml_tensor * gated(ggml_context * ctx, ggml_tensor * q, ggml_tensor * k_cache, 
     return ggml_view_2d(ctx, node, hd * H, T, size_t(hd * H) * sizeof(float), 0);
 }
 
+ggml_tensor * unfused(ggml_context * ctx, ggml_tensor * q, ggml_tensor * k_cache, ggml_tensor * v_cache, int64_t n_kv,
+                      ggml_tensor * mask, ggml_tensor * gate, float scale) {
+    const int64_t hd = q->ne[0], H = q->ne[1], T = q->ne[2], Hkv = k_cache->ne[0] / hd;
+    ggml_tensor * kv_k = ggml_view_3d(ctx, k_cache, hd, Hkv, n_kv, ggml_row_size(k_cache->type, hd), k_cache->nb[1], 0);
+    ggml_tensor * kv_v = ggml_view_3d(ctx, v_cache, hd, Hkv, n_kv, ggml_row_size(v_cache->type, hd), v_cache->nb[1], 0);
+    // [hd, T, H] queries, [hd, n_kv, Hkv] keys and values -> [hd, H, T]
+    ggml_tensor * att = ggml_flash_attn_ext(ctx, ggml_permute(ctx, q, 0, 2, 1, 3), ggml_permute(ctx, kv_k, 0, 2, 1, 3),
+                                            ggml_permute(ctx, kv_v, 0, 2, 1, 3), mask, scale, 0.0f, 0.0f);
+    att = ggml_reshape_2d(ctx, att, hd * H, T);
+    return ggml_mul(ctx, att, ggml_sigmoid(ctx, ggml_cont_2d(ctx, gate, hd * H, T)));
+}
+
 // One (token, KV head) a unit, units split over the threads: each K and V row converted to float
 // once for the unit's G query heads. Per (token, head): the scores' dot products in dim order, the
 // softmax's sums in key order; nothing depends on the other tokens.

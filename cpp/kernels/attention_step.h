@@ -51,6 +51,12 @@ inline bool preferred(int64_t T, int64_t n_kv) { return n_kv <= MAX_ROWS && T * 
 ggml_tensor * gated(ggml_context * ctx, ggml_tensor * q, ggml_tensor * k_cache, ggml_tensor * v_cache, int64_t n_kv,
                     ggml_tensor * mask, ggml_tensor * gate, float scale);
 
+// ggml's own ops for the same result, with the same arguments and result shape: flash attention over
+// the caches' first n_kv rows (any cache type ggml's flash attention takes), then the gate's cont,
+// sigmoid and product. The model's path where it does not take the op; the tests' reference.
+ggml_tensor * unfused(ggml_context * ctx, ggml_tensor * q, ggml_tensor * k_cache, ggml_tensor * v_cache, int64_t n_kv,
+                      ggml_tensor * mask, ggml_tensor * gate, float scale);
+
 // The CPU implementation (ggml_custom_op_t); its address also tells the op apart in a graph.
 void gated_cpu(ggml_tensor * dst, int ith, int nth, void * userdata);
 

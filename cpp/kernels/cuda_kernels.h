@@ -40,12 +40,14 @@ void set_weight_tiles_enabled(bool enabled);
 // Fused products of tiled weights the hook left to ggml to split (lucebox's graphs build none).
 uint64_t tiles_declined();
 
-// Whether a layer whose weights (a DeltaNet layer's) or KV cache (an attention layer's) are in
-// `buffer` runs its steps as lucebox's fused ops (decode, a verify: delta_net_step.h, up to
-// delta_net::MAX_TOKENS tokens; attention_step.h, up to attention::MAX_TOKENS): in host memory (the
-// CPU backend runs the ops' reference code), or in a CUDA device buffer while the kernels are
-// enabled (lucebox's kernels, through ggml patch 0007); not in a tensor split's meta buffers.
-// Asked when a graph is built (graphs built before keep their ops).
+// Whether `buffer` is a CUDA device buffer (not a tensor split's meta buffer) while lucebox's
+// kernels are installed and enabled: its tensors' fused ops run on lucebox's kernels (through ggml
+// patch 0007). Asked when a graph is built (graphs built before keep their ops).
+bool cuda_kernels_in(ggml_backend_buffer_t buffer);
+// Whether a DeltaNet layer whose weights are in `buffer` runs its steps (decode, a verify: up to
+// delta_net::MAX_TOKENS tokens) as the fused ops of delta_net_step.h: in host memory (the CPU
+// backend runs the ops' reference code) or where cuda_kernels_in. (A gated attention layer takes
+// attention_step.h's op only where cuda_kernels_in: qwen35.cpp's fused_attention.)
 bool fused_ops_in(ggml_backend_buffer_t buffer);
 // How many fused DeltaNet step ops lucebox's CUDA kernels have run (graph captures count once).
 uint64_t delta_net_step_runs();

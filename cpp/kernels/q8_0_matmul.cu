@@ -178,10 +178,12 @@ bool tile_weights_in(ggml_backend_buffer_t buffer) {
     return dev >= 0 && q8_0::detail::device_major(dev) >= 8;
 }
 
+bool cuda_kernels_in(ggml_backend_buffer_t buffer) {
+    return buffer != nullptr && g_installed.load() && g_enabled.load() && cuda_device_of(buffer) >= 0;
+}
+
 bool fused_ops_in(ggml_backend_buffer_t buffer) {
-    if (buffer == nullptr) return false;
-    if (ggml_backend_buffer_is_host(buffer)) return true;
-    return g_installed.load() && g_enabled.load() && cuda_device_of(buffer) >= 0;
+    return buffer != nullptr && (ggml_backend_buffer_is_host(buffer) || cuda_kernels_in(buffer));
 }
 
 void set_weight_tiles_enabled(bool enabled) { g_tiles_enabled.store(enabled); }

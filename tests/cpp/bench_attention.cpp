@@ -49,17 +49,8 @@ timing run(ggml_backend_t be, int64_t T, int64_t n_kv, bool fused, int reps, con
         ggml_tensor * vc = ggml_new_tensor_2d(ctx, GGML_TYPE_F16, HD * HKV, n_kv);
         caches.push_back(kc);
         caches.push_back(vc);
-        ggml_tensor * out = nullptr;
-        if (fused) {
-            out = at::gated(ctx, q, kc, vc, n_kv, mask, gate, 0.0625f);
-        } else {
-            ggml_tensor * kv_k = ggml_view_3d(ctx, kc, HD, HKV, n_kv, HD * 2, kc->nb[1], 0);
-            ggml_tensor * kv_v = ggml_view_3d(ctx, vc, HD, HKV, n_kv, HD * 2, vc->nb[1], 0);
-            ggml_tensor * att = ggml_flash_attn_ext(ctx, ggml_permute(ctx, q, 0, 2, 1, 3), ggml_permute(ctx, kv_k, 0, 2, 1, 3),
-                                                    ggml_permute(ctx, kv_v, 0, 2, 1, 3), mask, 0.0625f, 0.0f, 0.0f);
-            att = ggml_reshape_2d(ctx, att, HD * H, T);
-            out = ggml_mul(ctx, att, ggml_sigmoid(ctx, ggml_cont_2d(ctx, gate, HD * H, T)));
-        }
+        ggml_tensor * out = fused ? at::gated(ctx, q, kc, vc, n_kv, mask, gate, 0.0625f)
+                                  : at::unfused(ctx, q, kc, vc, n_kv, mask, gate, 0.0625f);
         outs.push_back(out);
         ggml_build_forward_expand(gf, out);
     }

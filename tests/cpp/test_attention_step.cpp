@@ -74,17 +74,8 @@ std::vector<float> run(ggml_backend_t be, const problem & p, bool fused) {
     ggml_tensor * q = ggml_view_3d(ctx, qg, p.hd, p.H, p.T, 2 * p.hd * es, qg->nb[1], 0);
     ggml_tensor * gate = ggml_view_3d(ctx, qg, p.hd, p.H, p.T, 2 * p.hd * es, qg->nb[1], p.hd * es);
     q = ggml_cont_3d(ctx, q, p.hd, p.H, p.T);  // contiguous [hd, H, T], as the roped queries are
-    ggml_tensor * out = nullptr;
-    if (fused) {
-        out = at::gated(ctx, q, kc, vc, p.n_kv, mask, gate, p.scale);
-    } else {
-        ggml_tensor * kv_k = ggml_view_3d(ctx, kc, p.hd, p.Hkv, p.n_kv, p.hd * 2, kc->nb[1], 0);
-        ggml_tensor * kv_v = ggml_view_3d(ctx, vc, p.hd, p.Hkv, p.n_kv, p.hd * 2, vc->nb[1], 0);
-        ggml_tensor * att = ggml_flash_attn_ext(ctx, ggml_permute(ctx, q, 0, 2, 1, 3), ggml_permute(ctx, kv_k, 0, 2, 1, 3),
-                                                ggml_permute(ctx, kv_v, 0, 2, 1, 3), mask, p.scale, 0.0f, 0.0f);
-        att = ggml_reshape_2d(ctx, att, p.hd * p.H, p.T);
-        out = ggml_mul(ctx, att, ggml_sigmoid(ctx, ggml_cont_2d(ctx, gate, p.hd * p.H, p.T)));
-    }
+    ggml_tensor * out = fused ? at::gated(ctx, q, kc, vc, p.n_kv, mask, gate, p.scale)
+                              : at::unfused(ctx, q, kc, vc, p.n_kv, mask, gate, p.scale);
     ggml_cgraph * gf = ggml_new_graph(ctx);
     ggml_build_forward_expand(gf, out);
     ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors(ctx, be);

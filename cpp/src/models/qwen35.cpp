@@ -612,13 +612,13 @@ ggml_tensor * build_delta_net(ggml_context * ctx, ggml_cgraph * gf, const qwen35
 
 // Whether an attention layer's T-token batch over n_kv cache rows runs the fused gated attention op
 // (kernels/attention_step.h): a shape and cache types it takes, a batch it is faster for, its cache
-// on a device whose lucebox kernels run it. Not on the CPU backend: there the op's code is the
-// reference, slower than ggml's vectorized flash attention (tests/cpp/bench_attention).
+// where lucebox's CUDA kernels run it. Not on the CPU backend: there the op's code is the reference,
+// slower than ggml's vectorized flash attention (tests/cpp/bench_attention).
 bool fused_attention(const qwen35_hparams & hp, const ggml_tensor * k_cache, const ggml_tensor * v_cache, int64_t T,
                      int64_t n_kv) {
     return kernels::attention::supported(hp.head_dim, hp.n_head, hp.n_head_kv, k_cache->type, v_cache->type, T) &&
-           kernels::attention::preferred(T, n_kv) && !ggml_backend_buffer_is_host(k_cache->buffer) &&
-           kernels::fused_ops_in(k_cache->buffer) && kernels::fused_ops_in(v_cache->buffer);
+           kernels::attention::preferred(T, n_kv) && kernels::cuda_kernels_in(k_cache->buffer) &&
+           kernels::cuda_kernels_in(v_cache->buffer);
 }
 
 // Gated full attention. x: [E, T] (normed) -> [E, T]. Writes this batch's K/V into the cache.
@@ -633,8 +633,7 @@ ggml_tensor * build_gated_attention(ggml_context * ctx, ggml_cgraph * gf, const 
     ggml_tensor * qg = named(proj[0], "attn_qg", il);  // [2*hd*H, T]
     const size_t es = ggml_element_size(qg);
     ggml_tensor * q = ggml_view_3d(ctx, qg, hd, H, T, 2 * hd * es, qg->nb[1], 0);
-    ggml_tensor * gate = ggml_view_3d(ctx, qg, hd, H, T, 2 * hd * es, qg->nb[1], hd * es);
-    gate = named(ggml_cont_2d(ctx, gate, hd * H, T), "attn_gate", il);
+    ggml_tensor * gate = ggml_view_3d(ctx, qg, hd, H, T, 2 * hd * es, qg->nb[1], hd * es);  // [hd, H, T]
     q = named(graph::rms_norm(ctx, q, l.q_norm, hp.rms_eps), "attn_q", il);  // [hd, H, T]
 
     ggml_tensor * k = ggml_view_3d(ctx, proj[1], hd, Hkv, T, hd * es, proj[1]->nb[1], 0);
@@ -653,21 +652,12 @@ ggml_tensor * build_gated_attention(ggml_context * ctx, ggml_cgraph * gf, const 
     ggml_build_forward_expand(gf, ggml_set_rows(ctx, k_cache, ggml_reshape_2d(ctx, k, hd * Hkv, T), in.kv_rows));
     ggml_build_forward_expand(gf, ggml_set_rows(ctx, v_cache, v, in.kv_rows));
 
-    ggml_tensor * kv_k = ggml_view_3d(ctx, k_cache, hd, Hkv, n_kv, ggml_row_size(k_cache->type, hd), k_cache->nb[1], 0);
-    ggml_tensor * kv_v = ggml_view_3d(ctx, v_cache, hd, Hkv, n_kv, ggml_row_size(v_cache->type, hd), v_cache->nb[1], 0);
-    kv_k = ggml_permute(ctx, kv_k, 0, 2, 1, 3);  // [hd, n_kv, Hkv]
-    kv_v = ggml_permute(ctx, kv_v, 0, 2, 1, 3);
-    ggml_tensor * qp = ggml_permute(ctx, q, 0, 2, 1, 3);  // [hd, T, H]
-
     const float scale = hp.attn_scale != 0.0f ? hp.attn_scale : 1.0f / std::sqrt(float(hd));
-    if (fused_attention(hp, k_cache, v_cache, T, n_kv)) {  // one op for the attention, the gate and its product
-        ggml_tensor * gate3 = ggml_view_3d(ctx, qg, hd, H, T, 2 * hd * es, qg->nb[1], hd * es);  // [hd, H, T]
-        ggml_tensor * att = kernels::attention::gated(ctx, q, k_cache, v_cache, n_kv, in.kq_mask, gate3, scale);
-        return named(ggml_mul_mat(ctx, l.wo, named(att, "attn_gated", il)), "attn_proj", il);
-    }
-    ggml_tensor * att = ggml_flash_attn_ext(ctx, qp, kv_k, kv_v, in.kq_mask, scale, 0.0f, 0.0f);  // [hd, H, T]
-    att = named(ggml_reshape_2d(ctx, att, hd * H, T), "attn_out", il);
-    att = named(ggml_mul(ctx, att, ggml_sigmoid(ctx, gate)), "attn_gated", il);
+    // one op for the attention, the gate and its product where it is taken, else ggml's ops: [hd H, T]
+    ggml_tensor * att = fused_attention(hp, k_cache, v_cache, T, n_kv)
+                            ? kernels::attention::gated(ctx, q, k_cache, v_cache, n_kv, in.kq_mask, gate, scale)
+                            : kernels::attention::unfused(ctx, q, k_cache, v_cache, n_kv, in.kq_mask, gate, scale);
+    att = named(att, "attn_gated", il);
     return named(ggml_mul_mat(ctx, l.wo, att), "attn_proj", il);
 }
 

@@ -30,16 +30,12 @@ constexpr int64_t MAX_GROUP = 8;
 // with at most MAX_GROUP query heads a KV head, 1..MAX_TOKENS tokens. Else ggml's ops run.
 bool supported(int64_t head_dim, int64_t n_head, int64_t n_head_kv, ggml_type k_type, ggml_type v_type, int64_t T);
 
-// Whether the op is the faster choice for T tokens over n_kv cache rows, where it is supported. Its
-// CUDA kernels score on CUDA cores with few warps in flight for one token; ggml's flash attention
-// uses tensor cores and wins for many tokens or long caches. bench/probes/attention_bench.cu on an
-// H200, us a layer (attention + gate): one token over 256 / 1024 / 4096 rows 10.8 / 13.5 / 25.3,
-// 16 tokens over 256 / 1024 rows 21.4 / 80; ggml's flash attention alone, in bench_kernels' decode
-// and verify over ~512 rows: ~14 and ~22, the gate's three ops ~4 more. Up to MAX_ROWS rows and
-// MAX_TOKEN_ROWS token-rows (a decode step over up to 2048 rows; 16 tokens over 256).
-// tests/cpp/bench_attention measures both on one GPU.
-constexpr int64_t MAX_ROWS = 2048, MAX_TOKEN_ROWS = 4096;
-inline bool preferred(int64_t T, int64_t n_kv) { return n_kv <= MAX_ROWS && T * n_kv <= MAX_TOKEN_ROWS; }
+// Not used by the model: tests/cpp/bench_attention on an H200 (sixteenth session, docs/benchmarks.md)
+// measured ggml's flash attention and gate ops faster at every T in 1..64 and n_kv in 256..8192 (one
+// token over 256 rows 9.7 against 11.5 us a layer, 16 tokens over 256 rows 17.7 against 22.8): these
+// kernels score on CUDA cores. Kept, with their tests and bench_attention, as the base of a
+// tensor-core kernel for verifies; the model takes an op again only where bench_attention shows it
+// faster.
 
 // The op. q [hd, H, T] F32 with contiguous rows (head and token strides multiples of 16 bytes: the
 // roped queries);
@@ -53,7 +49,7 @@ ggml_tensor * gated(ggml_context * ctx, ggml_tensor * q, ggml_tensor * k_cache, 
 
 // ggml's own ops for the same result, with the same arguments and result shape: flash attention over
 // the caches' first n_kv rows (any cache type ggml's flash attention takes), then the gate's cont,
-// sigmoid and product. The model's path where it does not take the op; the tests' reference.
+// sigmoid and product. The model's path (see above); the tests' reference.
 ggml_tensor * unfused(ggml_context * ctx, ggml_tensor * q, ggml_tensor * k_cache, ggml_tensor * v_cache, int64_t n_kv,
                       ggml_tensor * mask, ggml_tensor * gate, float scale);
 

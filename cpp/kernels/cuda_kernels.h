@@ -46,8 +46,7 @@ uint64_t tiles_declined();
 bool cuda_kernels_in(ggml_backend_buffer_t buffer);
 // Whether a DeltaNet layer whose weights are in `buffer` runs its steps (decode, a verify: up to
 // delta_net::MAX_TOKENS tokens) as the fused ops of delta_net_step.h: in host memory (the CPU
-// backend runs the ops' reference code) or where cuda_kernels_in. (A gated attention layer takes
-// attention_step.h's op only where cuda_kernels_in: qwen35.cpp's fused_attention.)
+// backend runs the ops' reference code) or where cuda_kernels_in.
 bool fused_ops_in(ggml_backend_buffer_t buffer);
 // How many fused DeltaNet step ops lucebox's CUDA kernels have run (graph captures count once).
 uint64_t delta_net_step_runs();

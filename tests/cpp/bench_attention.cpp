@@ -1,10 +1,10 @@
-// The fused gated attention op (cpp/kernels/attention_step.h) against what the model runs without it
+// The fused gated attention op (cpp/kernels/attention_step.h) against what the model runs
 // (ggml's flash attention, then the gate's cont, sigmoid and product), on the first GPU backend, for
 // the 27B's attention shape (heads of 256, 24 query heads on 4 KV heads, F16 caches, a causal mask):
 // LAYERS layers' own caches in one graph, as a step has 16. Prints us a layer, the minimum and the
 // median over the repetitions of one synchronous graph compute each (ggml's host work included, as
-// in a model step), and ggml / op; the outputs' max |diff| as a sanity check. The crossover sets
-// attention::preferred. Not a test (not registered with CTest).
+// in a model step), and ggml / op; the outputs' max |diff| as a sanity check. The model takes the op
+// only where this shows it faster (nowhere, so far). Not a test (not registered with CTest).
 // Usage: bench_attention [repetitions, default 20]
 #include <algorithm>
 #include <chrono>
@@ -110,9 +110,8 @@ int main(int argc, char ** argv) {
             const timing g = run(gpu, T, n_kv, false, reps, kv, qg);
             double d = 0.0;
             for (size_t i = 0; i < f.out0.size(); ++i) d = std::max(d, double(std::fabs(f.out0[i] - g.out0[i])));
-            std::printf("%4lld %6lld %6.1f/%6.1f %6.1f/%6.1f %7.2fx %10.3g%s\n", (long long) T, (long long) n_kv, f.min_us,
-                        f.median_us, g.min_us, g.median_us, g.min_us / f.min_us, d,
-                        at::preferred(T, n_kv) ? "  (model takes the op)" : "");
+            std::printf("%4lld %6lld %6.1f/%6.1f %6.1f/%6.1f %7.2fx %10.3g\n", (long long) T, (long long) n_kv, f.min_us,
+                        f.median_us, g.min_us, g.median_us, g.min_us / f.min_us, d);
             std::fflush(stdout);
         }
     ggml_backend_free(gpu);

@@ -1,10 +1,8 @@
-"""Where the model runs the fused gated attention op (cpp/kernels/attention_step.h; the choice is
-qwen35.cpp's fused_attention): not on the CPU backend, whose code for the op is the reference of
-lucebox's CUDA kernels and slower than ggml's vectorized flash attention, so a CPU model runs
-ggml's attention also for the head sizes the op takes (128, 256: the 27B's) and gives the same
-tokens with speculation (chains and DDTree trees). The op itself against ggml's attention, on the
-CPU and the GPU: tests/cpp/test_attention_step.cpp; inside the model on the GPU:
-tests/gpu/test_cuda_attention.py."""
+"""The model runs ggml's attention, not the fused gated attention op (cpp/kernels/attention_step.h:
+tests/cpp/bench_attention measured ggml's faster on an H200 at every token count and cache depth),
+also for the head sizes the op takes (128, 256: the 27B's), and gives the same tokens with
+speculation (chains and DDTree trees). The op itself against ggml's attention, on the CPU and the
+GPU: tests/cpp/test_attention_step.cpp."""
 from __future__ import annotations
 
 import numpy as np
@@ -24,7 +22,7 @@ def target(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     return str(path)
 
 
-def test_a_cpu_model_runs_ggml_attention(target: str) -> None:
+def test_the_model_runs_ggml_attention(target: str) -> None:
     engine = lucebox.Engine(target, ctx=512, device="cpu")
     p = [int(x) for x in np.random.default_rng(5).integers(0, 1000, 40)]
     before = _core.attention_step_runs()

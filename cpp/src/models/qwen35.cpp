@@ -610,17 +610,6 @@ ggml_tensor * build_delta_net(ggml_context * ctx, ggml_cgraph * gf, const qwen35
     return named(ggml_mul_mat(ctx, l.ssm_out, o), "gdn_out", il);
 }
 
-// Whether an attention layer's T-token batch over n_kv cache rows runs the fused gated attention op
-// (kernels/attention_step.h): a shape and cache types it takes, a batch it is faster for, its cache
-// where lucebox's CUDA kernels run it. Not on the CPU backend: there the op's code is the reference,
-// slower than ggml's vectorized flash attention (tests/cpp/bench_attention).
-bool fused_attention(const qwen35_hparams & hp, const ggml_tensor * k_cache, const ggml_tensor * v_cache, int64_t T,
-                     int64_t n_kv) {
-    return kernels::attention::supported(hp.head_dim, hp.n_head, hp.n_head_kv, k_cache->type, v_cache->type, T) &&
-           kernels::attention::preferred(T, n_kv) && kernels::cuda_kernels_in(k_cache->buffer) &&
-           kernels::cuda_kernels_in(v_cache->buffer);
-}
-
 // Gated full attention. x: [E, T] (normed) -> [E, T]. Writes this batch's K/V into the cache.
 ggml_tensor * build_gated_attention(ggml_context * ctx, ggml_cgraph * gf, const qwen35_hparams & hp,
                                     const qwen35_layer_weights & l, ggml_tensor * k_cache, ggml_tensor * v_cache,
@@ -653,10 +642,10 @@ ggml_tensor * build_gated_attention(ggml_context * ctx, ggml_cgraph * gf, const 
     ggml_build_forward_expand(gf, ggml_set_rows(ctx, v_cache, v, in.kv_rows));
 
     const float scale = hp.attn_scale != 0.0f ? hp.attn_scale : 1.0f / std::sqrt(float(hd));
-    // one op for the attention, the gate and its product where it is taken, else ggml's ops: [hd H, T]
-    ggml_tensor * att = fused_attention(hp, k_cache, v_cache, T, n_kv)
-                            ? kernels::attention::gated(ctx, q, k_cache, v_cache, n_kv, in.kq_mask, gate, scale)
-                            : kernels::attention::unfused(ctx, q, k_cache, v_cache, n_kv, in.kq_mask, gate, scale);
+    // [hd H, T]: ggml's flash attention and the gate's ops, faster than lucebox's fused op
+    // (kernels/attention_step.h) at every token count and cache depth tests/cpp/bench_attention measured
+    // on an H200 (docs/benchmarks.md)
+    ggml_tensor * att = kernels::attention::unfused(ctx, q, k_cache, v_cache, n_kv, in.kq_mask, gate, scale);
     att = named(att, "attn_gated", il);
     return named(ggml_mul_mat(ctx, l.wo, att), "attn_proj", il);
 }

@@ -63,6 +63,32 @@ __device__ __forceinline__ void warp_sum(float (&v)[N]) {
         for (int j = 0; j < N; ++j) v[j] += __shfl_xor_sync(0xffffffffu, v[j], off);
 }
 
+// The column whose warp total lane `lane` holds after warp_sum_scatter: lane bits 4, 3, 2 as column
+// bits 2, 1, 0 (four lanes, differing in bits 1 and 0, hold each column); column_lane(c) is the
+// first of them.
+__device__ __forceinline__ int scatter_column(int lane) {
+    return ((lane >> 4) & 1) << 2 | ((lane >> 3) & 1) << 1 | ((lane >> 2) & 1);
+}
+__device__ __forceinline__ int column_lane(int c) { return ((c >> 2) & 1) << 4 | ((c >> 1) & 1) << 3 | (c & 1) << 2; }
+
+// v[c] (8 columns) summed over the warp's lanes, returned for column scatter_column(lane) only: at
+// each distance (16, 8, 4 lanes) a lane sends the half of its columns its partner keeps, then the
+// last two distances add whole sums. 9 shuffles where warp_sum<8> takes 40, with warp_sum's additions
+// (the same pairs in the same order, so the same total). The recurrence's two sums a token are on its
+// dependency chain: H200 probe (bench/probes/delta_net_bench.cu, 48 heads), a 16-token verify 25.8 ->
+// 19.6 us a layer, a decode step 5.6 -> 5.3.
+__device__ __forceinline__ float warp_sum_scatter(const float (&v)[8], int lane) {
+    const bool b4 = lane & 16, b3 = lane & 8, b2 = lane & 4;
+    float w[4], x[2];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) w[j] = (b4 ? v[4 + j] : v[j]) + __shfl_xor_sync(0xffffffffu, b4 ? v[j] : v[4 + j], 16);
+#pragma unroll
+    for (int j = 0; j < 2; ++j) x[j] = (b3 ? w[2 + j] : w[j]) + __shfl_xor_sync(0xffffffffu, b3 ? w[j] : w[2 + j], 8);
+    float y = (b2 ? x[1] : x[0]) + __shfl_xor_sync(0xffffffffu, b2 ? x[0] : x[1], 4);
+    y += __shfl_xor_sync(0xffffffffu, y, 2);
+    return y + __shfl_xor_sync(0xffffffffu, y, 1);
+}
+
 constexpr int INPUT_PREFETCH = 16;  // tokens whose inputs a thread loads before it convolves them
 
 // The blocks of the inputs kernel: one per head-sized block of conv channels, then one per HEAD
@@ -199,11 +225,17 @@ __global__ void __launch_bounds__(HEAD / NC / REC_COLS * 32) recurrence_kernel(r
                 kv[cc] += S[cc].z * k.z;
                 kv[cc] += S[cc].w * k.w;
             }
-            warp_sum(kv);
+            static_assert(REC_COLS == 8, "warp_sum_scatter sums 8 columns");
+            // my column's delta, then every column's from the lanes holding it
+            const int mc = scatter_column(lane);
+            const float my_delta = (sv[t][cw + mc] - eg * warp_sum_scatter(kv, lane)) * b;
+            float deltas[REC_COLS];
+#pragma unroll
+            for (int cc = 0; cc < REC_COLS; ++cc) deltas[cc] = __shfl_sync(0xffffffffu, my_delta, column_lane(cc));
             float at[REC_COLS];
 #pragma unroll
             for (int cc = 0; cc < REC_COLS; ++cc) {
-                const float delta = (sv[t][cw + cc] - eg * kv[cc]) * b;
+                const float delta = deltas[cc];
                 S[cc].x = eg * S[cc].x + k.x * delta;
                 S[cc].y = eg * S[cc].y + k.y * delta;
                 S[cc].z = eg * S[cc].z + k.z * delta;
@@ -213,10 +245,8 @@ __global__ void __launch_bounds__(HEAD / NC / REC_COLS * 32) recurrence_kernel(r
                 at[cc] += S[cc].z * q.z;
                 at[cc] += S[cc].w * q.w;
             }
-            warp_sum(at);
-#pragma unroll
-            for (int cc = 0; cc < REC_COLS; ++cc)
-                if (lane == cc) so[t][cw + cc] = at[cc] * scale;
+            const float my_at = warp_sum_scatter(at, lane);
+            if ((lane & 3) == 0) so[t][cw + mc] = my_at * scale;
             if (a.state_mode == 1) {
                 float4 * slot = reinterpret_cast<float4 *>(a.state_dst + int64_t(a.T - 1 - (t0 + t)) * a.slot_stride + h * D);
 #pragma unroll

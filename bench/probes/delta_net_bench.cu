@@ -1,0 +1,145 @@
+// Speed of the fused DeltaNet step's recurrence kernel (cpp/kernels/delta_net_step.cuh) on the
+// Qwen3.6-27B DeltaNet shape (16 key heads, 48 value heads of 128) for a decode step (1 token) and
+// verifies (2..64 tokens): us a layer, and what each token after the first adds. Also prints a hash
+// of one layer's outputs and final state for each T and can write T = 16's (DIR), so that two builds
+// of a change can be compared. Correctness is tests/cpp/test_delta_net_step.cpp; this only times
+// (random inputs, unit-norm q and k).
+// Standalone (no ggml); on the GPU machine:
+//     nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Icpp/kernels -Itests/cpp \
+//          -o /tmp/gdn bench/probes/delta_net_bench.cu && /tmp/gdn [DIR: writes T = 16's results there]
+// 48 launches (48 layers' own states) are captured into one CUDA graph, as ggml runs a step.
+#include "cuda_check.h"
+#include "delta_net_step.cuh"
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace ds = lucebox::kernels::delta_net::cuda_step;
+
+namespace {
+
+constexpr int HEAD = ds::HEAD, HK = 16, HV = 48, LAYERS = 48, MAX_T = ds::MAX_TOKENS;
+constexpr int CONV = (2 * HK + HV) * HEAD;
+
+// FNV-1a over the bits of n floats
+uint64_t hash_of(const std::vector<float> & v) {
+    uint64_t h = 1469598103934665603ull;
+    for (float f : v) {
+        uint32_t b;
+        std::memcpy(&b, &f, 4);
+        for (int i = 0; i < 4; ++i) h = (h ^ ((b >> (8 * i)) & 0xFF)) * 1099511628211ull;
+    }
+    return h;
+}
+
+}  // namespace
+
+int main(int argc, char ** argv) {
+    const char * dump = argc > 1 ? argv[1] : nullptr;  // a directory: T = 16's out and state as raw floats
+    std::mt19937 rng(3);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::uniform_real_distribution<float> ud(0.0f, 1.0f);
+    // x: [MAX_T][CONV] q | k | v, then g (log decay) [MAX_T][HV], then beta [MAX_T][HV]
+    const size_t x_floats = size_t(MAX_T) * CONV + 2 * size_t(MAX_T) * HV;
+    std::vector<float> hx(x_floats);
+    for (int t = 0; t < MAX_T; ++t) {
+        float * row = hx.data() + size_t(t) * CONV;
+        for (int head = 0; head < 2 * HK; ++head) {  // q and k heads: unit norm, as the inputs kernel makes them
+            float ss = 0.0f;
+            for (int i = 0; i < HEAD; ++i) ss += (row[head * HEAD + i] = nd(rng)) * row[head * HEAD + i];
+            for (int i = 0; i < HEAD; ++i) row[head * HEAD + i] /= std::sqrt(ss);
+        }
+        for (int i = 2 * HK * HEAD; i < CONV; ++i) row[i] = nd(rng);
+    }
+    float * g = hx.data() + size_t(MAX_T) * CONV;
+    for (int i = 0; i < MAX_T * HV; ++i) g[i] = -0.2f * ud(rng);
+    for (int i = 0; i < MAX_T * HV; ++i) g[MAX_T * HV + i] = ud(rng);
+    const size_t state = size_t(HV) * HEAD * HEAD;
+    std::vector<float> hs(state), hz(size_t(MAX_T) * HV * HEAD), hn(HEAD);
+    for (auto & v : hs) v = 0.05f * nd(rng);
+    for (auto & v : hz) v = nd(rng);
+    for (auto & v : hn) v = 1.0f + 0.1f * nd(rng);
+
+    float *x, *z, *s0, *norm_w, *dst, *out;
+    CHECK_CUDA(cudaMalloc(&x, x_floats * 4));
+    CHECK_CUDA(cudaMalloc(&z, hz.size() * 4));
+    CHECK_CUDA(cudaMalloc(&s0, state * 4 * LAYERS));
+    CHECK_CUDA(cudaMalloc(&dst, state * 4 * LAYERS));
+    CHECK_CUDA(cudaMalloc(&norm_w, HEAD * 4));
+    CHECK_CUDA(cudaMalloc(&out, size_t(MAX_T) * HV * HEAD * 4));
+    CHECK_CUDA(cudaMemcpy(x, hx.data(), x_floats * 4, cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemcpy(z, hz.data(), hz.size() * 4, cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemcpy(norm_w, hn.data(), HEAD * 4, cudaMemcpyHostToDevice));
+    for (int l = 0; l < LAYERS; ++l) CHECK_CUDA(cudaMemcpy(s0 + l * state, hs.data(), state * 4, cudaMemcpyHostToDevice));
+
+    cudaStream_t stream;
+    CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    cudaEvent_t e0, e1;
+    CHECK_CUDA(cudaEventCreate(&e0));
+    CHECK_CUDA(cudaEventCreate(&e1));
+    auto args = [&](int T, int l) {
+        ds::recurrence_args a;
+        a.x = x;  // x's token stride is CONV; g and beta follow MAX_T tokens
+        a.x_tokens = MAX_T;
+        a.z = z;
+        a.z_stride = int64_t(HV) * HEAD;
+        a.s0 = s0 + l * state;
+        a.norm_w = norm_w;
+        a.state_dst = dst + l * state;
+        a.slot_stride = int64_t(state);
+        a.state_mode = 0;
+        a.out = out;
+        a.T = T;
+        a.Hk = HK;
+        a.Hv = HV;
+        a.eps = 1e-6f;
+        return a;
+    };
+    std::printf("recurrence kernel, %d value heads of %d, %d layers in one graph\n", HV, HEAD, LAYERS);
+    std::printf("%4s %10s %14s %18s\n", "T", "us/layer", "us/extra token", "hash (out, state)");
+    double us1 = 0.0;
+    for (int T : {1, 2, 4, 8, 16, 32, 64}) {
+        // one layer's results, for the hash
+        CHECK_CUDA(ds::run_recurrence(args(T, 0), stream));
+        CHECK_CUDA(cudaStreamSynchronize(stream));
+        std::vector<float> ho(size_t(T) * HV * HEAD), hd(state);
+        CHECK_CUDA(cudaMemcpy(ho.data(), out, ho.size() * 4, cudaMemcpyDeviceToHost));
+        CHECK_CUDA(cudaMemcpy(hd.data(), dst, state * 4, cudaMemcpyDeviceToHost));
+        const uint64_t h = hash_of(ho) ^ (hash_of(hd) * 31);
+        if (dump != nullptr && T == 16) {
+            for (auto [name, v] : {std::pair{"out16.f32", &ho}, std::pair{"state16.f32", &hd}}) {
+                const std::string path = std::string(dump) + "/" + name;
+                FILE * f = std::fopen(path.c_str(), "wb");
+                if (f == nullptr || std::fwrite(v->data(), 4, v->size(), f) != v->size()) std::exit(1);
+                std::fclose(f);
+            }
+        }
+
+        cudaGraph_t graph;
+        cudaGraphExec_t exec;
+        CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+        for (int l = 0; l < LAYERS; ++l) CHECK_CUDA(ds::run_recurrence(args(T, l), stream));
+        CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
+        CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+        for (int w = 0; w < 3; ++w) CHECK_CUDA(cudaGraphLaunch(exec, stream));
+        constexpr int REPS = 20;
+        CHECK_CUDA(cudaEventRecord(e0, stream));
+        for (int r = 0; r < REPS; ++r) CHECK_CUDA(cudaGraphLaunch(exec, stream));
+        CHECK_CUDA(cudaEventRecord(e1, stream));
+        CHECK_CUDA(cudaEventSynchronize(e1));
+        float ms = 0.0f;
+        CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
+        const double us = 1000.0 * ms / (REPS * LAYERS);
+        if (T == 1) us1 = us;
+        std::printf("%4d %10.2f %14.3f   %016llx\n", T, us, T > 1 ? (us - us1) / (T - 1) : 0.0, (unsigned long long) h);
+        CHECK_CUDA(cudaGraphExecDestroy(exec));
+        CHECK_CUDA(cudaGraphDestroy(graph));
+    }
+    return 0;
+}

@@ -8,8 +8,10 @@
 // warps), keeps its own online softmax per (token, head) in registers and accumulates the values,
 // each lane HD / 32 dims. The warps' (max, sum, sums) are then merged in warp order. One chunk: the
 // CTA writes the gated output; more: the chunk's (max, sum, unnormalized sums) into `partial`, and
-// `combine` adds the chunks in order. Both are programmatic dependent launches where the device
-// runs them. Header-only (no ggml) so that a standalone test can build it.
+// `combine` adds the chunks in order. A verify (T >= 2) on a device of compute capability >= 8.0
+// takes attend_mma_kernel instead (tensor cores, the same chunks and partials; see its comment).
+// All are programmatic dependent launches where the device runs them. Header-only (no ggml) so that
+// a standalone test can build it.
 #pragma once
 
 #include <cuda_fp16.h>

@@ -2,6 +2,8 @@
 // Qwen3.6-27B attention shape (24 query heads, 4 KV heads of 256, F16 cache) for decode and verify
 // token counts and cache depths: us per layer (attend + combine), and the K/V bytes read per second.
 // Correctness is tests/cpp/test_attention_step.cpp; this only times (random values, causal mask).
+// The kernel column: "mma" where a verify takes the tensor-core kernel (compute capability >= 8.0),
+// "cores" for the CUDA-core kernels (a decode step, older devices).
 // Standalone (no ggml); on the GPU machine:
 //     nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Icpp/kernels -Itests/cpp \
 //          -o /tmp/attn bench/probes/attention_bench.cu && /tmp/attn [--graph]
@@ -48,9 +50,11 @@ int main(int argc, char ** argv) {
     cudaEvent_t t0, t1;
     CHECK_CUDA(cudaEventCreate(&t0));
     CHECK_CUDA(cudaEventCreate(&t1));
-    std::printf("%6s %6s %8s %10s %9s\n", "T", "n_kv", "splits", "us/layer", "KV TB/s");
-    for (int T : {1, 16, 64})
-        for (int n_kv : {64, 256, 1024, 4096, 8192}) {
+    int dev = 0;
+    CHECK_CUDA(cudaGetDevice(&dev));
+    std::printf("%6s %6s %8s %7s %10s %9s\n", "T", "n_kv", "splits", "kernel", "us/layer", "KV TB/s");
+    for (int T : {1, 2, 16, 64})
+        for (int n_kv : {64, 256, 512, 1024, 2048, 4096, 8192}) {
             {  // causal: token t sees keys <= n_kv - T + t
                 std::vector<__half> hm(size_t(T) * n_kv);
                 for (int t = 0; t < T; ++t)
@@ -97,7 +101,8 @@ int main(int argc, char ** argv) {
             int chunk = 0, splits = 0;
             lucebox::kernels::attention::split_of(n_kv, chunk, splits);
             const double bytes = 2.0 * n_kv * HKV * HD * 2;  // K and V read once
-            std::printf("%6d %6d %8d %10.2f %9.2f\n", T, n_kv, splits, us, bytes / (us * 1e-6) / 1e12);
+            std::printf("%6d %6d %8d %7s %10.2f %9.2f\n", T, n_kv, splits, cs::takes_mma<HD>(T, dev) ? "mma" : "cores", us,
+                        bytes / (us * 1e-6) / 1e12);
         }
     return 0;
 }

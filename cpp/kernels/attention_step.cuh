@@ -8,8 +8,10 @@
 // warps), keeps its own online softmax per (token, head) in registers and accumulates the values,
 // each lane HD / 32 dims. The warps' (max, sum, sums) are then merged in warp order. One chunk: the
 // CTA writes the gated output; more: the chunk's (max, sum, unnormalized sums) into `partial`, and
-// `combine` adds the chunks in order. Both are programmatic dependent launches where the device
-// runs them. Header-only (no ggml) so that a standalone test can build it.
+// `combine` adds the chunks in order. A verify (T >= 2) on a device of compute capability >= 8.0
+// takes attend_mma_kernel instead (tensor cores, the same chunks and partials; see its comment).
+// All are programmatic dependent launches where the device runs them. Header-only (no ggml) so that
+// a standalone test can build it.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -19,6 +21,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "attention_mma_layout.h"
 #include "attention_split.h"
 #include "cuda_launch.cuh"
 
@@ -370,6 +373,237 @@ __global__ void __launch_bounds__(WARPS * 32, 1) attend_kernel(gated_args a, int
     }
 }
 
+// ---- The tensor-core kernel for T >= 2 (compute capability >= 8.0) ----
+// grid (splits, Hkv, row_blocks(T, G)), WARPS * 32 threads: one chunk of keys (the same chunks and
+// partial layout as attend_kernel, so combine_kernel is shared) of one KV head for up to
+// mma_layout::ROWS (token, head) rows of that head's group (attention_mma_layout.h: row t G + g;
+// rows >= T G are padding, never written). The CTA stages the chunk's keys 16 at a time (K and V
+// tiles [16][HD] f16, cp.async, two buffers, one block barrier a tile); warp w scores its 16 rows
+// against a tile with mma.sync m16n8k16 (q as f16 A fragments kept in registers, K's B fragments
+// by ldmatrix), adds the mask, keeps each row's online softmax (f32; max across a row's 4 lanes,
+// each lane its own share of the row's sum), rounds P to f16 A fragments and adds P V into f32
+// accumulators (V's B fragments by ldmatrix.trans). A row's operations involve only its own q, its
+// own token's mask row and the chunk's keys: its bits do not depend on the other rows of its CTA,
+// so on the T; they differ from the decode kernel's (attend_kernel<HD, 1>: f32 q and P) within the
+// f16 rounding of q and P. Scores are scale (q . k) + mask as in the CPU reference, with q unscaled.
+namespace ml = mma_layout;
+static_assert(ml::WARPS == WARPS, "one CTA shape for both kernels");
+static_assert(MIN_CHUNK % ml::TILE_KEYS == 0, "chunks of whole tiles (but the last chunk's end)");
+
+template <int HD>
+__host__ __device__ constexpr int mma_row_bytes() { return HD * 2 + 16; }  // 16 bytes of padding: ldmatrix's 8 rows on distinct banks
+// [2 buffers][K, V][TILE_KEYS keys][mma_row_bytes]
+template <int HD>
+__host__ __device__ constexpr int attend_mma_smem() { return 2 * 2 * ml::TILE_KEYS * mma_row_bytes<HD>(); }
+static_assert(attend_mma_smem<256>() <= 48 * 1024, "no shared-memory attribute needed");
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+// Four 8 x 8 b16 matrices from shared memory (attention_mma_layout.h), plain or transposed.
+__device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], const void * p) {
+    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(p));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s)
+                 : "memory");
+}
+__device__ __forceinline__ void ldsm_x4_trans(unsigned (&r)[4], const void * p) {
+    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(p));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s)
+                 : "memory");
+}
+// d += a b: a 16 x 16 f16 A fragment, (b0, b1) a 16 x 8 f16 B fragment, d a 16 x 8 f32 C fragment.
+__device__ __forceinline__ void mma_16816(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ unsigned half2_bits(__half2 h) { return *reinterpret_cast<unsigned *>(&h); }
+#endif
+
+template <int HD>
+__global__ void __launch_bounds__(WARPS * 32, 1) attend_mma_kernel(gated_args a, int chunk, int splits) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    constexpr int TK = ml::TILE_KEYS;
+    constexpr int KS = HD / 16;                                          // the scores' K steps
+    constexpr int NT = HD / 8;                                           // the values' N tiles (8 dims)
+    constexpr int ROW = mma_row_bytes<HD>(), VECS = HD * 2 / 16;         // a staged row; its 16-byte vectors
+    constexpr int BUF = 2 * TK * ROW;                                    // a buffer: K tile, then V tile
+    extern __shared__ __align__(16) uint8_t smem[];
+    const int G = a.H / a.Hkv, rows = a.T * G;
+    const int split = blockIdx.x, kvh = blockIdx.y, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int wrow0 = blockIdx.z * ml::ROWS + warp * ml::WARP_ROWS;  // the warp's first row
+    const bool active = wrow0 < rows;                                // (warp-uniform) any row of its own
+    const int j0 = split * chunk, j1 = min(a.n_kv, j0 + chunk);
+    const int n_tiles = (j1 - j0 + TK - 1) / TK;
+    const int place = ml::place_of(lane);
+    // the lane's rows x = 0, 1: row wrow0 + group + 8 x, its token (-1: padding) and query head
+    auto row_at = [&](int x) { return wrow0 + ml::group_of(lane) + 8 * x; };
+    auto head_at = [&](int x) { return kvh * G + ml::head_of_row(row_at(x), G); };
+    int tok[2];
+#pragma unroll
+    for (int x = 0; x < 2; ++x) tok[x] = row_at(x) < rows ? ml::token_of_row(row_at(x), G) : -1;
+    cuda::launch_dependents();
+    cuda::wait_for_previous();  // q, the cache rows, the mask and the gate are the previous kernels'
+    auto stage = [&](int i) {   // tile i's K and V rows into buffer i % 2, one commit group (empty past the end)
+        if (i < n_tiles) {
+            uint8_t * st = smem + (i % 2) * BUF;
+            const int base = j0 + i * TK;
+#pragma unroll
+            for (int idx = tid; idx < 2 * TK * VECS; idx += WARPS * 32) {
+                const int m = idx / (TK * VECS), r = (idx / VECS) % TK, c = idx % VECS;
+                const bool in = base + r < j1;  // keys past the chunk: zeros (finite scores, zero values)
+                const __half * src = (m == 0 ? a.k + int64_t(in ? base + r : 0) * a.k_row
+                                             : a.v + int64_t(in ? base + r : 0) * a.v_row) + int64_t(kvh) * HD + 8 * c;
+                cp_async16(st + (m * TK + r) * ROW + 16 * c, src, in ? 16 : 0);
+            }
+        }
+        cp_async_commit();
+    };
+    // tile i's mask values of the lane's score elements as halves: mk[x][n] = keys 8 n + 2 place + {0, 1}
+    // of row x (-inf for keys past the chunk, padding rows and tiles past the end)
+    auto mask_of = [&](int i, __half2 (&mk)[2][2]) {
+        const int base = j0 + i * TK;
+        const __half ninf = __float2half(-INFINITY);
+#pragma unroll
+        for (int x = 0; x < 2; ++x) {
+            const __half * mrow = a.mask + int64_t(max(tok[x], 0)) * a.mask_row;
+#pragma unroll
+            for (int n = 0; n < 2; ++n) {
+                const int j = base + 8 * n + 2 * place;
+                const bool ok = i < n_tiles && tok[x] >= 0;
+                mk[x][n] = __halves2half2(ok && j < j1 ? __ldcg(mrow + j) : ninf, ok && j + 1 < j1 ? __ldcg(mrow + j + 1) : ninf);
+            }
+        }
+    };
+    stage(0);
+    // q of the lane's rows as A fragments, K step ks: qf[ks][reg] (f16, unscaled; zeros for padding rows)
+    unsigned qf[KS][4];
+    __half2 mk[2][2];
+    if (active) {
+        const float * qrow[2];
+#pragma unroll
+        for (int x = 0; x < 2; ++x) qrow[x] = a.q + int64_t(max(tok[x], 0)) * a.q_token + int64_t(head_at(x)) * a.q_head;
+#pragma unroll
+        for (int ks = 0; ks < KS; ++ks)
+#pragma unroll
+            for (int reg = 0; reg < 4; ++reg) {
+                const ml::rc e = ml::a_elem(lane, 2 * reg);
+                const int x = ml::a_half(2 * reg);
+                const float2 v = tok[x] >= 0 ? __ldcg(reinterpret_cast<const float2 *>(qrow[x] + 16 * ks + e.col))
+                                       : make_float2(0.0f, 0.0f);
+                qf[ks][reg] = half2_bits(__floats2half2_rn(v.x, v.y));
+            }
+        mask_of(0, mk);
+    }
+    float o[NT][4];  // the lane's C fragments of its rows' unnormalized value sums, dims 8 n ..
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[n][e] = 0.0f;
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};  // l_run: the lane's share of the sum
+    const ml::rc ksrc = ml::k_ldsm_src(lane), vsrc = ml::v_ldsm_src(lane);
+    for (int i = 0; i < n_tiles; ++i) {
+        cp_async_wait<0>();  // this thread's copies of tile i are in
+        __syncthreads();     // everyone's are; every warp is done with tile i - 1, whose buffer tile i + 1 takes
+        stage(i + 1);
+        if (!active) continue;
+        const uint8_t * sk = smem + (i % 2) * BUF;
+        const uint8_t * sv = sk + TK * ROW;
+        // scores of keys 0-7 (s[0]) and 8-15 (s[1]) of the tile
+        float s[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+        const uint8_t * kp = sk + ksrc.row * ROW + 2 * ksrc.col;
+#pragma unroll
+        for (int ks = 0; ks < KS; ++ks) {
+            unsigned b[4];
+            ldsm_x4(b, kp + 32 * ks);
+            mma_16816(s[0], qf[ks], b[0], b[1]);
+            mma_16816(s[1], qf[ks], b[2], b[3]);
+        }
+        // scale q.k + mask; element e of s[n] is row e / 2, key 8 n + 2 place + e % 2
+#pragma unroll
+        for (int n = 0; n < 2; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const float2 mf = __half22float2(mk[e / 2][n]);
+                s[n][e] = fmaf(a.scale, s[n][e], e % 2 ? mf.y : mf.x);
+            }
+        // online softmax per row: the tile's max over the row's 4 lanes (the same bits in each)
+        float factor[2];
+#pragma unroll
+        for (int x = 0; x < 2; ++x) {
+            float mx = fmaxf(fmaxf(s[0][2 * x], s[0][2 * x + 1]), fmaxf(s[1][2 * x], s[1][2 * x + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float m_new = fmaxf(m_run[x], mx);
+            factor[x] = m_new == -INFINITY ? 1.0f : expf(m_run[x] - m_new);
+            m_run[x] = m_new;
+#pragma unroll
+            for (int n = 0; n < 2; ++n)
+#pragma unroll
+                for (int b = 0; b < 2; ++b) s[n][2 * x + b] = m_new == -INFINITY ? 0.0f : expf(s[n][2 * x + b] - m_new);
+        }
+        // P as the values' A fragment (attention_mma_layout.h's p_source); the sums take the rounded P
+        unsigned pa[4];
+#pragma unroll
+        for (int reg = 0; reg < 4; ++reg) {
+            const ml::p_src ps = ml::p_source(reg);
+            const __half2 h = __floats2half2_rn(s[ps.tile][2 * ps.pair], s[ps.tile][2 * ps.pair + 1]);
+            pa[reg] = half2_bits(h);
+            const float2 hf = __half22float2(h);
+            l_run[ps.pair] = reg < 2 ? l_run[ps.pair] * factor[ps.pair] + (hf.x + hf.y) : l_run[ps.pair] + (hf.x + hf.y);
+        }
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) o[n][e] *= factor[e / 2];
+        const uint8_t * vp = sv + vsrc.row * ROW + 2 * vsrc.col;
+#pragma unroll
+        for (int n2 = 0; n2 < NT / 2; ++n2) {
+            unsigned b[4];
+            ldsm_x4_trans(b, vp + 32 * n2);
+            mma_16816(o[2 * n2], pa, b[0], b[1]);
+            mma_16816(o[2 * n2 + 1], pa, b[2], b[3]);
+        }
+        mask_of(i + 1, mk);  // the next tile's (in flight over the barrier and the next scores)
+    }
+    cp_async_wait<0>();
+    if (!active) return;  // (no block barrier follows)
+    // each row's sum over its 4 lanes (the same bits in each), then the gated output or the chunk's partial
+#pragma unroll
+    for (int x = 0; x < 2; ++x) {
+        float l = l_run[x];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        if (tok[x] < 0) continue;
+        const int t = tok[x], h = head_at(x);
+        if (splits == 1) {
+            const float * gv = a.gate + int64_t(t) * a.gate_token + int64_t(h) * a.gate_head;
+            float * dst = a.out + int64_t(t) * a.out_token + int64_t(h) * HD;
+#pragma unroll
+            for (int n = 0; n < NT; ++n)
+#pragma unroll
+                for (int b = 0; b < 2; ++b) {
+                    const int d = 8 * n + ml::c_elem(lane, 2 * x + b).col;
+                    dst[d] = (l > 0.0f ? o[n][2 * x + b] / l : 0.0f) * sigmoid(__ldcg(gv + d));
+                }
+        } else {
+            float * p = a.partial + ((int64_t(t) * a.H + h) * splits + split) * (2 + HD);
+            if (place == 0) {
+                p[0] = m_run[x];
+                p[1] = l;
+            }
+#pragma unroll
+            for (int n = 0; n < NT; ++n)
+#pragma unroll
+                for (int b = 0; b < 2; ++b) p[2 + 8 * n + ml::c_elem(lane, 2 * x + b).col] = o[n][2 * x + b];
+        }
+    }
+#endif
+}
+
 // grid (H, T), HD threads: the chunks of (t, h) added in order, normalized, gated. The chunks are
 // read BATCH at a time, every load of a batch issued before its sums (an online max across batches).
 template <int HD>
@@ -425,13 +659,29 @@ cudaError_t launch_attend(const gated_args & a, int dev, int chunk, int splits, 
 }
 
 template <int HD>
+cudaError_t launch_attend_mma(const gated_args & a, int dev, int chunk, int splits, cudaStream_t stream) {
+    const dim3 grid(splits, a.Hkv, ml::row_blocks(a.T, a.H / a.Hkv));
+    return cuda::launch(attend_mma_kernel<HD>, grid, dim3(WARPS * 32), attend_mma_smem<HD>(), stream,
+                        cuda::pdl_kernel<attend_mma_kernel<HD>>(dev), a, chunk, splits);
+}
+
+// Whether T tokens take the tensor-core kernel on device dev: a verify (T >= 2) where the kernel
+// runs code for compute capability >= 8.0 (mma.sync m16n8k16, ldmatrix, cp.async).
+template <int HD>
+bool takes_mma(int T, int dev) {
+    return T >= 2 && cuda::code_at_least<attend_mma_kernel<HD>, 80>(dev);
+}
+
+template <int HD>
 cudaError_t launch_hd(const gated_args & a, int dev, cudaStream_t stream) {
     int chunk = 0, splits = 0;
     split_of(a.n_kv, chunk, splits);
     if (dev < 0 || dev >= 64) return cudaErrorInvalidDevice;
-    // one token a CTA for a decode step (fewer registers); two share the staged rows otherwise
-    cudaError_t err = a.T == 1 ? launch_attend<HD, 1>(a, dev, chunk, splits, stream)
-                               : launch_attend<HD, MAX_TOK>(a, dev, chunk, splits, stream);
+    // a decode step: one token a CTA on CUDA cores; a verify: the tensor-core kernel, else (devices
+    // before 8.0) two tokens a CTA on CUDA cores sharing the staged rows
+    cudaError_t err = a.T == 1            ? launch_attend<HD, 1>(a, dev, chunk, splits, stream)
+                      : takes_mma<HD>(a.T, dev) ? launch_attend_mma<HD>(a, dev, chunk, splits, stream)
+                                              : launch_attend<HD, MAX_TOK>(a, dev, chunk, splits, stream);
     if (err != cudaSuccess || splits == 1) return err;
     return cuda::launch(combine_kernel<HD>, dim3(a.H, a.T), dim3(HD), 0, stream,
                         cuda::pdl_kernel<combine_kernel<HD>>(dev), a, splits);

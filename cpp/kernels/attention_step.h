@@ -9,8 +9,10 @@
 // rows in view; mask values -inf hide a row, a tree's ancestor mask included). GGML_OP_CUSTOM: the
 // CPU backend runs gated_cpu below (the reference), ggml's CUDA backend hands the node to lucebox's
 // kernels (attention_step.cuh, through ggml patch 0007's custom-op hook). A token's result does not
-// depend on how many tokens the op has (a decode step and a verify of the same token compute the
-// same bits, on either backend). Plain C++: compiled in every build.
+// depend on how many tokens the op has on the CPU (a decode step and a verify of the same token
+// compute the same bits); on CUDA it is the same bits for every T >= 2 and, on devices of compute
+// capability >= 8.0 (the tensor-core verify kernel: q and P in f16), within that rounding of the
+// decode step's. Plain C++: compiled in every build.
 #pragma once
 
 #include <cstdint>

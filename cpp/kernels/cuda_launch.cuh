@@ -47,20 +47,31 @@ inline bool pdl_off_by_env() {
 // GGML_CUDA_PDL=0).
 inline bool pdl_device(int dev) { return device_major(dev) >= 9 && !pdl_off_by_env(); }
 
-// Whether `kernel` runs code compiled for compute capability >= 9.0 on device dev (>= 9.0), not
-// code JIT-compiled from older PTX, which has no griddepcontrol (it would read its inputs too early)
-// and no cluster instructions. Asked once per kernel and device.
-template <auto Kernel>
-bool sm90_code(int dev) {
+// Whether `Kernel` runs on device dev code compiled for compute capability >= V (the PTX version of
+// the image the device loads: SASS built from it, or PTX JIT-compiled), not code from older PTX
+// (which the kernel may compile to a stub where it needs newer instructions). False where the
+// device has no image of the kernel. Asked once per kernel and device.
+template <auto Kernel, int V>
+bool code_at_least(int dev) {
     static int known[64] = {};  // this kernel, per device: 0 not asked yet, 1 yes, -1 no
-    if (dev < 0 || dev >= 64 || device_major(dev) < 9) return false;
+    if (dev < 0 || dev >= 64) return false;
     int k = __atomic_load_n(&known[dev], __ATOMIC_ACQUIRE);
     if (k == 0) {
         cudaFuncAttributes fa = {};
-        k = cudaFuncGetAttributes(&fa, Kernel) == cudaSuccess && fa.ptxVersion >= 90 ? 1 : -1;
+        const cudaError_t e = cudaFuncGetAttributes(&fa, Kernel);
+        if (e != cudaSuccess) (void) cudaGetLastError();  // (no image for this device: not left for a later check)
+        k = e == cudaSuccess && fa.ptxVersion >= V ? 1 : -1;
         __atomic_store_n(&known[dev], k, __ATOMIC_RELEASE);
     }
     return k == 1;
+}
+
+// Whether `kernel` runs code compiled for compute capability >= 9.0 on device dev (>= 9.0), not
+// code JIT-compiled from older PTX, which has no griddepcontrol (it would read its inputs too early)
+// and no cluster instructions.
+template <auto Kernel>
+bool sm90_code(int dev) {
+    return device_major(dev) >= 9 && code_at_least<Kernel, 90>(dev);
 }
 
 // Whether `kernel` launches with PDL on this device.

@@ -7,11 +7,11 @@
 # Usage: bash scripts/offline_tree.sh DIR [PYTHON]
 set -euo pipefail
 DIR="${1:?usage: bash scripts/offline_tree.sh DIR [PYTHON]}"
+mkdir -p "$DIR"
+DIR="$(cd "$DIR" && pwd)"  # before pinned_setup moves to the checkout: DIR is relative to the caller
 source "$(dirname "$0")/pinned_source.sh"
 pinned_setup offline_tree "${2:-python3}"
 pinned_archive
-mkdir -p "$DIR"
-DIR="$(cd "$DIR" && pwd)"
 rm -rf "$DIR/llama.cpp" "$DIR/.extract"
 mkdir "$DIR/.extract"
 top="llama_cpp_python-$(pin version)"  # the sdist's root

@@ -40,13 +40,11 @@ void set_weight_tiles_enabled(bool enabled);
 // Fused products of tiled weights the hook left to ggml to split (lucebox's graphs build none).
 uint64_t tiles_declined();
 
-// Whether `buffer` is a CUDA device buffer (not a tensor split's meta buffer) while lucebox's
-// kernels are installed and enabled: its tensors' fused ops run on lucebox's kernels (through ggml
-// patch 0007). Asked when a graph is built (graphs built before keep their ops).
-bool cuda_kernels_in(ggml_backend_buffer_t buffer);
 // Whether a DeltaNet layer whose weights are in `buffer` runs its steps (decode, a verify: up to
 // delta_net::MAX_TOKENS tokens) as the fused ops of delta_net_step.h: in host memory (the CPU
-// backend runs the ops' reference code) or where cuda_kernels_in.
+// backend runs the ops' reference code) or a CUDA device buffer (not a tensor split's meta buffer)
+// while lucebox's kernels are installed and enabled (through ggml patch 0007). Asked when a graph is
+// built (graphs built before keep their ops).
 bool fused_ops_in(ggml_backend_buffer_t buffer);
 // How many fused DeltaNet step ops lucebox's CUDA kernels have run (graph captures count once).
 uint64_t delta_net_step_runs();

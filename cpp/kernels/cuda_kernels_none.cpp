@@ -13,7 +13,6 @@ void set_gdn_prefill_enabled(bool) {}
 bool tile_weights_in(ggml_backend_buffer_t) { return false; }
 void set_weight_tiles_enabled(bool) {}
 uint64_t tiles_declined() { return 0; }
-bool cuda_kernels_in(ggml_backend_buffer_t) { return false; }
 bool fused_ops_in(ggml_backend_buffer_t buffer) { return buffer != nullptr && ggml_backend_buffer_is_host(buffer); }
 uint64_t delta_net_step_runs() { return 0; }
 uint64_t attention_step_runs() { return 0; }

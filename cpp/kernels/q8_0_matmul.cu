@@ -178,12 +178,9 @@ bool tile_weights_in(ggml_backend_buffer_t buffer) {
     return dev >= 0 && q8_0::detail::device_major(dev) >= 8;
 }
 
-bool cuda_kernels_in(ggml_backend_buffer_t buffer) {
-    return buffer != nullptr && g_installed.load() && g_enabled.load() && cuda_device_of(buffer) >= 0;
-}
-
 bool fused_ops_in(ggml_backend_buffer_t buffer) {
-    return buffer != nullptr && (ggml_backend_buffer_is_host(buffer) || cuda_kernels_in(buffer));
+    if (buffer == nullptr) return false;
+    return ggml_backend_buffer_is_host(buffer) || (g_installed.load() && g_enabled.load() && cuda_device_of(buffer) >= 0);
 }
 
 void set_weight_tiles_enabled(bool enabled) { g_tiles_enabled.store(enabled); }

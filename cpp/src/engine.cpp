@@ -220,7 +220,7 @@ struct engine::impl {
         }
         const int threads = cfg.n_threads > 0 ? cfg.n_threads
                                               : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-        ggml_backend_cpu_set_n_threads(cpu_backend, threads);
+        configure_cpu_backend(cpu_backend, threads);
 
         if (cfg.split == "layer") {
             split = std::make_unique<layer_split>(cfg, target, threads, draft_spec, draft ? dev : nullptr, progress);

@@ -91,6 +91,11 @@ std::string canonical_device(const std::string & spec) {
     return s;
 }
 
+void configure_cpu_backend(ggml_backend_t cpu, int n_threads) {
+    ggml_backend_cpu_set_n_threads(cpu, n_threads);
+    ggml_backend_cpu_set_use_ref(cpu, true);
+}
+
 ggml_backend_dev_t resolve_device(const std::string & spec) {
     kernels::install_cuda_kernels();  // before any CUDA backend computes (a no-op without CUDA)
     std::vector<ggml_backend_dev_t> gpus = gpu_devices();
@@ -293,10 +298,10 @@ layer_split::layer_split(const engine_config & cfg, const target_model_file & ta
                 throw unsupported_error("could not initialise device " + cfg.devices[i]);
             }
             if (ggml_backend_dev_type(sh.dev) == GGML_BACKEND_DEVICE_TYPE_CPU) {
-                ggml_backend_cpu_set_n_threads(sh.backend, n_threads);
+                configure_cpu_backend(sh.backend, n_threads);
             } else if (cpu_fallback_ == nullptr) {
                 cpu_fallback_ = ggml_backend_init_by_type(GGML_BACKEND_DEVICE_TYPE_CPU, nullptr);
-                ggml_backend_cpu_set_n_threads(cpu_fallback_, n_threads);
+                configure_cpu_backend(cpu_fallback_, n_threads);
             }
         }
         // Which tensors each shard loads.

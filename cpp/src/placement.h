@@ -34,6 +34,15 @@ std::string canonical_device(const std::string & spec);
 ggml_backend_dev_t resolve_device(const std::string & spec);
 std::string available_devices();  // "CPU, CUDA0, ..."
 
+// Sets up a CPU backend lucebox computes on: n_threads threads, and ggml's reference flash
+// attention (ggml_backend_cpu_set_use_ref), whose result for a query row does not depend on how
+// many rows the batch has or on the thread count; ggml's faster CPU paths do (a tiled GEMM path
+// from 64 query rows on, a KV split over the threads for one row over >= 512 cache rows), which
+// would make a prompt's results depend on where it is cut into micro-batches (a prefix-cache
+// restore point) and a decode step round differently from a verify of the same token. The
+// reference mode also turns off ggml's CPU op fusion.
+void configure_cpu_backend(ggml_backend_t cpu, int n_threads);
+
 // The checks of engine_config that concern placement (split, devices, layer_proportions,
 // draft_device, and the modes a split does not support). Throws config_error. Device presence is
 // checked at construction (resolve_device).

@@ -263,11 +263,11 @@ tensor_split::tensor_split(const engine_config & cfg, const target_model_file & 
         for (size_t j = 0; j < ggml_backend_meta_n_backends(meta_); ++j) {
             ggml_backend_t simple = ggml_backend_meta_simple_backend(meta_, j);
             if (ggml_backend_dev_type(ggml_backend_get_device(simple)) == GGML_BACKEND_DEVICE_TYPE_CPU) {
-                ggml_backend_cpu_set_n_threads(simple, n_threads);
+                configure_cpu_backend(simple, n_threads);
             }
         }
         cpu_ = ggml_backend_init_by_type(GGML_BACKEND_DEVICE_TYPE_CPU, nullptr);
-        ggml_backend_cpu_set_n_threads(cpu_, n_threads);
+        configure_cpu_backend(cpu_, n_threads);
 
         weights_ = tensor_store::load(target.file, tensors_to_load(target.file, qwen35_tensor_specs(hp)),
                                       buffer_type(), meta_dev_, progress);

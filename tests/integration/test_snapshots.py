@@ -220,3 +220,40 @@ def test_out_of_memory_for_snapshot_data_names_the_bytes(tmp_path: Path) -> None
         pytest.skip("the file system cannot hold an 8 TiB sparse file")
     with pytest.raises(lucebox.OutOfMemoryError, match=r"host snapshot: it needs 8192\.00 GiB \(8796093022208 bytes\)"):
         lucebox.load_snapshot(path)
+
+
+@pytest.mark.parametrize("ubatch", [512, 64])
+def test_a_restore_anywhere_gives_a_cold_prefills_bits(pair: tuple[str, str], ubatch: int) -> None:
+    """The prefix cache's contract on the CPU: a prompt evaluated as a restored prefix plus the rest
+    gives the same logits, bit for bit, as one cold evaluation, wherever the restore point is. The
+    points cross ggml's CPU attention thresholds that lucebox turns off (configure_cpu_backend): a
+    tiled path from 64 query rows on (suffixes of 63 / 64 / 65 rows) and a KV split over the threads
+    for one row over >= 512 cache rows (the 1- and 2-token suffixes over ~700 rows)."""
+    target, _ = pair
+    engine = lucebox.Engine(target, ctx=2048, device="cpu", ubatch=ubatch, threads=2)
+    prompt = _prompt(700, 5)
+    cold = np.asarray(engine.session().eval(prompt, all_logits=False))
+    for k in (1, 100, 511, 512, 513, 635, 636, 637, 650, 698, 699):
+        first = engine.session()
+        first.eval(prompt[:k])
+        warm = engine.session()
+        warm.restore(first.snapshot())
+        got = np.asarray(warm.eval(prompt[k:], all_logits=False))
+        assert np.array_equal(got, cold), f"restore at {k}: max |diff| {np.abs(got - cold).max()}"
+
+
+def test_a_tokens_logits_do_not_depend_on_its_batch(pair: tuple[str, str]) -> None:
+    """A token's logits on the CPU are the same bits whether it is evaluated alone (one query row
+    over > 512 cache rows) or inside a batch of 16 or 100 (what makes a decode step and a verify of
+    the same token agree, and a restore agree with a cold prefill)."""
+    target, _ = pair
+    engine = lucebox.Engine(target, ctx=2048, device="cpu", threads=2)
+    prompt, more = _prompt(600, 6), _prompt(100, 7)
+    rows = {}
+    for batch in (1, 16, 100):
+        s = engine.session()
+        s.eval(prompt)
+        out = [np.asarray(s.eval(more[i:i + batch], all_logits=True)) for i in range(0, 16, batch)] \
+            if batch < 100 else [np.asarray(s.eval(more, all_logits=True))[:16]]
+        rows[batch] = np.concatenate([o.reshape(-1, o.shape[-1]) for o in out])[:16]
+    assert np.array_equal(rows[1], rows[16]) and np.array_equal(rows[1], rows[100])

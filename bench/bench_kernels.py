@@ -69,8 +69,7 @@ KERNEL_KINDS = (("quantize_columns", "activation quantization"), ("q8_0::detail:
                 ("mul_mat", "ggml products"), ("gemm", "cuBLAS GEMMs"), ("cutlass", "cuBLAS GEMMs"),
                 ("bf16_dequant", "BF16 dequantization"), ("gated_delta_net", "gated delta net"),
                 ("delta_net::cuda_step::recurrence", "DeltaNet step: recurrence"),
-                ("delta_net::cuda_step::inputs", "DeltaNet step: inputs"),
-                ("attention::cuda_step", "attention (lucebox's op)"), ("flash_attn", "attention"),
+                ("delta_net::cuda_step::inputs", "DeltaNet step: inputs"), ("flash_attn", "attention"),
                 ("Memcpy", "copies"), ("cpy", "copies"))
 
 

@@ -2,7 +2,6 @@
 #include <pybind11/stl.h>
 
 #include "cuda_kernels.h"
-#include "attention_step.h"
 #include "delta_net_step.h"
 #include "lucebox/system.h"
 #include "weight_tiles.h"
@@ -43,9 +42,6 @@ void register_system(py::module_ & m) {
           "How many row-tiled weight ranges (matrices or stacks) are loaded now.");
     m.def("delta_net_step_runs", [] { return kernels::delta_net_step_runs() + kernels::delta_net::cpu_runs(); },
           "How many fused DeltaNet step ops (cpp/kernels/delta_net_step.h) have run, on the CPU or on lucebox's "
-          "CUDA kernels (a captured CUDA graph counts once).");
-    m.def("attention_step_runs", [] { return kernels::attention_step_runs() + kernels::attention::cpu_runs(); },
-          "How many fused gated attention ops (cpp/kernels/attention_step.h) have run, on the CPU or on lucebox's "
           "CUDA kernels (a captured CUDA graph counts once).");
     m.def("tiles_declined", &kernels::tiles_declined,
           "Fused products of row-tiled weights that lucebox's kernel left to ggml to split (expected 0).");

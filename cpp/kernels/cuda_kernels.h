@@ -48,8 +48,6 @@ uint64_t tiles_declined();
 bool fused_ops_in(ggml_backend_buffer_t buffer);
 // How many fused DeltaNet step ops lucebox's CUDA kernels have run (graph captures count once).
 uint64_t delta_net_step_runs();
-// How many fused attention ops lucebox's CUDA kernels have run (graph captures count once).
-uint64_t attention_step_runs();
 
 // Whether the current CUDA device runs lucebox's kernels (compute capability >= 8.0; cached per device).
 bool device_runs_own_kernels();
@@ -57,10 +55,6 @@ bool device_runs_own_kernels();
 // How many gated delta nets lucebox's prefill kernel (gdn_prefill.cuh, ggml patch 0005) has run in
 // this process: tests check that it was used.
 uint64_t gdn_prefill_runs();
-
-// The fused gated attention node (attention_step.h) for patch 0007's custom-op hook: runs it on
-// `stream` (NULL: only whether it would) and returns 1, or 0 for another node (attention_step.cu).
-int attention_custom_op(const ggml_tensor * dst, void * stream);
 
 // Parts of install_cuda_kernels / set_cuda_kernels_enabled (gdn_prefill.cu).
 void install_gdn_prefill();

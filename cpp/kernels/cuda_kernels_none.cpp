@@ -15,7 +15,6 @@ void set_weight_tiles_enabled(bool) {}
 uint64_t tiles_declined() { return 0; }
 bool fused_ops_in(ggml_backend_buffer_t buffer) { return buffer != nullptr && ggml_backend_buffer_is_host(buffer); }
 uint64_t delta_net_step_runs() { return 0; }
-uint64_t attention_step_runs() { return 0; }
 void install_delta_net_step() {}
 
 }  // namespace lucebox::kernels

@@ -1,5 +1,6 @@
 // What lucebox's CUDA kernels share about launching: cached device attributes and programmatic
-// dependent launches (PDL) as ggml's CUDA backend uses them. A kernel launched with PDL may start
+// dependent launches (PDL) as ggml's CUDA backend uses them (and, at the end, the 16-byte cp.async
+// copies that q8_0_matmul.cuh and gdn_prefill.cuh stage their inputs with). A kernel launched with PDL may start
 // while the stream's previous kernel still runs; it must `griddepcontrol.wait` before it reads
 // that kernel's results (and read them with coherent loads, never through restrict-qualified
 // const pointers), and may `griddepcontrol.launch_dependents` to let the next one start early.
@@ -176,6 +177,21 @@ __device__ __forceinline__ void wait_for_previous() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
+}
+
+// 16 bytes global -> shared, asynchronously (cp.async.cg: through L2 only; compute capability >= 8.0);
+// src_bytes < 16 reads that many and fills the rest with zeros (0: reads nothing). Both addresses
+// 16-byte aligned. The copies a thread issued since its last cp_async_commit form one group;
+// cp_async_wait<N> waits until at most N of its groups are still in flight (then a barrier makes
+// the data visible to other threads).
+__device__ __forceinline__ void cp_async16(void * smem_dst, const void * global_src, int src_bytes = 16) {
+    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(global_src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int PENDING>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING));
 }
 
 }  // namespace lucebox::kernels::cuda

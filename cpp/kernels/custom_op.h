@@ -1,4 +1,4 @@
-// What lucebox's fused GGML_OP_CUSTOM ops (delta_net_step.h, attention_step.h) share: their own
+// What lucebox's fused GGML_OP_CUSTOM ops (delta_net_step.h) share: their own
 // parameters stored after ggml's header in a node's op_params, and which CPU function a node runs
 // (that function's address tells the ops apart in a graph). Plain C++.
 #pragma once

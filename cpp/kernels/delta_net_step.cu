@@ -1,6 +1,5 @@
 // The CUSTOM-op hook (ggml patch 0007) that runs the fused DeltaNet step ops (delta_net_step.h)
-// on lucebox's kernels (delta_net_step.cuh), and the fused gated attention op through
-// attention_custom_op (attention_step.cu). Other custom ops are not taken (ggml then places
+// on lucebox's kernels (delta_net_step.cuh). Other custom ops are not taken (ggml then places
 // them elsewhere, or its CUDA backend says it cannot run them).
 #include <atomic>
 
@@ -25,7 +24,7 @@ float * f(const ggml_tensor * t) { return static_cast<float *>(t->data); }
 
 int custom_op_hook(const ggml_tensor * dst, void * stream) {
     const int op = delta_net::op_of(dst);
-    if (op == 0) return attention_custom_op(dst, stream);  // (or not a node of lucebox's: 0)
+    if (op == 0) return 0;  // not a node of lucebox's
     const delta_net::shape s = delta_net::shape_of(dst);
     const delta_net::step_params p = delta_net::params_of(dst);
     if (!delta_net::cuda_step::supported(op == 1 ? int(s.d_conv) : 2, int(s.conv_dim), int(s.T))) return 0;

@@ -22,6 +22,8 @@
 
 #include <cstdint>
 
+#include "cuda_launch.cuh"
+
 namespace lucebox::kernels::gdn_prefill {
 
 constexpr int HEAD = 128;         // S_v = S_k
@@ -48,11 +50,6 @@ inline bool supported(const args & a) {
 }
 
 namespace detail {
-
-__device__ __forceinline__ void cp_async16(void * smem_dst, const void * src, int src_bytes) {
-    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(src_bytes));
-}
 
 __device__ __forceinline__ float warp_sum(float x) {
 #pragma unroll
@@ -89,13 +86,13 @@ __global__ void __launch_bounds__(WARPS * 32) gated_delta_net(args a) {
                 const int64_t t = int64_t(c) * C + tt;
                 const int bytes = t < a.T ? 16 : 0;
                 const int64_t tc = t < a.T ? t : 0;
-                cp_async16(&d.k[tt][e], k0 + tc * a.sq2 + e, bytes);
-                cp_async16(&d.q[tt][e], q0 + tc * a.sq2 + e, bytes);
+                cuda::cp_async16(&d.k[tt][e], k0 + tc * a.sq2 + e, bytes);
+                cuda::cp_async16(&d.q[tt][e], q0 + tc * a.sq2 + e, bytes);
             }
             if (threadIdx.x < C * WARPS / 4) {
                 const int tt = threadIdx.x / (WARPS / 4), e = 4 * (threadIdx.x % (WARPS / 4));
                 const int64_t t = int64_t(c) * C + tt;
-                cp_async16(&d.v[tt][e], v0 + (t < a.T ? t : 0) * a.sv2 + e, t < a.T ? 16 : 0);
+                cuda::cp_async16(&d.v[tt][e], v0 + (t < a.T ? t : 0) * a.sv2 + e, t < a.T ? 16 : 0);
             }
             if (threadIdx.x < C) {
                 const int64_t t = int64_t(c) * C + threadIdx.x;
@@ -103,7 +100,7 @@ __global__ void __launch_bounds__(WARPS * 32) gated_delta_net(args a) {
                 d.beta[threadIdx.x] = t < a.T ? a.beta[gb0 + t * a.sb2] : 0.0f;
             }
         }
-        asm volatile("cp.async.commit_group;\n" ::);
+        cuda::cp_async_commit();
     };
 
     const int64_t st = (int64_t(seq) * a.H + h) * HEAD * HEAD + int64_t(col) * HEAD;
@@ -115,7 +112,7 @@ __global__ void __launch_bounds__(WARPS * 32) gated_delta_net(args a) {
     stage(0);
     for (int c = 0; c < n_chunks; ++c) {
         stage(c + 1);
-        asm volatile("cp.async.wait_group 1;\n" ::);
+        cuda::cp_async_wait<1>();
         __syncthreads();  // chunk c (cp.async and the plain g/beta stores) visible to every warp
         const chunk & d = sm[c % 2];
         const int n = int(a.T - int64_t(c) * C < C ? a.T - int64_t(c) * C : C);

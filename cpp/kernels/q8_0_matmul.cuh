@@ -109,17 +109,6 @@ __host__ __device__ constexpr int smem_bytes(int cols, int m_tiles, weight_type 
 
 namespace detail {
 
-// 16 bytes global -> shared; src_bytes < 16 fills the rest with zeros (0: reads nothing).
-__device__ __forceinline__ void cp_async16(void * smem_dst, const void * global_src, int src_bytes = 16) {
-    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(global_src), "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int PENDING>
-__device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING));
-}
-
 // c += A (16x32 s8, row-major) * B (32x8 s8, column-major), int32 accumulators.
 __device__ __forceinline__ void mma_s8(int (&c)[4], const int (&a)[4], int b0, int b1) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
@@ -313,7 +302,7 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
                 const bool from_gate = GATED && piece == 1;
                 const int row0 = min(r0 + (GATED ? 0 : 16 * piece), a.M - 16);
                 const uint8_t * src = (from_gate ? a.gate : a.w) + tiles::chunk_offset(row0, chunk, a.M, a.row_bytes, CB);
-                cp_async16(st + 16 * idx, src + 16 * v);
+                cuda::cp_async16(st + 16 * idx, src + 16 * v);
             }
         } else {
             const int chunk = warp + i * WARPS;
@@ -328,7 +317,7 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
                 const int64_t at = a.tiled ? tiles::chunk_offset(row, chunk, a.M, a.row_bytes, CB)
                                            : int64_t(row) * a.row_bytes + int64_t(chunk) * CB;
                 const uint8_t * src = (from_gate ? a.gate : a.w) + at + 16 * v;
-                cp_async16(st + 16 * idx, src);
+                cuda::cp_async16(st + 16 * idx, src);
             }
         }
     };
@@ -342,17 +331,17 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
             for (int c = 0; c < X_VECS / 32; ++c) {
                 const int idx = lane + 32 * c;
                 const int col = (idx / 2) % COLS;
-                cp_async16(st + W_BYTES + 16 * idx, xsrc + 16 * idx, col < a.N ? 16 : 0);
+                cuda::cp_async16(st + W_BYTES + 16 * idx, xsrc + 16 * idx, col < a.N ? 16 : 0);
             }
             const float * dsrc = xd + int64_t(chunk) * CHUNK_BLOCKS * COLS;
-            for (int idx = lane; idx < D_VECS; idx += 32) cp_async16(st + W_BYTES + X_BYTES + 16 * idx, dsrc + 4 * idx);
+            for (int idx = lane; idx < D_VECS; idx += 32) cuda::cp_async16(st + W_BYTES + X_BYTES + 16 * idx, dsrc + 4 * idx);
             if (Q4K) {
                 const float * ssrc = xs + int64_t(chunk) * CHUNK_BLOCKS * COLS;
                 for (int idx = lane; idx < D_VECS; idx += 32)
-                    cp_async16(st + W_BYTES + X_BYTES + 16 * (D_VECS + idx), ssrc + 4 * idx);
+                    cuda::cp_async16(st + W_BYTES + X_BYTES + 16 * (D_VECS + idx), ssrc + 4 * idx);
             }
         }
-        cp_async_commit();
+        cuda::cp_async_commit();
     };
     auto issue = [&](int i) {
         issue_weights(i);
@@ -388,7 +377,7 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
         }
     }
     for (int i = 0; i < n_mine; ++i) {
-        cp_async_wait<ST - 2>();
+        cuda::cp_async_wait<ST - 2>();
         __syncwarp();  // chunk i visible to the whole warp; everyone is done with chunk i-1's stage
         issue(i + ST - 1);
         const uint8_t * st = stages + (i % ST) * STAGE;
@@ -552,7 +541,7 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
         }
         }
     }
-    cp_async_wait<0>();
+    cuda::cp_async_wait<0>();
     __syncthreads();  // every warp is done with its stages: reuse them for the partial sums
     if (a.norm_w != nullptr)
         for (int c = threadIdx.x; c < COLS; c += WARPS * 32) {

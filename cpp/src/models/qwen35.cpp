@@ -12,7 +12,6 @@
 #include "lucebox/models.h"
 #include "../graph/builders.h"
 #include "cuda_kernels.h"
-#include "attention_step.h"
 #include "delta_net_step.h"
 #include "qwen35_model.h"
 
@@ -610,6 +609,24 @@ ggml_tensor * build_delta_net(ggml_context * ctx, ggml_cgraph * gf, const qwen35
     return named(ggml_mul_mat(ctx, l.ssm_out, o), "gdn_out", il);
 }
 
+// A gated attention layer's attention on ggml's ops: flash attention of q over the caches' first
+// n_kv rows, then the gate's cont, sigmoid and product. q [hd, H, T] F32 (the roped queries);
+// k_cache, v_cache [hd*Hkv, n_ctx] F16 or any type ggml's flash attention takes (rows nb[1] apart,
+// KV head i at values i*hd .. i*hd + hd - 1 of a row; the first n_kv rows are read); mask
+// [>= n_kv, >= T] F16, ggml_flash_attn_ext's; gate [hd, H, T] F32 (a strided view of the query
+// projection). Returns [hd*H, T] F32.
+ggml_tensor * gated_attention(ggml_context * ctx, ggml_tensor * q, ggml_tensor * k_cache, ggml_tensor * v_cache,
+                              int64_t n_kv, ggml_tensor * mask, ggml_tensor * gate, float scale) {
+    const int64_t hd = q->ne[0], H = q->ne[1], T = q->ne[2], Hkv = k_cache->ne[0] / hd;
+    ggml_tensor * kv_k = ggml_view_3d(ctx, k_cache, hd, Hkv, n_kv, ggml_row_size(k_cache->type, hd), k_cache->nb[1], 0);
+    ggml_tensor * kv_v = ggml_view_3d(ctx, v_cache, hd, Hkv, n_kv, ggml_row_size(v_cache->type, hd), v_cache->nb[1], 0);
+    // [hd, T, H] queries, [hd, n_kv, Hkv] keys and values -> [hd, H, T]
+    ggml_tensor * att = ggml_flash_attn_ext(ctx, ggml_permute(ctx, q, 0, 2, 1, 3), ggml_permute(ctx, kv_k, 0, 2, 1, 3),
+                                            ggml_permute(ctx, kv_v, 0, 2, 1, 3), mask, scale, 0.0f, 0.0f);
+    att = ggml_reshape_2d(ctx, att, hd * H, T);
+    return ggml_mul(ctx, att, ggml_sigmoid(ctx, ggml_cont_2d(ctx, gate, hd * H, T)));
+}
+
 // Gated full attention. x: [E, T] (normed) -> [E, T]. Writes this batch's K/V into the cache.
 ggml_tensor * build_gated_attention(ggml_context * ctx, ggml_cgraph * gf, const qwen35_hparams & hp,
                                     const qwen35_layer_weights & l, ggml_tensor * k_cache, ggml_tensor * v_cache,
@@ -642,10 +659,9 @@ ggml_tensor * build_gated_attention(ggml_context * ctx, ggml_cgraph * gf, const 
     ggml_build_forward_expand(gf, ggml_set_rows(ctx, v_cache, v, in.kv_rows));
 
     const float scale = hp.attn_scale != 0.0f ? hp.attn_scale : 1.0f / std::sqrt(float(hd));
-    // [hd H, T]: ggml's flash attention and the gate's ops, faster than lucebox's fused op
-    // (kernels/attention_step.h) at every token count and cache depth tests/cpp/bench_attention measured
-    // on an H200 (docs/benchmarks.md)
-    ggml_tensor * att = kernels::attention::unfused(ctx, q, k_cache, v_cache, n_kv, in.kq_mask, gate, scale);
+    // [hd H, T]: ggml's flash attention and gate ops (an own fused op measured slower on an H200 at
+    // every token count and cache depth: docs/benchmarks.md)
+    ggml_tensor * att = gated_attention(ctx, q, k_cache, v_cache, n_kv, in.kq_mask, gate, scale);
     att = named(att, "attn_gated", il);
     return named(ggml_mul_mat(ctx, l.wo, att), "attn_proj", il);
 }

@@ -1,0 +1,30 @@
+"""Attention heads of 128 and 256 (the 27B's, 6 query heads a KV head; the other integration tests
+use the tiny preset's heads of 64): speculation (chains at several accept lengths, DDTree trees)
+gives plain decoding's tokens, over a short context and past 512 cache rows (where ggml's faster
+CPU attention would split a single row's keys over the threads: configure_cpu_backend)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import lucebox
+from lucebox import synth
+from forcing import forced, forced_tree
+
+
+@pytest.fixture(scope="module", params=[128, 256])
+def target(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = tmp_path_factory.mktemp(f"heads{request.param}") / "target.gguf"
+    synth.write_target(str(path), "tiny", type="f32", seed=4,
+                       overrides=dict(head_dim=request.param, n_head=12, n_head_kv=2))
+    return str(path)
+
+
+@pytest.mark.parametrize("n_prompt", [40, 600])
+def test_speculation_equals_plain_decoding(target: str, n_prompt: int) -> None:
+    engine = lucebox.Engine(target, ctx=1024, device="cpu", threads=2)
+    p = [int(x) for x in np.random.default_rng(5).integers(0, 1000, n_prompt)]
+    ref = engine.generate(p, max_tokens=24).tokens
+    for k in (0, 6, None):
+        assert engine.session().generate(p, max_tokens=24, propose=forced(ref, len(p), k)).tokens == ref
+    assert engine.session().generate(p, max_tokens=24, propose_tree=forced_tree(ref, len(p), 4)).tokens == ref

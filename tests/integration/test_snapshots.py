@@ -249,11 +249,13 @@ def test_a_tokens_logits_do_not_depend_on_its_batch(pair: tuple[str, str]) -> No
     target, _ = pair
     engine = lucebox.Engine(target, ctx=2048, device="cpu", threads=2)
     prompt, more = _prompt(600, 6), _prompt(100, 7)
-    rows = {}
-    for batch in (1, 16, 100):
+
+    def first_16_rows(batch: int) -> np.ndarray:
+        """Logits of more[:16] after the prompt, evaluated `batch` tokens at a time."""
         s = engine.session()
         s.eval(prompt)
-        out = [np.asarray(s.eval(more[i:i + batch], all_logits=True)) for i in range(0, 16, batch)] \
-            if batch < 100 else [np.asarray(s.eval(more, all_logits=True))[:16]]
-        rows[batch] = np.concatenate([o.reshape(-1, o.shape[-1]) for o in out])[:16]
-    assert np.array_equal(rows[1], rows[16]) and np.array_equal(rows[1], rows[100])
+        rows = [np.asarray(s.eval(more[i:i + batch], all_logits=True)) for i in range(0, 16, batch)]  # [batch, V] each
+        return np.concatenate(rows)[:16]
+
+    alone = first_16_rows(1)
+    assert np.array_equal(alone, first_16_rows(16)) and np.array_equal(alone, first_16_rows(100))

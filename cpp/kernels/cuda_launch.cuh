@@ -83,6 +83,22 @@ bool pdl_kernel(int dev) { return pdl_device(dev) && sm90_code<Kernel>(dev); }
 template <auto Kernel>
 bool clusters_run(int dev) { return sm90_code<Kernel>(dev); }
 
+// How many CTAs of `Kernel` (blocks of `block` threads with `smem` bytes of dynamic shared memory)
+// fit on one multiprocessor of device dev at once; 0 where the runtime cannot say. Asked once per
+// device: a kernel's launches must all pass the same block and smem.
+template <auto Kernel>
+int resident_ctas(int dev, int block, int smem) {
+    static int known[64] = {};  // the residency + 1 per device; 0: not asked yet
+    if (dev < 0 || dev >= 64) return 0;
+    int k = __atomic_load_n(&known[dev], __ATOMIC_ACQUIRE);
+    if (k == 0) {
+        int resident = 0;
+        k = 1 + (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, Kernel, block, size_t(smem)) == cudaSuccess ? resident : 0);
+        __atomic_store_n(&known[dev], k, __ATOMIC_RELEASE);
+    }
+    return k - 1;
+}
+
 // The dynamic shared memory to give each CTA of a `grid`-CTA launch of `Kernel` (blocks of `block`
 // threads needing `smem` bytes) so that its CTAs spread over all multiprocessors: a grid that fits
 // in one wave of resident CTAs, r = ceil(grid / SMs) < the kernel's residency, is given the most
@@ -91,15 +107,7 @@ bool clusters_run(int dev) { return sm90_code<Kernel>(dev); }
 // padding applies. The kernel's dynamic shared memory limit must allow device_smem_optin(dev) bytes.
 template <auto Kernel>
 int spread_smem(int dev, int grid, int block, int smem) {
-    static int known[64] = {};  // the kernel's residency at `smem` + 1 per device; 0: not asked yet
-    if (dev < 0 || dev >= 64) return smem;
-    int k = __atomic_load_n(&known[dev], __ATOMIC_ACQUIRE);
-    if (k == 0) {
-        int resident = 0;
-        k = 1 + (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, Kernel, block, size_t(smem)) == cudaSuccess ? resident : 0);
-        __atomic_store_n(&known[dev], k, __ATOMIC_RELEASE);
-    }
-    const int resident = k - 1, sms = device_attribute<cudaDevAttrMultiProcessorCount>(dev);
+    const int resident = resident_ctas<Kernel>(dev, block, smem), sms = device_attribute<cudaDevAttrMultiProcessorCount>(dev);
     const int per_sm = device_attribute<cudaDevAttrMaxSharedMemoryPerMultiprocessor>(dev);
     const int reserved = device_attribute<cudaDevAttrReservedSharedMemoryPerBlock>(dev);
     if (resident <= 0 || sms <= 0 || per_sm <= 0) return smem;

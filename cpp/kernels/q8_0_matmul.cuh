@@ -12,9 +12,11 @@
 // weight_tiles.h's row-tiled order, where each staged 16-row piece is one contiguous block.
 // x: [N][K] float; y: [N][M] float. The activations are first quantized to int8 (scale amax/127,
 // round to nearest: the rounding of ggml's q8_1) per 32 values for Q8_0 weights, per 256 for Q4_K
-// (as ggml's CPU q8_K), into [K/32][8*NG][32] (NG groups of 8 columns). Each CTA then takes 16
-// or 32 weight rows (gated: 16 rows of U and the same 16 rows of G; see stage_bytes) and its WARPS
-// warps split K between them: each warp streams 256-value chunks of its rows, and the same blocks
+// (as ggml's CPU q8_K), into [K/32][8*NG][32] (NG groups of 8 columns). The product's rows form
+// tiles of 16 or 32 weight rows (gated: 16 rows of U and the same 16 rows of G; see stage_bytes);
+// each CTA takes one tile, or where there are more tiles than CTAs fit on the device at once,
+// every gridDim.x-th. Its WARPS warps split each tile's K between them: each warp streams
+// 256-value chunks of its rows (running on into its next tile's), and the same blocks
 // of the quantized activations, into shared memory with 16-byte cp.async (STAGES deep), and
 // multiplies them with mma.m16n8k32 (A = 16 weight rows, B = 8 activation columns, one 32-value
 // block per instruction). The warps' partial sums are added in a fixed order, so the result of
@@ -83,6 +85,12 @@ static_assert(STAGES >= 2, "one chunk loads while another is multiplied");
 // quantization only, in a CUDA graph: 0.5-1.3 us less per product (5 % over the decode shapes),
 // no measurable change of a decode step then (docs/benchmarks.md). An L2 bulk prefetch of the rows'
 // first chunks instead of the early chunk loads was slower at every depth tried.
+// LUCEBOX_Q8_0_PERSISTENT 1: a product of more tiles than fit on the device at once runs as a
+// grid of the resident CTAs, each looping over tiles with its warps' chunk pipelines running on
+// from one tile into the next (0: one CTA per tile, a pipeline fill and drain per tile).
+#ifndef LUCEBOX_Q8_0_PERSISTENT
+#define LUCEBOX_Q8_0_PERSISTENT 1
+#endif
 #ifndef LUCEBOX_Q8_0_PDL  // 0: plain launches (for the probe's A/B)
 #define LUCEBOX_Q8_0_PDL 1
 #endif
@@ -275,23 +283,31 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
     constexpr int OUT_ROWS = GATED ? TILE_ROWS / 2 : TILE_ROWS;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int g = lane / 4, t = lane % 4;
-    const int r0 = blockIdx.x * OUT_ROWS;
     const int n_chunks = a.K / K_ALIGN;
-    const int n_mine = n_chunks > warp ? (n_chunks - warp + WARPS - 1) / WARPS : 0;
+    // the chunks of a tile warp w takes (w, w + WARPS, ..): the same for every tile
+    auto chunks_of = [&](int w) { return n_chunks > w ? (n_chunks - w + WARPS - 1) / WARPS : 0; };
+    const int n_mine = chunks_of(warp);
+    // this CTA's tiles of OUT_ROWS rows: blockIdx.x, + gridDim.x, .. (launch_groups: a grid of at
+    // most the CTAs that fit on the device at once); warp's chunk i over all of them is chunk
+    // i % n_mine of its tile i / n_mine, one stream that keeps the pipeline full across tiles
+    const int n_tiles = (a.M + OUT_ROWS - 1) / OUT_ROWS;
+    const int my_tiles = int(blockIdx.x) < n_tiles ? (n_tiles - 1 - int(blockIdx.x)) / int(gridDim.x) + 1 : 0;
+    const int n_total = my_tiles * n_mine;
+    auto tile_row = [&](int tl) { return (int(blockIdx.x) + tl * int(gridDim.x)) * OUT_ROWS; };
     uint8_t * stages = smem + warp * ST * STAGE;
     // the next kernel (ggml's launch with PDL, or the next quantization) may launch once every CTA
     // here has started; it waits for this grid's completion before it reads anything
     cuda::launch_dependents();
 
-    // The i-th chunk of this warp (chunk warp + i*WARPS) into stage i % ST. Staged row s comes
-    // from global row r0 + s (gated: rows 16..31 are the gate's rows r0..r0+15); rows past M repeat
+    // The i-th chunk of this warp (tile i / n_mine, chunk warp + (i % n_mine) * WARPS) into stage
+    // i % ST. Staged row s comes from global row r0 + s (r0: the tile's first row) (gated: rows 16..31 are the gate's rows r0..r0+15); rows past M repeat
     // row M-1 (their sums are never written). Activation columns >= N are zero-filled, not read.
     auto issue_weights = [&](int i) {
-        if (i >= n_mine) return;
+        if (i >= n_total) return;
+        const int tl = i / n_mine, chunk = warp + (i - tl * n_mine) * WARPS, r0 = tile_row(tl);
         if constexpr (Q6K) {
             // q6_k (tiled, M % 16 == 0): the chunk of each 16-row tile is 16 x 210 contiguous bytes;
             // a tile past M repeats the last one (its sums are never written)
-            const int chunk = warp + i * WARPS;
             uint8_t * st = stages + (i % ST) * STAGE;
             constexpr int PIECE_VECS = 16 * CB / 16;
 #pragma unroll
@@ -305,7 +321,6 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
                 cuda::cp_async16(st + 16 * idx, src + 16 * v);
             }
         } else {
-            const int chunk = warp + i * WARPS;
             uint8_t * st = stages + (i % ST) * STAGE;
 #pragma unroll
             for (int c = 0; c < (TILE_ROWS * CHUNK_VECS + 31) / 32; ++c) {
@@ -323,8 +338,8 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
     };
     // its activations (quantize_columns' output) into the same stage, and the commit
     auto issue_x = [&](int i) {
-        if (i < n_mine) {
-            const int chunk = warp + i * WARPS;
+        if (i < n_total) {
+            const int chunk = warp + (i % n_mine) * WARPS;
             uint8_t * st = stages + (i % ST) * STAGE;
             const int8_t * xsrc = xq + int64_t(chunk) * X_BYTES;
 #pragma unroll
@@ -375,8 +390,18 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
                 for (int b = cp % NORM_PARTS; b < nb; b += NORM_PARTS) sq += __ldcg(ss + b * COLS + c);
             norm_part[cp] = sq;
         }
+        __syncthreads();
+        for (int c = threadIdx.x; c < COLS; c += WARPS * 32) {  // (read after the first tile's barrier)
+            float sq = norm_part[c * NORM_PARTS];
+#pragma unroll
+            for (int p = 1; p < NORM_PARTS; ++p) sq += norm_part[c * NORM_PARTS + p];
+            norm_factor[c] = rsqrtf(sq / float(a.K) + a.norm_eps);
+        }
     }
-    for (int i = 0; i < n_mine; ++i) {
+    int i = 0;  // this warp's chunk over all its tiles
+    for (int tl = 0; tl < my_tiles; ++tl) {
+    const int r0 = tile_row(tl);
+    for (int k = 0; k < n_mine; ++k, ++i) {
         cuda::cp_async_wait<ST - 2>();
         __syncwarp();  // chunk i visible to the whole warp; everyone is done with chunk i-1's stage
         issue(i + ST - 1);
@@ -540,43 +565,48 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
             }
         }
         }
-    }
-    cuda::cp_async_wait<0>();
-    __syncthreads();  // every warp is done with its stages: reuse them for the partial sums
-    if (a.norm_w != nullptr)
-        for (int c = threadIdx.x; c < COLS; c += WARPS * 32) {
-            float sq = norm_part[c * NORM_PARTS];
-#pragma unroll
-            for (int p = 1; p < NORM_PARTS; ++p) sq += norm_part[c * NORM_PARTS + p];
-            norm_factor[c] = rsqrtf(sq / float(a.K) + a.norm_eps);
-        }
+    }  // chunks of tile tl
 
+    // The tile's sums. Each warp's partials go into the stage it multiplied last (no copy is in
+    // flight into it, and it takes none before the second barrier below), then the CTA's threads
+    // add them in warp order: the same order for every tile, grid and column count.
     // red[w][mt][j][lane][e]: accumulator e of lane 4g+t in tile (mt, j) is staged row
     // 16mt + g + 8*(e/2), column 8j + 2t + e%2
-    float * red = reinterpret_cast<float *>(smem);
     constexpr int PER_WARP = M_TILES * NG * 32 * 4;
+    static_assert(PER_WARP * 4 <= STAGE, "a warp's partial sums fit one of its stages");
+    auto red_of = [&](int w) {  // warp w's last stage of tile tl (stage 0, never used, if it takes no chunk)
+        const int nw = chunks_of(w);
+        return reinterpret_cast<float *>(smem + (w * ST + (nw > 0 ? ((tl + 1) * nw - 1) % ST : 0)) * STAGE);
+    };
+    float * mine = red_of(warp);
 #pragma unroll
     for (int mt = 0; mt < M_TILES; ++mt)
 #pragma unroll
         for (int j = 0; j < NG; ++j)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) red[warp * PER_WARP + ((mt * NG + j) * 32 + lane) * 4 + e] = acc[mt][j][e];
+            for (int e = 0; e < 4; ++e) {
+                mine[((mt * NG + j) * 32 + lane) * 4 + e] = acc[mt][j][e];
+                acc[mt][j][e] = 0.0f;
+            }
     __syncthreads();
+    const float * red[WARPS];
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w) red[w] = red_of(w);
     constexpr int OUT_TILES = GATED ? M_TILES / 2 : M_TILES;
     for (int idx = threadIdx.x; idx < OUT_TILES * NG * 128; idx += WARPS * 32) {
         const int e = idx % 4, l = (idx / 4) % 32, j = (idx / 128) % NG, mt = idx / (128 * NG);
         const int m = r0 + 16 * mt + l / 4 + 8 * (e / 2);
         const int n = COL_GROUP * j + 2 * (l % 4) + e % 2;
         const float nf = a.norm_w != nullptr ? norm_factor[n] : 1.0f;
-        float v = red[idx];
+        float v = red[0][idx];
 #pragma unroll
-        for (int w = 1; w < WARPS; ++w) v += red[w * PER_WARP + idx];
+        for (int w = 1; w < WARPS; ++w) v += red[w][idx];
         v *= nf;
         if (GATED) {
             const int at_gate = idx + NG * 128;  // m tile 1: the gate's same row
-            float gv = red[at_gate];
+            float gv = red[0][at_gate];
 #pragma unroll
-            for (int w = 1; w < WARPS; ++w) gv += red[w * PER_WARP + at_gate];
+            for (int w = 1; w < WARPS; ++w) gv += red[w][at_gate];
             v *= silu(gv * nf);
         }
         // y may be the bias itself (an in-place residual add): each element is read and then
@@ -584,6 +614,9 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
         if (n < a.N && m < a.M)
             a.y[int64_t(n) * a.y_stride + m] = a.bias != nullptr ? v + a.bias[int64_t(n) * a.bias_stride + m] : v;
     }
+    __syncthreads();  // every thread is done with the partials before a warp stages a chunk over them
+    }  // tiles
+    cuda::cp_async_wait<0>();  // (only empty groups are left)
 }
 
 using cuda::device_attribute;
@@ -648,7 +681,14 @@ cudaError_t launch_groups(const matmul_args & a, const int8_t * xq, const float 
         __atomic_fetch_or(&configured, 1ull << dev, __ATOMIC_ACQ_REL);
     }
     constexpr int OUT_ROWS = GATED ? 16 : 16 * M_TILES;
-    const int grid = (a.M + OUT_ROWS - 1) / OUT_ROWS;
+    // one CTA per tile of OUT_ROWS rows, or (persistent) at most as many CTAs as fit at once, each
+    // looping over tiles
+    int grid = (a.M + OUT_ROWS - 1) / OUT_ROWS;
+    if (LUCEBOX_Q8_0_PERSISTENT) {
+        const int most = cuda::resident_ctas<matmul<NG, GATED, M_TILES, WT, ST>>(dev, WARPS * 32, SMEM) *
+                         device_attribute<cudaDevAttrMultiProcessorCount>(dev);
+        if (most > 0 && grid > most) grid = most;
+    }
     const int smem = LUCEBOX_Q8_0_SPREAD ? cuda::spread_smem<matmul<NG, GATED, M_TILES, WT, ST>>(dev, grid, WARPS * 32, SMEM) : SMEM;
     return launch(matmul<NG, GATED, M_TILES, WT, ST>, dim3(grid), dim3(WARPS * 32), smem, stream,
                   pdl_kernel<matmul<NG, GATED, M_TILES, WT, ST>>(dev), a, xq, xd, xs, ss);

@@ -308,9 +308,10 @@ void check_case(std::mt19937 & rng, int K, int M, int N, bool gated, int64_t w_p
     if (bad) ++failures;
 }
 
-// Column 0 of a product is the same bits for every N (no dependence on the other columns).
-void check_column_independence(std::mt19937 & rng, bool gated, bool norm) {
-    const int K = 8192, M = g_type == q8::weight_type::q6_k ? 208 : 200;  // q6_k: whole 16-row tiles
+// Column 0 of a product is the same bits for every N (no dependence on the other columns, nor on the
+// grid, which depends on N's shared memory where a CTA loops over several tiles: M = 12000).
+void check_column_independence(std::mt19937 & rng, bool gated, bool norm, int K = 8192, int M = 0) {
+    if (M == 0) M = g_type == q8::weight_type::q6_k ? 208 : 200;  // q6_k: whole 16-row tiles
     const weights w = random_weights(rng, K, M, 0);
     const weights g = random_weights(rng, K, M, 0);
     std::vector<float> x(size_t(64) * K), norm_w(K);
@@ -322,7 +323,7 @@ void check_column_independence(std::mt19937 & rng, bool gated, bool norm) {
     for (int N : {2, 8, 16, 17, 33, 64}) {
         const std::vector<float> many = run(w, gated ? &g : nullptr, x, K, N, M, nullptr, 0, false, nw);
         const bool same = std::memcmp(one.data(), many.data(), size_t(M) * 4) == 0;
-        std::printf("%s column 0 of N=%d equals N=1 bit for bit (%s%s)\n", same ? "ok  " : "FAIL", N,
+        std::printf("%s column 0 of N=%d equals N=1 bit for bit (K=%d M=%d %s%s)\n", same ? "ok  " : "FAIL", N, K, M,
                     gated ? "gated" : "plain", norm ? ", rms-normed input" : "");
         if (!same) ++failures;
     }
@@ -432,6 +433,11 @@ int main() {
         if (tiled) check_tiled_equals_untiled(rng, gated);
         check_column_independence(rng, gated, false);
         check_column_independence(rng, gated, true);
+        // more tiles than CTAs fit on a device at once (an H200: 132 multiprocessors x at most 4
+        // CTAs x 16 rows = 8448): CTAs loop over tiles; K = 256: warps 1..3 take no chunk
+        check_case(rng, 256, 20000, 1, gated, 0, 0, 0);
+        check_case(rng, 1280, 12000, 16, gated, 16, 0, 3, 0, true);
+        check_column_independence(rng, gated, true, 1280, 12000);
         // a fused RMS norm of the input (the layer norm before the DeltaNet / attention / FFN products)
         check_case(rng, 5120, 100, 1, gated, 0, 0, 0, 0, true);
         check_case(rng, 1280, 333, 17, gated, 0, 1, 7, 0, true);
@@ -465,6 +471,8 @@ int main() {
             check_case(rng, 1024, 80, 150, gated, 0, 3, 5);
             check_column_independence(rng, gated, false);
             check_column_independence(rng, gated, true);
+            check_case(rng, 256, 20000, 1, gated, 0, 0, 0);  // CTAs looping over tiles (above)
+            check_column_independence(rng, gated, false, 1280, 12000);
             check_case(rng, 5120, 96, 1, gated, 0, 0, 0, 0, true);
             check_case(rng, 4352, 1024, 64, gated, 0, 8, 0, 0, true);
         }

@@ -85,11 +85,14 @@ static_assert(STAGES >= 2, "one chunk loads while another is multiplied");
 // quantization only, in a CUDA graph: 0.5-1.3 us less per product (5 % over the decode shapes),
 // no measurable change of a decode step then (docs/benchmarks.md). An L2 bulk prefetch of the rows'
 // first chunks instead of the early chunk loads was slower at every depth tried.
-// LUCEBOX_Q8_0_PERSISTENT 1: a product of more tiles than fit on the device at once runs as a
-// grid of the resident CTAs, each looping over tiles with its warps' chunk pipelines running on
-// from one tile into the next (0: one CTA per tile, a pipeline fill and drain per tile).
+// LUCEBOX_Q8_0_PERSISTENT W: a product of at least W times as many tiles as CTAs fit on the device
+// at once runs as a grid of the resident CTAs, each looping over tiles with its warps' chunk
+// pipelines running on from one tile into the next, not as one CTA per tile (a pipeline fill and
+// drain per tile); 0: never. H200 probe, row-tiled, against 0: Q8_0 gate+up (4.1 tiles a CTA) 51.8
+// -> 50.8 us at one column, 56.1 -> 53.9 at 16, Q4_K's at 16 44.2 -> 41.8; with 1.5-2 tiles a CTA
+// (the stacks, ffn_up alone) slower, up to 18.0 -> 21.8 (Q4_K DeltaNet stack, one column).
 #ifndef LUCEBOX_Q8_0_PERSISTENT
-#define LUCEBOX_Q8_0_PERSISTENT 1
+#define LUCEBOX_Q8_0_PERSISTENT 3
 #endif
 #ifndef LUCEBOX_Q8_0_PDL  // 0: plain launches (for the probe's A/B)
 #define LUCEBOX_Q8_0_PDL 1
@@ -302,26 +305,37 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
     // The i-th chunk of this warp (tile i / n_mine, chunk warp + (i % n_mine) * WARPS) into stage
     // i % ST. Staged row s comes from global row r0 + s (r0: the tile's first row) (gated: rows 16..31 are the gate's rows r0..r0+15); rows past M repeat
     // row M-1 (their sums are never written). Activation columns >= N are zero-filled, not read.
+    // Chunks are issued in order, weights and activations each from a cursor (tile tl, its chunk
+    // k) that moves on by one chunk per call: no division by n_mine.
+    int w_tl = 0, w_k = 0, x_k = 0;
     auto issue_weights = [&](int i) {
         if (i >= n_total) return;
-        const int tl = i / n_mine, chunk = warp + (i - tl * n_mine) * WARPS, r0 = tile_row(tl);
-        if constexpr (Q6K) {
-            // q6_k (tiled, M % 16 == 0): the chunk of each 16-row tile is 16 x 210 contiguous bytes;
-            // a tile past M repeats the last one (its sums are never written)
-            uint8_t * st = stages + (i % ST) * STAGE;
-            constexpr int PIECE_VECS = 16 * CB / 16;
+        const int chunk = warp + w_k * WARPS, r0 = tile_row(w_tl);
+        if (++w_k == n_mine) w_k = 0, ++w_tl;
+        uint8_t * st = stages + (i % ST) * STAGE;
+        // The chunk's pieces of 16 rows (plain: rows r0.., r0 + 16..; gated: U's rows r0.. and G's).
+        // In the row-tiled layout a piece of a whole 16-row tile is 16 x CB contiguous bytes; q6_k
+        // (tiled, M % 16 == 0) always is, a piece past M repeating the last tile.
+        static_assert(tiles::TILE_ROWS == 16, "a staged piece is one tile of the row-tiled layout");
+        constexpr int PIECES = TILE_ROWS / 16, PIECE_VECS = CB;  // (16 rows x CB bytes / 16)
+        const uint8_t * piece[PIECES];
+        bool whole = a.tiled;
 #pragma unroll
-            for (int c = 0; c < (M_TILES * PIECE_VECS + 31) / 32; ++c) {
+        for (int p = 0; p < PIECES; ++p) {
+            const int row0 = GATED ? r0 : r0 + 16 * p;
+            whole = whole && (Q6K || row0 + 16 <= a.M);
+            piece[p] = (GATED && p == 1 ? a.gate : a.w) +
+                       tiles::chunk_offset(Q6K ? min(row0, a.M - 16) : row0, chunk, a.M, a.row_bytes, CB);
+        }
+        if (Q6K || whole) {
+#pragma unroll
+            for (int c = 0; c < (PIECES * PIECE_VECS + 31) / 32; ++c) {
                 const int idx = lane + 32 * c;
-                if (idx >= M_TILES * PIECE_VECS) break;
-                const int piece = idx / PIECE_VECS, v = idx - piece * PIECE_VECS;
-                const bool from_gate = GATED && piece == 1;
-                const int row0 = min(r0 + (GATED ? 0 : 16 * piece), a.M - 16);
-                const uint8_t * src = (from_gate ? a.gate : a.w) + tiles::chunk_offset(row0, chunk, a.M, a.row_bytes, CB);
-                cuda::cp_async16(st + 16 * idx, src + 16 * v);
+                if (PIECES * PIECE_VECS % 32 != 0 && idx >= PIECES * PIECE_VECS) break;
+                const int p = idx / PIECE_VECS;
+                cuda::cp_async16(st + 16 * idx, piece[p] + 16 * (idx - p * PIECE_VECS));
             }
-        } else {
-            uint8_t * st = stages + (i % ST) * STAGE;
+        } else {  // rows row_bytes apart, or a tile's last partial piece: row by row, rows past M repeat M-1
 #pragma unroll
             for (int c = 0; c < (TILE_ROWS * CHUNK_VECS + 31) / 32; ++c) {
                 const int idx = lane + 32 * c;
@@ -339,7 +353,8 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
     // its activations (quantize_columns' output) into the same stage, and the commit
     auto issue_x = [&](int i) {
         if (i < n_total) {
-            const int chunk = warp + (i % n_mine) * WARPS;
+            const int chunk = warp + x_k * WARPS;
+            if (++x_k == n_mine) x_k = 0;
             uint8_t * st = stages + (i % ST) * STAGE;
             const int8_t * xsrc = xq + int64_t(chunk) * X_BYTES;
 #pragma unroll
@@ -684,10 +699,10 @@ cudaError_t launch_groups(const matmul_args & a, const int8_t * xq, const float 
     // one CTA per tile of OUT_ROWS rows, or (persistent) at most as many CTAs as fit at once, each
     // looping over tiles
     int grid = (a.M + OUT_ROWS - 1) / OUT_ROWS;
-    if (LUCEBOX_Q8_0_PERSISTENT) {
+    if (LUCEBOX_Q8_0_PERSISTENT > 0) {
         const int most = cuda::resident_ctas<matmul<NG, GATED, M_TILES, WT, ST>>(dev, WARPS * 32, SMEM) *
                          device_attribute<cudaDevAttrMultiProcessorCount>(dev);
-        if (most > 0 && grid > most) grid = most;
+        if (most > 0 && grid >= LUCEBOX_Q8_0_PERSISTENT * most) grid = most;
     }
     const int smem = LUCEBOX_Q8_0_SPREAD ? cuda::spread_smem<matmul<NG, GATED, M_TILES, WT, ST>>(dev, grid, WARPS * 32, SMEM) : SMEM;
     return launch(matmul<NG, GATED, M_TILES, WT, ST>, dim3(grid), dim3(WARPS * 32), smem, stream,

@@ -434,7 +434,8 @@ int main() {
         check_column_independence(rng, gated, false);
         check_column_independence(rng, gated, true);
         // more tiles than CTAs fit on a device at once (an H200: 132 multiprocessors x at most 4
-        // CTAs x 16 rows = 8448): CTAs loop over tiles; K = 256: warps 1..3 take no chunk
+        // CTAs x 16 rows = 8448): CTAs loop over tiles (test_q8_0_matmul_persistent; the default
+        // build from 3 waves on); K = 256: warps 1..3 take no chunk
         check_case(rng, 256, 20000, 1, gated, 0, 0, 0);
         check_case(rng, 1280, 12000, 16, gated, 16, 0, 3, 0, true);
         check_column_independence(rng, gated, true, 1280, 12000);

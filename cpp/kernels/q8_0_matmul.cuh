@@ -290,9 +290,9 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
     // the chunks of a tile warp w takes (w, w + WARPS, ..): the same for every tile
     auto chunks_of = [&](int w) { return n_chunks > w ? (n_chunks - w + WARPS - 1) / WARPS : 0; };
     const int n_mine = chunks_of(warp);
-    // this CTA's tiles of OUT_ROWS rows: blockIdx.x, + gridDim.x, .. (launch_groups: a grid of at
-    // most the CTAs that fit on the device at once); warp's chunk i over all of them is chunk
-    // i % n_mine of its tile i / n_mine, one stream that keeps the pipeline full across tiles
+    // this CTA's tiles of OUT_ROWS rows: blockIdx.x, + gridDim.x, .. (launch_groups: one tile a CTA,
+    // or a grid of the CTAs that fit on the device at once); a warp's chunks of all of them form one
+    // stream, which keeps its pipeline full across tiles
     const int n_tiles = (a.M + OUT_ROWS - 1) / OUT_ROWS;
     const int my_tiles = int(blockIdx.x) < n_tiles ? (n_tiles - 1 - int(blockIdx.x)) / int(gridDim.x) + 1 : 0;
     const int n_total = my_tiles * n_mine;
@@ -302,11 +302,11 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
     // here has started; it waits for this grid's completion before it reads anything
     cuda::launch_dependents();
 
-    // The i-th chunk of this warp (tile i / n_mine, chunk warp + (i % n_mine) * WARPS) into stage
-    // i % ST. Staged row s comes from global row r0 + s (r0: the tile's first row) (gated: rows 16..31 are the gate's rows r0..r0+15); rows past M repeat
-    // row M-1 (their sums are never written). Activation columns >= N are zero-filled, not read.
-    // Chunks are issued in order, weights and activations each from a cursor (tile tl, its chunk
-    // k) that moves on by one chunk per call: no division by n_mine.
+    // The i-th chunk of this warp (of tile i / n_mine: chunk warp + (i % n_mine) * WARPS) into stage
+    // i % ST. Staged row s comes from global row r0 + s, r0 the tile's first row (gated: rows 16..31
+    // are the gate's rows r0..r0+15); rows past M repeat row M-1 (their sums are never written).
+    // Activation columns >= N are zero-filled, not read. Chunks are issued in order, the weights and
+    // the activations each from a cursor (tile, chunk) that moves on by one chunk per call.
     int w_tl = 0, w_k = 0, x_k = 0;
     auto issue_weights = [&](int i) {
         if (i >= n_total) return;

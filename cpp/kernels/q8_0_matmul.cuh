@@ -146,6 +146,22 @@ __device__ __forceinline__ void mma_s8_k16(int (&c)[4], const int (&a)[2], int b
 #endif
 }
 
+// c += A (16x8 tf32, row-major) * B (8x8 tf32, column-major), fp32 accumulators: a0 = row g, k t;
+// a1 = row g+8, k t; a2 = row g, k t+4; a3 = row g+8, k t+4; b0 = k t of column g, b1 = k t+4; c as
+// in mma_s8. The operands are fp32 registers of which the tensor core reads the tf32 bits.
+__device__ __forceinline__ void mma_tf32(float (&c)[4], const float (&a)[4], float b0, float b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(__float_as_uint(a[0])), "r"(__float_as_uint(a[1])), "r"(__float_as_uint(a[2])), "r"(__float_as_uint(a[3])),
+          "r"(__float_as_uint(b0)), "r"(__float_as_uint(b1)));
+#else
+    __trap();
+#endif
+}
+
 // The 4 bytes at p, p = q + 2 * odd with q 4-byte aligned (a q6_k row staged at an odd multiple of
 // 210 bytes): two aligned words and a funnel shift.
 __device__ __forceinline__ uint32_t load_u32_at(const uint8_t * p, int odd) {
@@ -449,13 +465,11 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
                 for (int h = 0; h < 2; ++h) {
                     const int s = 2 * jq + h;  // sub-block = activation block of the chunk
                     int bf[NG][2];
-                    float2 sx2[NG];
 #pragma unroll
                     for (int j = 0; j < NG; ++j) {
                         const int2 v = *reinterpret_cast<const int2 *>(sx + (s * COLS + COL_GROUP * j + g) * QK + 8 * t);
                         bf[j][0] = v.x;
                         bf[j][1] = v.y;
-                        sx2[j] = *reinterpret_cast<const float2 *>(sums + s * COLS + COL_GROUP * j + 2 * t);
                     }
 #pragma unroll
                     for (int mt = 0; mt < M_TILES; ++mt) {
@@ -467,7 +481,6 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
                         int sl, ml, sh, mh;
                         q4k_scale_min(s, sc[mt][0], sl, ml);
                         q4k_scale_min(s, sc[mt][1], sh, mh);
-                        const float fm_lo = dm[mt][0].y * float(ml), fm_hi = dm[mt][1].y * float(mh);
 #pragma unroll
                         for (int j = 0; j < NG; ++j) {
                             int c[4] = {0, 0, 0, 0};
@@ -476,10 +489,6 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
                             isum[mt][j][1] += c[1] * sl;
                             isum[mt][j][2] += c[2] * sh;
                             isum[mt][j][3] += c[3] * sh;
-                            acc[mt][j][0] = __fmaf_rn(-fm_lo, sx2[j].x, acc[mt][j][0]);
-                            acc[mt][j][1] = __fmaf_rn(-fm_lo, sx2[j].y, acc[mt][j][1]);
-                            acc[mt][j][2] = __fmaf_rn(-fm_hi, sx2[j].x, acc[mt][j][2]);
-                            acc[mt][j][3] = __fmaf_rn(-fm_hi, sx2[j].y, acc[mt][j][3]);
                         }
                     }
                 }
@@ -488,6 +497,37 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
 #pragma unroll
             for (int mt = 0; mt < M_TILES; ++mt) d[mt][0] = dm[mt][0].x, d[mt][1] = dm[mt][1].x;
             add_chunk_sums(acc, isum, d, sd, t);
+            // The mins: acc[row][n] -= dmin_row * sum_s min_s,row * sums[s][n] over the chunk's 8
+            // sub-blocks, as one tf32 mma.m16n8k8 (k = the sub-blocks; A = the 6-bit mins, exact in
+            // tf32) on the sums split into a tf32 head and the rest (two mma: ~fp32 accuracy)
+            // instead of 8 float FMAs per accumulator. A lane holds sub-blocks t and t + 4.
+#pragma unroll
+            for (int mt = 0; mt < M_TILES; ++mt) {
+                float am[4];  // a0 = (row g, s = t), a1 = (row g + 8, t), a2 = (g, t + 4), a3 = (g + 8, t + 4)
+#pragma unroll
+                for (int q = 0; q < 4; ++q) {
+                    int scale, min;
+                    q4k_scale_min(t + 4 * (q / 2), sc[mt][q % 2], scale, min);
+                    am[q] = float(min);
+                }
+#pragma unroll
+                for (int j = 0; j < NG; ++j) {
+                    float bh[2], bl[2];  // sub-blocks t and t + 4 of column COL_GROUP * j + g
+#pragma unroll
+                    for (int q = 0; q < 2; ++q) {
+                        const float v = sums[(t + 4 * q) * COLS + COL_GROUP * j + g];
+                        bh[q] = __uint_as_float(__float_as_uint(v) & 0xFFFFE000u);  // tf32's 10 mantissa bits
+                        bl[q] = v - bh[q];                                            // (exact)
+                    }
+                    float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                    mma_tf32(c, am, bh[0], bh[1]);
+                    mma_tf32(c, am, bl[0], bl[1]);
+                    acc[mt][j][0] = __fmaf_rn(-dm[mt][0].y, c[0], acc[mt][j][0]);
+                    acc[mt][j][1] = __fmaf_rn(-dm[mt][0].y, c[1], acc[mt][j][1]);
+                    acc[mt][j][2] = __fmaf_rn(-dm[mt][1].y, c[2], acc[mt][j][2]);
+                    acc[mt][j][3] = __fmaf_rn(-dm[mt][1].y, c[3], acc[mt][j][3]);
+                }
+            }
         } else if constexpr (Q6K) {
             // sub-block s = 4h + p (32 values) in two halves u of 16 values, one k16 mma each (a
             // scale per 16 values); the halves' sums times their int8 scales add up in int32

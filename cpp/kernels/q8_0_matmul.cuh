@@ -278,8 +278,8 @@ __device__ __forceinline__ void add_chunk_sums(float (&acc)[M_TILES][NG][4], con
 // activation blocks one mma each (the 4-bit quants widened to int8 0..15 with a shift and a mask).
 // The activations have one scale per chunk (quantize_columns<CHUNK_BLOCKS>), so the sub-blocks'
 // integer sums times their 6-bit scales add up exactly in int32 (|sum| <= 8 * 63 * 32 * 15 * 127);
-// the chunk's sum is scaled once by d and the activations' scale, and dmin * min_s times each
-// activation block's float sum is subtracted per sub-block.
+// the chunk's sum is scaled once by d and the activations' scale, and dmin times the sum over the
+// sub-blocks of min_s times the activation block's float sum (one tf32 mma, see below) is subtracted.
 // With a.norm_w, ss holds quantize_columns' per-block sums of squares and every column's sums are
 // scaled by its norm factor rsqrt(sum / K + eps). The threads load all blocks' sums at once while
 // the first weight chunks are in flight (NORM_PARTS partial sums per column, blocks p, p + 8, ..),

@@ -94,6 +94,19 @@ static_assert(STAGES >= 2, "one chunk loads while another is multiplied");
 #ifndef LUCEBOX_Q8_0_PERSISTENT
 #define LUCEBOX_Q8_0_PERSISTENT 3
 #endif
+// LUCEBOX_Q8_0_ONE_COL: which one-column products (decode) stage their one column of activations
+// only (see stage_bytes), with LUCEBOX_Q8_0_ONE_STAGES chunks per warp, instead of a group of 8
+// columns: 1 Q6_K's, 2 every format's, 0 none. H200 probe, row-tiled, the 9 shapes' one-column sum
+// against 0: Q6_K 193.6 -> 184.8 us at 3 stages (191.4 at 2, 194.3 at 4; ffn_down 28.6 -> 26.6),
+// but Q8_0 193.1 -> 200.6 and Q4_K 131.3 -> 141.5 (at 2 stages 202.8 and 149.1: their smaller CTAs
+// change how the grids fill the device, e.g. Q4_K's DeltaNet stack one wave of 1030 CTAs, 16.2 ->
+// 21.1 us), hence 1.
+#ifndef LUCEBOX_Q8_0_ONE_COL
+#define LUCEBOX_Q8_0_ONE_COL 1
+#endif
+#ifndef LUCEBOX_Q8_0_ONE_STAGES
+#define LUCEBOX_Q8_0_ONE_STAGES 3
+#endif
 #ifndef LUCEBOX_Q8_0_PDL  // 0: plain launches (for the probe's A/B)
 #define LUCEBOX_Q8_0_PDL 1
 #endif
@@ -106,16 +119,19 @@ static_assert(16 * Q6K_BLOCK_BYTES % 16 == 0, "a staged q6_k tile chunk (16 rows
 // of rows for a plain product of <= 8 columns (more CTAs, more chunks in flight per multiprocessor:
 // 4 CTAs of 53 KB), else two (a gated product: U's and G's; 9..64 columns: each activation chunk
 // serves 32 rows, halving its shared-memory and L2 traffic).
-// q4_k: 144-byte row chunks, and the activation sums [8][cols] after the scales.
-__host__ __device__ constexpr int stage_bytes(int cols, int m_tiles, weight_type wt = weight_type::q8_0) {
-    return 16 * m_tiles * chunk_bytes(wt) + CHUNK_BLOCKS * cols * (QK + 4 + (wt == weight_type::q4_k ? 4 : 0));
+// q4_k: 144-byte row chunks, and the activation sums [8][cols] after the scales. A one-column
+// product (decode) stages its one column only (xcols 1; the mma's other 7 columns are zero
+// registers): 4.6 KB a Q8_0 stage instead of 6.6, so more chunks fit in flight.
+__host__ __device__ constexpr int stage_bytes(int xcols, int m_tiles, weight_type wt = weight_type::q8_0) {
+    return 16 * m_tiles * chunk_bytes(wt) + CHUNK_BLOCKS * xcols * (QK + 4 + (wt == weight_type::q4_k ? 4 : 0));
 }
 // A column's sum of squares is added as NORM_PARTS partial sums (blocks b = p mod NORM_PARTS).
 constexpr int NORM_PARTS = 8;
 
 // The warps' stages, then the columns' RMS norm factors [cols] and partial sums [cols][NORM_PARTS].
-__host__ __device__ constexpr int smem_bytes(int cols, int m_tiles, weight_type wt = weight_type::q8_0, int stages = STAGES) {
-    return WARPS * stages * stage_bytes(cols, m_tiles, wt) + cols * 4 * (1 + NORM_PARTS);
+__host__ __device__ constexpr int smem_bytes(int cols, int m_tiles, weight_type wt = weight_type::q8_0, int stages = STAGES,
+                                             bool one = false) {
+    return WARPS * stages * stage_bytes(one ? 1 : cols, m_tiles, wt) + cols * 4 * (1 + NORM_PARTS);
 }
 
 namespace detail {
@@ -169,11 +185,15 @@ __device__ __forceinline__ uint32_t load_u32_at(const uint8_t * p, int odd) {
     return __funnelshift_r(q[0], q[1], 16 * odd);
 }
 
-// q6_k quants q (0..63, four bytes) -> the signed bytes q - 32: q ^ 32 is q - 32 mod 64, and its
-// bit 5 then spreads to bits 6 and 7 (0x20 * 6 = 0xC0: no carry between bytes).
-__device__ __forceinline__ int q6_centered(uint32_t q) {
-    const uint32_t x = q ^ 0x20202020u;
-    return int(x | ((x & 0x20202020u) * 6u));
+// Four q6_k quants q = nibble | field << 4 (0..63) -> the signed bytes 4 (q - 32): 4q puts the
+// nibble at bits 2..5 and the field at bits 6..7, and 4q - 128 flips bit 7, which qh_flipped
+// (qh ^ 0xAAAAAAAA: every field's high bit flipped) already has. nib: the low (0) or high (1)
+// nibbles of ql; field: the 2-bit field 0..3 of qh (both constants in the unrolled loops that call
+// it). Four operations; the sums are 4x (exact), the weight scale d / 4 (exact).
+__device__ __forceinline__ int q6_times4_centered(uint32_t ql, uint32_t qh_flipped, int nib_half, int field_at) {
+    const uint32_t nib = nib_half == 0 ? ql << 2 : ql >> 2;
+    const uint32_t field = field_at == 3 ? qh_flipped : qh_flipped << (6 - 2 * field_at);
+    return int((nib & 0x3C3C3C3Cu) | (field & 0xC0C0C0C0u));
 }
 
 __device__ __forceinline__ float silu(float v) { return v / (1.0f + expf(-v)); }  // as ggml's CUDA swiglu
@@ -249,15 +269,23 @@ __device__ __forceinline__ void load_quants(bool odd_block, const uint8_t * p, i
     }
 }
 
+// The activation scales of accumulator columns 8j + 2t and 8j + 2t + 1 from a block's staged scales
+// sd[cols]; ONE: sd holds column 0's alone, the other columns' are 0 (never written).
+template <bool ONE>
+__device__ __forceinline__ float2 x_scales(const float * sd, int j, int t) {
+    if constexpr (ONE) return make_float2(t == 0 ? sd[0] : 0.0f, 0.0f);
+    else return *reinterpret_cast<const float2 *>(sd + COL_GROUP * j + 2 * t);
+}
+
 // A chunk's integer sums of a super-block format into the accumulators: acc += d_row * dx_col *
 // isum, d[mt][0 / 1] the weight scale of rows g / g + 8, dx the chunk's activation scale of each
 // column (sd: the chunk's staged scales, every block holding it), in accumulator order (see below).
-template <int M_TILES, int NG>
+template <bool ONE, int M_TILES, int NG>
 __device__ __forceinline__ void add_chunk_sums(float (&acc)[M_TILES][NG][4], const int (&isum)[M_TILES][NG][4],
                                                const float (&d)[M_TILES][2], const float * sd, int t) {
 #pragma unroll
     for (int j = 0; j < NG; ++j) {
-        const float2 dx = *reinterpret_cast<const float2 *>(sd + COL_GROUP * j + 2 * t);
+        const float2 dx = x_scales<ONE>(sd, j, t);
 #pragma unroll
         for (int mt = 0; mt < M_TILES; ++mt) {
             acc[mt][j][0] = __fmaf_rn(__fmul_rn(d[mt][0], dx.x), float(isum[mt][j][0]), acc[mt][j][0]);
@@ -285,23 +313,30 @@ __device__ __forceinline__ void add_chunk_sums(float (&acc)[M_TILES][NG][4], con
 // the first weight chunks are in flight (NORM_PARTS partial sums per column, blocks p, p + 8, ..),
 // and add the partials in order after the main loop: a fixed order, so the factor of column n does
 // not depend on N either.
-template <int NG, bool GATED, int M_TILES, weight_type WT, int ST = STAGES>
+template <int NG, bool GATED, int M_TILES, weight_type WT, int ST = STAGES, bool ONE = false>
 __global__ void __launch_bounds__(WARPS * 32)
 matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__ xd, const float * __restrict__ xs,
        const float * ss) {  // ss: quantize_columns' output, read after griddepcontrol.wait: not restrict, ld.global.cg
     extern __shared__ __align__(16) uint8_t smem[];
     constexpr int COLS = COL_GROUP * NG;
+    // ONE (N == 1): the activations hold one column ([K/32][1][32], quantize_columns with cols 1)
+    // and so do the stages; lanes g > 0 take zeros for the mma's B columns 1..7
+    static_assert(!ONE || NG == 1, "one column is one column group");
+    constexpr int XC = ONE ? 1 : COLS;
     static_assert(!GATED || M_TILES == 2, "a gated warp takes 16 rows of U and the same 16 of G");
     constexpr int TILE_ROWS = 16 * M_TILES;
     constexpr bool Q4K = WT == weight_type::q4_k, Q6K = WT == weight_type::q6_k;
     constexpr int CB = chunk_bytes(WT), CHUNK_VECS = CB / 16;
-    constexpr int STAGE = stage_bytes(COLS, M_TILES, WT);
+    constexpr int STAGE = stage_bytes(XC, M_TILES, WT);
     constexpr int W_BYTES = TILE_ROWS * CB;
-    constexpr int X_BYTES = CHUNK_BLOCKS * COLS * QK;
-    constexpr int X_VECS = X_BYTES / 16, D_VECS = CHUNK_BLOCKS * COLS * 4 / 16;
+    constexpr int X_BYTES = CHUNK_BLOCKS * XC * QK;
+    constexpr int X_VECS = X_BYTES / 16, D_VECS = CHUNK_BLOCKS * XC * 4 / 16;
+    static_assert(CHUNK_BLOCKS * 4 % 16 == 0, "a chunk's scales of one column are whole 16-byte vectors");
     constexpr int OUT_ROWS = GATED ? TILE_ROWS / 2 : TILE_ROWS;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int g = lane / 4, t = lane % 4;
+    const bool x_lane = !ONE || g == 0;  // this lane's B column (g) is a staged one
+    auto x_col = [&](int j) { return ONE ? 0 : COL_GROUP * j + g; };  // its staged column
     const int n_chunks = a.K / K_ALIGN;
     // the chunks of a tile warp w takes (w, w + WARPS, ..): the same for every tile
     auto chunks_of = [&](int w) { return n_chunks > w ? (n_chunks - w + WARPS - 1) / WARPS : 0; };
@@ -374,15 +409,19 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
             uint8_t * st = stages + (i % ST) * STAGE;
             const int8_t * xsrc = xq + int64_t(chunk) * X_BYTES;
 #pragma unroll
-            for (int c = 0; c < X_VECS / 32; ++c) {
+            for (int c = 0; c < (X_VECS + 31) / 32; ++c) {
                 const int idx = lane + 32 * c;
-                const int col = (idx / 2) % COLS;
+                if (X_VECS % 32 != 0 && idx >= X_VECS) break;
+                const int col = (idx / 2) % XC;
                 cuda::cp_async16(st + W_BYTES + 16 * idx, xsrc + 16 * idx, col < a.N ? 16 : 0);
             }
-            const float * dsrc = xd + int64_t(chunk) * CHUNK_BLOCKS * COLS;
-            for (int idx = lane; idx < D_VECS; idx += 32) cuda::cp_async16(st + W_BYTES + X_BYTES + 16 * idx, dsrc + 4 * idx);
+            // the scales: every block's (Q8_0), or block 0's alone where the chunk's blocks share one
+            // (the products read no other)
+            const float * dsrc = xd + int64_t(chunk) * CHUNK_BLOCKS * XC;
+            constexpr int D_LOADS = chunk_scaled(WT) ? (XC * 4 + 15) / 16 : D_VECS;
+            for (int idx = lane; idx < D_LOADS; idx += 32) cuda::cp_async16(st + W_BYTES + X_BYTES + 16 * idx, dsrc + 4 * idx);
             if (Q4K) {
-                const float * ssrc = xs + int64_t(chunk) * CHUNK_BLOCKS * COLS;
+                const float * ssrc = xs + int64_t(chunk) * CHUNK_BLOCKS * XC;
                 for (int idx = lane; idx < D_VECS; idx += 32)
                     cuda::cp_async16(st + W_BYTES + X_BYTES + 16 * (D_VECS + idx), ssrc + 4 * idx);
             }
@@ -418,7 +457,7 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
             const int c = cp / NORM_PARTS;
             float sq = 0.0f;
             if (c < a.N)  // padded columns: never written
-                for (int b = cp % NORM_PARTS; b < nb; b += NORM_PARTS) sq += __ldcg(ss + b * COLS + c);
+                for (int b = cp % NORM_PARTS; b < nb; b += NORM_PARTS) sq += __ldcg(ss + b * XC + c);
             norm_part[cp] = sq;
         }
         __syncthreads();
@@ -440,7 +479,7 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
         const int8_t * sx = reinterpret_cast<const int8_t *>(st + W_BYTES);
         const float * sd = reinterpret_cast<const float *>(st + W_BYTES + X_BYTES);
         if constexpr (Q4K) {
-            const float * sums = sd + CHUNK_BLOCKS * COLS;  // the activation blocks' sums (for the mins)
+            const float * sums = sd + CHUNK_BLOCKS * XC;  // the activation blocks' sums (for the mins)
             float2 dm[M_TILES][2];                         // (d, dmin) of rows g and g + 8
             uint32_t sc[M_TILES][2][3];                    // their packed scales and mins
 #pragma unroll
@@ -467,9 +506,9 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
                     int bf[NG][2];
 #pragma unroll
                     for (int j = 0; j < NG; ++j) {
-                        const int2 v = *reinterpret_cast<const int2 *>(sx + (s * COLS + COL_GROUP * j + g) * QK + 8 * t);
-                        bf[j][0] = v.x;
-                        bf[j][1] = v.y;
+                        const int2 v = *reinterpret_cast<const int2 *>(sx + (s * XC + x_col(j)) * QK + 8 * t);
+                        bf[j][0] = x_lane ? v.x : 0;
+                        bf[j][1] = x_lane ? v.y : 0;
                     }
 #pragma unroll
                     for (int mt = 0; mt < M_TILES; ++mt) {
@@ -496,7 +535,7 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
             float d[M_TILES][2];
 #pragma unroll
             for (int mt = 0; mt < M_TILES; ++mt) d[mt][0] = dm[mt][0].x, d[mt][1] = dm[mt][1].x;
-            add_chunk_sums(acc, isum, d, sd, t);
+            add_chunk_sums<ONE>(acc, isum, d, sd, t);
             // The mins: acc[row][n] -= dmin_row * sum_s min_s,row * sums[s][n] over the chunk's 8
             // sub-blocks, as one tf32 mma.m16n8k8 (k = the sub-blocks; A = the 6-bit mins, exact in
             // tf32) on the sums split into a tf32 head and the rest (two mma: ~fp32 accuracy)
@@ -515,7 +554,7 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
                     float bh[2], bl[2];  // sub-blocks t and t + 4 of column COL_GROUP * j + g
 #pragma unroll
                     for (int q = 0; q < 2; ++q) {
-                        const float v = sums[(t + 4 * q) * COLS + COL_GROUP * j + g];
+                        const float v = x_lane ? sums[(t + 4 * q) * XC + x_col(j)] : 0.0f;
                         bh[q] = __uint_as_float(__float_as_uint(v) & 0xFFFFE000u);  // tf32's 10 mantissa bits
                         bl[q] = v - bh[q];                                            // (exact)
                     }
@@ -531,14 +570,15 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
         } else if constexpr (Q6K) {
             // sub-block s = 4h + p (32 values) in two halves u of 16 values, one k16 mma each (a
             // scale per 16 values); the halves' sums times their int8 scales add up in int32
-            // (|sum| <= 16 * 16 * 32 * 127 * 128), scaled once a chunk by d and the activations' scale
+            // (|sum| <= 4 * 16 * 16 * 32 * 127 * 128: the quants are 4 (q - 32)), scaled once a chunk by
+            // d / 4 and the activations' scale
             const int odd = g & 1;  // rows g and g + 8 sit at an odd multiple of 210 bytes: 2 bytes off
             float dq[M_TILES][2];
 #pragma unroll
             for (int mt = 0; mt < M_TILES; ++mt)
 #pragma unroll
                 for (int hr = 0; hr < 2; ++hr)
-                    dq[mt][hr] = __half2float(*reinterpret_cast<const __half *>(st + (16 * mt + g + 8 * hr) * CB + 208));
+                    dq[mt][hr] = 0.25f * __half2float(*reinterpret_cast<const __half *>(st + (16 * mt + g + 8 * hr) * CB + 208));
             int isum[M_TILES][NG][4] = {};
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
@@ -553,7 +593,7 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
                             const uint8_t * row = st + (16 * mt + g + 8 * hr) * CB;
                             lo[mt][hr] = load_u32_at(row + 64 * h + l, odd);
                             hi[mt][hr] = load_u32_at(row + 64 * h + 32 + l, odd);
-                            qh[mt][hr] = load_u32_at(row + 128 + 32 * h + l, odd);
+                            qh[mt][hr] = load_u32_at(row + 128 + 32 * h + l, odd) ^ 0xAAAAAAAAu;
                         }
 #pragma unroll
                     for (int p = 0; p < 4; ++p) {
@@ -561,7 +601,7 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
                         int bf[NG];
 #pragma unroll
                         for (int j = 0; j < NG; ++j)
-                            bf[j] = *reinterpret_cast<const int *>(sx + (s * COLS + COL_GROUP * j + g) * QK + l);
+                            bf[j] = x_lane ? *reinterpret_cast<const int *>(sx + (s * XC + x_col(j)) * QK + l) : 0;
 #pragma unroll
                         for (int mt = 0; mt < M_TILES; ++mt) {
                             int af[2];
@@ -569,8 +609,7 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
 #pragma unroll
                             for (int hr = 0; hr < 2; ++hr) {
                                 const uint32_t ql = p % 2 == 0 ? lo[mt][hr] : hi[mt][hr];
-                                af[hr] = q6_centered(((ql >> (4 * (p / 2))) & 0x0F0F0F0Fu) |
-                                                     (((qh[mt][hr] >> (2 * p)) & 0x03030303u) << 4));
+                                af[hr] = q6_times4_centered(ql, qh[mt][hr], p / 2, p);
                                 sc[hr] = int(*reinterpret_cast<const int8_t *>(st + (16 * mt + g + 8 * hr) * CB + 192 + 8 * h + 2 * p + u));
                             }
 #pragma unroll
@@ -586,7 +625,7 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
                     }
                 }
             }
-            add_chunk_sums(acc, isum, dq, sd, t);
+            add_chunk_sums<ONE>(acc, isum, dq, sd, t);
         } else {
 #pragma unroll
         for (int jb = 0; jb < CHUNK_BLOCKS; ++jb) {
@@ -594,10 +633,10 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
             float2 dx[NG];
 #pragma unroll
             for (int j = 0; j < NG; ++j) {
-                const int2 v = *reinterpret_cast<const int2 *>(sx + (jb * COLS + COL_GROUP * j + g) * QK + 8 * t);
-                bf[j][0] = v.x;
-                bf[j][1] = v.y;
-                dx[j] = *reinterpret_cast<const float2 *>(sd + jb * COLS + COL_GROUP * j + 2 * t);
+                const int2 v = *reinterpret_cast<const int2 *>(sx + (jb * XC + x_col(j)) * QK + 8 * t);
+                bf[j][0] = x_lane ? v.x : 0;
+                bf[j][1] = x_lane ? v.y : 0;
+                dx[j] = x_scales<ONE>(sd + jb * XC, j, t);
             }
 #pragma unroll
             for (int mt = 0; mt < M_TILES; ++mt) {
@@ -717,11 +756,11 @@ bool pdl_kernel(int dev) { return LUCEBOX_Q8_0_PDL && cuda::pdl_kernel<Kernel>(d
 
 using cuda::launch;
 
-template <int NG, bool GATED, weight_type WT, int ST = STAGES>
+template <int NG, bool GATED, weight_type WT, int ST = STAGES, bool ONE = false>
 cudaError_t launch_groups(const matmul_args & a, const int8_t * xq, const float * xd, const float * xs,
                           const float * ss, cudaStream_t stream) {
     constexpr int M_TILES = GATED || NG > LUCEBOX_Q8_0_ONE_TILE_MAX_NG ? 2 : 1;
-    constexpr int SMEM = smem_bytes(COL_GROUP * NG, M_TILES, WT, ST);
+    constexpr int SMEM = smem_bytes(COL_GROUP * NG, M_TILES, WT, ST, ONE);
     // the shared-memory limit is a per-device attribute of the function: raise it once per device
     static unsigned long long configured = 0;  // bit d: device d done (devices 0..63)
     int dev = 0;
@@ -730,7 +769,7 @@ cudaError_t launch_groups(const matmul_args & a, const int8_t * xq, const float 
     if (dev >= 64) return cudaErrorInvalidDevice;
     if (!(__atomic_load_n(&configured, __ATOMIC_ACQUIRE) & (1ull << dev))) {
         // (all the device allows: cuda::spread_smem pads a launch's shared memory)
-        err = cudaFuncSetAttribute(matmul<NG, GATED, M_TILES, WT, ST>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        err = cudaFuncSetAttribute(matmul<NG, GATED, M_TILES, WT, ST, ONE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    LUCEBOX_Q8_0_SPREAD ? device_smem_optin(dev) : SMEM);
         if (err != cudaSuccess) return err;
         __atomic_fetch_or(&configured, 1ull << dev, __ATOMIC_ACQ_REL);
@@ -740,18 +779,41 @@ cudaError_t launch_groups(const matmul_args & a, const int8_t * xq, const float 
     // looping over tiles
     int grid = (a.M + OUT_ROWS - 1) / OUT_ROWS;
     if (LUCEBOX_Q8_0_PERSISTENT > 0) {
-        const int most = cuda::resident_ctas<matmul<NG, GATED, M_TILES, WT, ST>>(dev, WARPS * 32, SMEM) *
+        const int most = cuda::resident_ctas<matmul<NG, GATED, M_TILES, WT, ST, ONE>>(dev, WARPS * 32, SMEM) *
                          device_attribute<cudaDevAttrMultiProcessorCount>(dev);
         if (most > 0 && grid >= LUCEBOX_Q8_0_PERSISTENT * most) grid = most;
     }
-    const int smem = LUCEBOX_Q8_0_SPREAD ? cuda::spread_smem<matmul<NG, GATED, M_TILES, WT, ST>>(dev, grid, WARPS * 32, SMEM) : SMEM;
-    return launch(matmul<NG, GATED, M_TILES, WT, ST>, dim3(grid), dim3(WARPS * 32), smem, stream,
-                  pdl_kernel<matmul<NG, GATED, M_TILES, WT, ST>>(dev), a, xq, xd, xs, ss);
+    const int smem = LUCEBOX_Q8_0_SPREAD ? cuda::spread_smem<matmul<NG, GATED, M_TILES, WT, ST, ONE>>(dev, grid, WARPS * 32, SMEM) : SMEM;
+    return launch(matmul<NG, GATED, M_TILES, WT, ST, ONE>, dim3(grid), dim3(WARPS * 32), smem, stream,
+                  pdl_kernel<matmul<NG, GATED, M_TILES, WT, ST, ONE>>(dev), a, xq, xd, xs, ss);
+}
+
+// The stages of a one-column product (one_column): LUCEBOX_Q8_0_ONE_STAGES, and at least 3 for
+// Q4_K products of <= LUCEBOX_Q8_0_ST3_MAX_M rows.
+constexpr int one_stages(weight_type wt, bool few_rows) {
+    return wt == weight_type::q4_k && few_rows && LUCEBOX_Q8_0_ONE_STAGES < 3 ? 3 : LUCEBOX_Q8_0_ONE_STAGES;
+}
+
+constexpr bool one_column_type(weight_type wt) {  // (LUCEBOX_Q8_0_ONE_COL)
+    return LUCEBOX_Q8_0_ONE_COL == 2 || (LUCEBOX_Q8_0_ONE_COL == 1 && wt == weight_type::q6_k);
+}
+// Whether a product of a.N == 1 columns on device dev runs with one staged column (its format's
+// choice, and the launch fits the device's shared memory; else it runs as a column group of 8, like
+// N = 2..8).
+inline bool one_column(const matmul_args & a, int dev) {
+    if (!one_column_type(a.type) || a.N != 1) return false;
+    const bool few_rows = a.M <= LUCEBOX_Q8_0_ST3_MAX_M;
+    const int m_tiles = a.gate != nullptr ? 2 : 1;
+    return smem_bytes(COL_GROUP, m_tiles, a.type, one_stages(a.type, few_rows), true) <= device_smem_optin(dev);
 }
 
 template <bool GATED, weight_type WT>
-cudaError_t launch_gated(const matmul_args & a, const int8_t * xq, const float * xd, const float * xs,
+cudaError_t launch_gated(const matmul_args & a, bool one, const int8_t * xq, const float * xd, const float * xs,
                          const float * ss, cudaStream_t stream) {
+    if constexpr (one_column_type(WT))
+        if (one)
+            return a.M <= LUCEBOX_Q8_0_ST3_MAX_M ? launch_groups<1, GATED, WT, one_stages(WT, true), true>(a, xq, xd, xs, ss, stream)
+                                                 : launch_groups<1, GATED, WT, one_stages(WT, false), true>(a, xq, xd, xs, ss, stream);
     if constexpr (WT == weight_type::q4_k && LUCEBOX_Q8_0_ST3_MAX_M > 0 && STAGES != 3)
         if (col_groups(a.N) == 1 && a.M <= LUCEBOX_Q8_0_ST3_MAX_M) return launch_groups<1, GATED, WT, 3>(a, xq, xd, xs, ss, stream);
     switch (col_groups(a.N)) {
@@ -766,16 +828,17 @@ cudaError_t launch_gated(const matmul_args & a, const int8_t * xq, const float *
 
 // Runs the product of at most 64 columns on `stream` (activation quantization, then the product).
 inline cudaError_t matmul_group(const matmul_args & a, void * scratch, cudaStream_t stream) {
-    const int cols = COL_GROUP * col_groups(a.N);
+    int dev = 0;
+    cudaError_t err = cudaGetDevice(&dev);
+    if (err != cudaSuccess) return err;
+    const bool one = detail::one_column(a, dev);
+    const int cols = one ? 1 : COL_GROUP * col_groups(a.N);  // the quantized activations' columns
     const size_t nb = size_t(a.K) / QK;
     int8_t * xq = static_cast<int8_t *>(scratch);
     float * xd = reinterpret_cast<float *>(xq + nb * cols * QK);
     const bool q4k = a.type == weight_type::q4_k, per_chunk = chunk_scaled(a.type);
     float * xs = q4k ? xd + nb * cols : nullptr;
     float * ss = a.norm_w != nullptr ? xd + nb * cols * (q4k ? 2 : 1) : nullptr;
-    int dev = 0;
-    cudaError_t err = cudaGetDevice(&dev);
-    if (err != cudaSuccess) return err;
     // one warp per block and column; Q4_K / Q6_K: a thread block of CHUNK_BLOCKS warps per chunk and
     // column (the chunk's blocks share one scale)
     auto quantize = [&](auto group) {
@@ -791,14 +854,14 @@ inline cudaError_t matmul_group(const matmul_args & a, void * scratch, cudaStrea
     const bool gated = a.gate != nullptr;
     switch (a.type) {
         case weight_type::q4_k:
-            return gated ? detail::launch_gated<true, weight_type::q4_k>(a, xq, xd, xs, ss, stream)
-                         : detail::launch_gated<false, weight_type::q4_k>(a, xq, xd, xs, ss, stream);
+            return gated ? detail::launch_gated<true, weight_type::q4_k>(a, one, xq, xd, xs, ss, stream)
+                         : detail::launch_gated<false, weight_type::q4_k>(a, one, xq, xd, xs, ss, stream);
         case weight_type::q6_k:
-            return gated ? detail::launch_gated<true, weight_type::q6_k>(a, xq, xd, xs, ss, stream)
-                         : detail::launch_gated<false, weight_type::q6_k>(a, xq, xd, xs, ss, stream);
+            return gated ? detail::launch_gated<true, weight_type::q6_k>(a, one, xq, xd, xs, ss, stream)
+                         : detail::launch_gated<false, weight_type::q6_k>(a, one, xq, xd, xs, ss, stream);
         default:
-            return gated ? detail::launch_gated<true, weight_type::q8_0>(a, xq, xd, xs, ss, stream)
-                         : detail::launch_gated<false, weight_type::q8_0>(a, xq, xd, xs, ss, stream);
+            return gated ? detail::launch_gated<true, weight_type::q8_0>(a, one, xq, xd, xs, ss, stream)
+                         : detail::launch_gated<false, weight_type::q8_0>(a, one, xq, xd, xs, ss, stream);
     }
 }
 

@@ -5,11 +5,12 @@ A speculative verify evaluates T tokens in one forward; plain decoding evaluates
 time. Greedy speculation gives plain decoding's tokens exactly only where the two give the same
 logits, or where they differ by less than the top-2 margin. On the CPU every op of lucebox gives a
 token the same bits in any batch (docs/architecture.md, "Cache independence"), so every row should
-be bit-equal there (tests/integration/test_snapshots.py asserts it); on CUDA the kernels depend on the batch and this measures by how much. For each
-prompt length it prints the largest and the mean absolute difference, how many of the T rows are
-bit-equal, how many rows pick the same argmax, and the median top-2 margin of the batch's rows (a
-difference near that margin parts greedy tokens). --ggml-kernels runs every product on ggml's own
-CUDA kernels instead of cpp/kernels/ (the A/B). Usage (repository root):
+be bit-equal there (tests/integration/test_snapshots.py asserts it); on CUDA the kernels depend on
+the batch and this measures by how much. For each prompt length it prints the largest and the mean
+absolute difference, how many of the T rows are bit-equal, how many rows pick the same argmax, and
+the median top-2 margin of the batch's rows (a difference near that margin parts greedy tokens).
+--ggml-kernels runs every product on ggml's own CUDA kernels instead of cpp/kernels/ (the A/B).
+Usage (repository root):
     lucebox synth qwen3.6-27b -o /tmp/t27q4.gguf --type q4_k_m
     python bench/bench_batch_invariance.py --model /tmp/t27q4.gguf --device cuda [--ggml-kernels]
 """

@@ -452,7 +452,7 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
             // the scales: every block's (Q8_0), or block 0's alone where the chunk's blocks share one
             // (the products read no other)
             const float * dsrc = xd + int64_t(chunk) * CHUNK_BLOCKS * XC;
-            constexpr int D_LOADS = D_BYTES / 16;  // (chunk-scaled, not tight: block 0's scales only)
+            constexpr int D_LOADS = chunk_scaled(WT) ? (XC * 4 + 15) / 16 : D_VECS;
             static_assert(D_LOADS * 16 <= D_BYTES, "the scales copied fit their bytes");
             for (int idx = 32 * rw + lane; idx < D_LOADS; idx += 32 * RW) cuda::cp_async16(st + X_BYTES + 16 * idx, dsrc + 4 * idx);
             if (Q4K) {

@@ -14,7 +14,8 @@
 // round to nearest: the rounding of ggml's q8_1) per 32 values for Q8_0 weights, per 256 for Q4_K
 // (as ggml's CPU q8_K), into [K/32][8*NG][32] (NG groups of 8 columns). The product's rows form
 // tiles of 16 or 32 weight rows (gated: 16 rows of U and the same 16 rows of G; see stage_bytes);
-// each CTA takes one tile (9..16 columns: LUCEBOX_Q8_0_ROW_WARPS tiles, one a row group of warps),
+// each CTA takes one tile (some 9..16-column products: two, one a row group of warps; see
+// LUCEBOX_Q8_0_ROW_GROUPS_MIN_TILES),
 // or where there are more tiles than CTAs fit on the device at once, every gridDim.x-th. Its WARPS
 // warps (of each row group) split each tile's K between them: each warp streams 256-value chunks of
 // its rows (running on into its next tile's), and the same blocks of the quantized activations (one
@@ -108,18 +109,18 @@ static_assert(STAGES >= 2, "one chunk loads while another is multiplied");
 #ifndef LUCEBOX_Q8_0_ONE_STAGES
 #define LUCEBOX_Q8_0_ONE_STAGES 3
 #endif
-// LUCEBOX_Q8_0_ROW_WARPS R: a product of 9..16 columns (a DFlash verify) runs CTAs of R x WARPS
-// warps: R row groups of a tile's rows (R tiles of one CTA) over the same WARPS-way split of K, the
-// R warps of each K part sharing one staged activation chunk (one copy for R x 16 rows, so more
-// warps fit a multiprocessor's shared memory). Every warp's arithmetic is the one of R = 1, so the
-// results are the same bits for every R. 1: one row group.
-#ifndef LUCEBOX_Q8_0_ROW_WARPS
-#define LUCEBOX_Q8_0_ROW_WARPS 2
-#endif
-// LUCEBOX_Q8_0_TIGHT 1: a stage of a chunk-scaled format (Q4_K, Q6_K) holds its columns' one
-// activation scale, not 8 copies of it (16-column Q4_K stages 7424 -> 6976 bytes); 0: the 8 copies.
-#ifndef LUCEBOX_Q8_0_TIGHT
-#define LUCEBOX_Q8_0_TIGHT 1
+// LUCEBOX_Q8_0_ROW_GROUPS_MIN_TILES T: a product of 9..16 columns (a DFlash verify) with at
+// least T tiles runs CTAs of 2 x WARPS warps: two row groups (two tiles a CTA) over the same
+// WARPS-way split of K, the two warps of each K part sharing one staged activation chunk (one copy
+// for 2 x 16 rows, so more warps fit a multiprocessor's shared memory), whose chunk-scaled stages
+// (Q4_K, Q6_K) hold a column's one activation scale, not 8 copies of it (x_scale_bytes: so that
+// the gated 16-column Q4_K CTA fits twice). Every warp's arithmetic is the one of one row group,
+// so the results are the same bits either way. 0: never. H200 probe, 16 columns, every 16-column
+// Q4_K / Q6_K shape of at least 896 tiles faster with two groups (Q4_K gate+up 44.3 -> 40.3 us,
+// Q6_K DeltaNet stack 35.3 -> 29.1), every one of at most 640 slower (ffn_down, 320 tiles:
+// Q6_K 34.7 -> 44.9): below a few waves the CTAs of twice the warps fill the device unevenly.
+#ifndef LUCEBOX_Q8_0_ROW_GROUPS_MIN_TILES
+#define LUCEBOX_Q8_0_ROW_GROUPS_MIN_TILES 896
 #endif
 #ifndef LUCEBOX_Q8_0_PDL  // 0: plain launches (for the probe's A/B)
 #define LUCEBOX_Q8_0_PDL 1
@@ -136,16 +137,18 @@ static_assert(16 * Q6K_BLOCK_BYTES % 16 == 0, "a staged q6_k tile chunk (16 rows
 // q4_k: 144-byte row chunks, and the activation sums [8][cols] after the scales. A one-column
 // product (decode) stages its one column only (xcols 1; the mma's other 7 columns are zero
 // registers): 4.6 KB a Q8_0 stage instead of 6.6, so more chunks fit in flight.
-// The activation scales' bytes of a stage: [8][xcols] floats, or (chunk-scaled formats) the
-// chunk's one scale a column, [xcols] floats in whole 16-byte vectors.
-__host__ __device__ constexpr int x_scale_bytes(int xcols, weight_type wt) {
-    return LUCEBOX_Q8_0_TIGHT && chunk_scaled(wt) ? (xcols * 4 + 15) / 16 * 16 : CHUNK_BLOCKS * xcols * 4;
+// The activation scales' bytes of a stage with rw row groups: [8][xcols] floats, or (chunk-scaled
+// formats, two row groups) the chunk's one scale a column, [xcols] floats in whole 16-byte vectors.
+// (One row group keeps the 8 copies' room: the one-column Q6_K products ran 13 % slower with the
+// tighter stage, an alignment or residency effect not understood.)
+__host__ __device__ constexpr int x_scale_bytes(int xcols, weight_type wt, int rw) {
+    return rw > 1 && chunk_scaled(wt) ? (xcols * 4 + 15) / 16 * 16 : CHUNK_BLOCKS * xcols * 4;
 }
-// rw: the row groups sharing the stage's activations (LUCEBOX_Q8_0_ROW_WARPS), each with its own
+// rw: the row groups sharing the stage's activations (LUCEBOX_Q8_0_ROW_GROUPS_MIN_TILES), each with its own
 // weight chunk: [rw][16 * m_tiles rows][chunk bytes], then the activations' int8 [8][xcols][32],
 // their scales (x_scale_bytes) and for q4_k the blocks' sums [8][xcols] floats.
 __host__ __device__ constexpr int stage_bytes(int xcols, int m_tiles, weight_type wt = weight_type::q8_0, int rw = 1) {
-    return rw * 16 * m_tiles * chunk_bytes(wt) + CHUNK_BLOCKS * xcols * QK + x_scale_bytes(xcols, wt) +
+    return rw * 16 * m_tiles * chunk_bytes(wt) + CHUNK_BLOCKS * xcols * QK + x_scale_bytes(xcols, wt, rw) +
            (wt == weight_type::q4_k ? CHUNK_BLOCKS * xcols * 4 : 0);
 }
 // A column's sum of squares is added as NORM_PARTS partial sums (blocks b = p mod NORM_PARTS).
@@ -156,8 +159,8 @@ __host__ __device__ constexpr int smem_bytes(int cols, int m_tiles, weight_type 
                                              bool one = false, int rw = 1) {
     return WARPS * stages * stage_bytes(one ? 1 : cols, m_tiles, wt, rw) + cols * 4 * (1 + NORM_PARTS);
 }
-// The row groups of a launch for 8 * ng columns (see LUCEBOX_Q8_0_ROW_WARPS).
-__host__ __device__ constexpr int row_warps(int ng, bool one) { return ng == 2 && !one ? LUCEBOX_Q8_0_ROW_WARPS : 1; }
+// The row groups a launch for 8 * ng columns may take (see LUCEBOX_Q8_0_ROW_GROUPS_MIN_TILES).
+constexpr int most_row_groups(int ng) { return ng == 2 && LUCEBOX_Q8_0_ROW_GROUPS_MIN_TILES > 0 ? 2 : 1; }
 
 namespace detail {
 
@@ -338,8 +341,8 @@ __device__ __forceinline__ void add_chunk_sums(float (&acc)[M_TILES][NG][4], con
 // the first weight chunks are in flight (NORM_PARTS partial sums per column, blocks p, p + 8, ..),
 // and add the partials in order after the main loop: a fixed order, so the factor of column n does
 // not depend on N either.
-template <int NG, bool GATED, int M_TILES, weight_type WT, int ST = STAGES, bool ONE = false>
-__global__ void __launch_bounds__(WARPS * 32 * row_warps(NG, ONE), row_warps(NG, ONE) > 1 ? 2 : 1)
+template <int NG, bool GATED, int M_TILES, weight_type WT, int ST = STAGES, bool ONE = false, int RW = 1>
+__global__ void __launch_bounds__(WARPS * 32 * RW, RW > 1 ? 2 : 1)
 matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__ xd, const float * __restrict__ xs,
        const float * ss) {  // ss: quantize_columns' output, read after griddepcontrol.wait: not restrict, ld.global.cg
     extern __shared__ __align__(16) uint8_t smem[];
@@ -352,15 +355,15 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
     constexpr int TILE_ROWS = 16 * M_TILES;
     constexpr bool Q4K = WT == weight_type::q4_k, Q6K = WT == weight_type::q6_k;
     constexpr int CB = chunk_bytes(WT), CHUNK_VECS = CB / 16;
-    // RW row groups (LUCEBOX_Q8_0_ROW_WARPS): warp = (K part, row group rw); a stage of a K part
-    // holds the RW groups' weight chunks, then their one activation chunk (at XA)
-    constexpr int RW = row_warps(NG, ONE);
+    // RW row groups (LUCEBOX_Q8_0_ROW_GROUPS_MIN_TILES): warp = (K part, row group rw); a stage of
+    // a K part holds the RW groups' weight chunks, then their one activation chunk (at XA)
+    static_assert(RW == 1 || (RW == 2 && !ONE), "two row groups share a staged group of 8 columns");
     constexpr int STAGE = stage_bytes(XC, M_TILES, WT, RW);
     constexpr int W_BYTES = TILE_ROWS * CB;
     constexpr int XA = RW * W_BYTES;
     constexpr int X_BYTES = CHUNK_BLOCKS * XC * QK;
     constexpr int X_VECS = X_BYTES / 16, D_VECS = CHUNK_BLOCKS * XC * 4 / 16;
-    constexpr int D_BYTES = x_scale_bytes(XC, WT);
+    constexpr int D_BYTES = x_scale_bytes(XC, WT, RW);
     static_assert(CHUNK_BLOCKS * 4 % 16 == 0, "a chunk's scales of one column are whole 16-byte vectors");
     constexpr int OUT_ROWS = GATED ? TILE_ROWS / 2 : TILE_ROWS;
     // warp: this warp's part of K (WARPS parts); rw: its row group
@@ -767,11 +770,12 @@ constexpr int worst_smem_bytes(int ng) {
         for (int gated = 0; gated < 2; ++gated) {
             const int m_tiles = gated != 0 || ng > LUCEBOX_Q8_0_ONE_TILE_MAX_NG ? 2 : 1;
             const int st3 = wt == weight_type::q4_k && ng == 1 && LUCEBOX_Q8_0_ST3_MAX_M > 0 ? 3 : STAGES;
-            const int rw = row_warps(ng, false);
-            const int a = smem_bytes(COL_GROUP * ng, m_tiles, wt, STAGES, false, rw),
-                      b = smem_bytes(COL_GROUP * ng, m_tiles, wt, st3, false, rw);
-            worst = worst > a ? worst : a;
-            worst = worst > b ? worst : b;
+            for (int rw = 1; rw <= most_row_groups(ng); ++rw) {
+                const int a = smem_bytes(COL_GROUP * ng, m_tiles, wt, STAGES, false, rw),
+                          b = smem_bytes(COL_GROUP * ng, m_tiles, wt, st3, false, rw);
+                worst = worst > a ? worst : a;
+                worst = worst > b ? worst : b;
+            }
         }
     return worst;
 }
@@ -800,11 +804,11 @@ bool pdl_kernel(int dev) { return LUCEBOX_Q8_0_PDL && cuda::pdl_kernel<Kernel>(d
 
 using cuda::launch;
 
-template <int NG, bool GATED, weight_type WT, int ST = STAGES, bool ONE = false>
+template <int NG, bool GATED, weight_type WT, int ST = STAGES, bool ONE = false, int RW = 1>
 cudaError_t launch_groups(const matmul_args & a, const int8_t * xq, const float * xd, const float * xs,
                           const float * ss, cudaStream_t stream) {
     constexpr int M_TILES = GATED || NG > LUCEBOX_Q8_0_ONE_TILE_MAX_NG ? 2 : 1;
-    constexpr int RW = row_warps(NG, ONE), THREADS = RW * WARPS * 32;
+    constexpr int THREADS = RW * WARPS * 32;
     constexpr int SMEM = smem_bytes(COL_GROUP * NG, M_TILES, WT, ST, ONE, RW);
     // the shared-memory limit is a per-device attribute of the function: raise it once per device
     static unsigned long long configured = 0;  // bit d: device d done (devices 0..63)
@@ -814,7 +818,7 @@ cudaError_t launch_groups(const matmul_args & a, const int8_t * xq, const float 
     if (dev >= 64) return cudaErrorInvalidDevice;
     if (!(__atomic_load_n(&configured, __ATOMIC_ACQUIRE) & (1ull << dev))) {
         // (all the device allows: cuda::spread_smem pads a launch's shared memory)
-        err = cudaFuncSetAttribute(matmul<NG, GATED, M_TILES, WT, ST, ONE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        err = cudaFuncSetAttribute(matmul<NG, GATED, M_TILES, WT, ST, ONE, RW>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    LUCEBOX_Q8_0_SPREAD ? device_smem_optin(dev) : SMEM);
         if (err != cudaSuccess) return err;
         __atomic_fetch_or(&configured, 1ull << dev, __ATOMIC_ACQ_REL);
@@ -824,13 +828,13 @@ cudaError_t launch_groups(const matmul_args & a, const int8_t * xq, const float 
     // each looping over them
     int grid = ((a.M + OUT_ROWS - 1) / OUT_ROWS + RW - 1) / RW;
     if (LUCEBOX_Q8_0_PERSISTENT > 0) {
-        const int most = cuda::resident_ctas<matmul<NG, GATED, M_TILES, WT, ST, ONE>>(dev, THREADS, SMEM) *
+        const int most = cuda::resident_ctas<matmul<NG, GATED, M_TILES, WT, ST, ONE, RW>>(dev, THREADS, SMEM) *
                          device_attribute<cudaDevAttrMultiProcessorCount>(dev);
         if (most > 0 && grid >= LUCEBOX_Q8_0_PERSISTENT * most) grid = most;
     }
-    const int smem = LUCEBOX_Q8_0_SPREAD ? cuda::spread_smem<matmul<NG, GATED, M_TILES, WT, ST, ONE>>(dev, grid, THREADS, SMEM) : SMEM;
-    return launch(matmul<NG, GATED, M_TILES, WT, ST, ONE>, dim3(grid), dim3(THREADS), smem, stream,
-                  pdl_kernel<matmul<NG, GATED, M_TILES, WT, ST, ONE>>(dev), a, xq, xd, xs, ss);
+    const int smem = LUCEBOX_Q8_0_SPREAD ? cuda::spread_smem<matmul<NG, GATED, M_TILES, WT, ST, ONE, RW>>(dev, grid, THREADS, SMEM) : SMEM;
+    return launch(matmul<NG, GATED, M_TILES, WT, ST, ONE, RW>, dim3(grid), dim3(THREADS), smem, stream,
+                  pdl_kernel<matmul<NG, GATED, M_TILES, WT, ST, ONE, RW>>(dev), a, xq, xd, xs, ss);
 }
 
 // The stages of a one-column product (one_column): LUCEBOX_Q8_0_ONE_STAGES, and at least 3 for
@@ -863,7 +867,13 @@ cudaError_t launch_gated(const matmul_args & a, bool one, const int8_t * xq, con
         if (col_groups(a.N) == 1 && a.M <= LUCEBOX_Q8_0_ST3_MAX_M) return launch_groups<1, GATED, WT, 3>(a, xq, xd, xs, ss, stream);
     switch (col_groups(a.N)) {
         case 1: return launch_groups<1, GATED, WT>(a, xq, xd, xs, ss, stream);
-        case 2: return launch_groups<2, GATED, WT>(a, xq, xd, xs, ss, stream);
+        case 2:
+            if constexpr (most_row_groups(2) > 1) {
+                constexpr int OUT_ROWS = GATED ? 16 : 16 * (LUCEBOX_Q8_0_ONE_TILE_MAX_NG >= 2 ? 1 : 2);
+                if ((a.M + OUT_ROWS - 1) / OUT_ROWS >= LUCEBOX_Q8_0_ROW_GROUPS_MIN_TILES)
+                    return launch_groups<2, GATED, WT, STAGES, false, 2>(a, xq, xd, xs, ss, stream);
+            }
+            return launch_groups<2, GATED, WT>(a, xq, xd, xs, ss, stream);
         case 4: return launch_groups<4, GATED, WT>(a, xq, xd, xs, ss, stream);
         default: return launch_groups<8, GATED, WT>(a, xq, xd, xs, ss, stream);
     }

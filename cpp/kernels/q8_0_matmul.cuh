@@ -117,8 +117,9 @@ static_assert(STAGES >= 2, "one chunk loads while another is multiplied");
 // the gated 16-column Q4_K CTA fits twice). Every warp's arithmetic is the one of one row group,
 // so the results are the same bits either way. 0: never. H200 probe, 16 columns, every 16-column
 // Q4_K / Q6_K shape of at least 896 tiles faster with two groups (Q4_K gate+up 44.3 -> 40.3 us,
-// Q6_K DeltaNet stack 35.3 -> 29.1), every one of at most 640 slower (ffn_down, 320 tiles:
-// Q6_K 34.7 -> 44.9): below a few waves the CTAs of twice the warps fill the device unevenly.
+// Q6_K DeltaNet stack 35.1 -> 29.4, Q8_0 30.3 -> 26.9) but gated Q8_0 / Q6_K (launch_gated), every
+// one of at most 640 slower (ffn_down, 320 tiles: Q6_K 35.2 -> 44.9): below a few waves the CTAs
+// of twice the warps fill the device unevenly.
 #ifndef LUCEBOX_Q8_0_ROW_GROUPS_MIN_TILES
 #define LUCEBOX_Q8_0_ROW_GROUPS_MIN_TILES 896
 #endif
@@ -870,7 +871,9 @@ cudaError_t launch_gated(const matmul_args & a, bool one, const int8_t * xq, con
         case 2:
             if constexpr (most_row_groups(2) > 1) {
                 constexpr int OUT_ROWS = GATED ? 16 : 16 * (LUCEBOX_Q8_0_ONE_TILE_MAX_NG >= 2 ? 1 : 2);
-                if ((a.M + OUT_ROWS - 1) / OUT_ROWS >= LUCEBOX_Q8_0_ROW_GROUPS_MIN_TILES)
+                // (gated Q8_0 / Q6_K: no, their CTAs of 8 warps fit a multiprocessor once as 2 CTAs of 4
+                // did, and ran 11-12 % slower on gate+up)
+                if ((!GATED || WT == weight_type::q4_k) && (a.M + OUT_ROWS - 1) / OUT_ROWS >= LUCEBOX_Q8_0_ROW_GROUPS_MIN_TILES)
                     return launch_groups<2, GATED, WT, STAGES, false, 2>(a, xq, xd, xs, ss, stream);
             }
             return launch_groups<2, GATED, WT>(a, xq, xd, xs, ss, stream);

@@ -115,11 +115,11 @@ static_assert(STAGES >= 2, "one chunk loads while another is multiplied");
 // for 2 x 16 rows, so more warps fit a multiprocessor's shared memory), whose chunk-scaled stages
 // (Q4_K, Q6_K) hold a column's one activation scale, not 8 copies of it (x_scale_bytes: so that
 // the gated 16-column Q4_K CTA fits twice). Every warp's arithmetic is the one of one row group,
-// so the results are the same bits either way. 0: never. H200 probe, 16 columns, every 16-column
-// Q4_K / Q6_K shape of at least 896 tiles faster with two groups (Q4_K gate+up 44.3 -> 40.3 us,
-// Q6_K DeltaNet stack 35.1 -> 29.4, Q8_0 30.3 -> 26.9) but gated Q8_0 / Q6_K (launch_gated), every
-// one of at most 640 slower (ffn_down, 320 tiles: Q6_K 35.2 -> 44.9): below a few waves the CTAs
-// of twice the warps fill the device unevenly.
+// so the results are the same bits either way. 0: never. H200 probe, 16 columns: every plain
+// shape of at least 896 tiles faster with two groups, in every format (DeltaNet stack Q8_0 30.3 ->
+// 26.9 us, Q6_K 35.1 -> 29.4), and gated Q4_K (gate+up 44.3 -> 40.3); gated Q8_0 / Q6_K slower (see
+// launch_gated); every shape of at most 640 tiles slower (ffn_down, 320 tiles: Q6_K 35.2 -> 44.9):
+// below a few waves the CTAs of twice the warps fill the device unevenly.
 #ifndef LUCEBOX_Q8_0_ROW_GROUPS_MIN_TILES
 #define LUCEBOX_Q8_0_ROW_GROUPS_MIN_TILES 896
 #endif

@@ -115,13 +115,16 @@ static_assert(STAGES >= 2, "one chunk loads while another is multiplied");
 // for 2 x 16 rows, so more warps fit a multiprocessor's shared memory), whose chunk-scaled stages
 // (Q4_K, Q6_K) hold a column's one activation scale, not 8 copies of it (x_scale_bytes: so that
 // the gated 16-column Q4_K CTA fits twice). Every warp's arithmetic is the one of one row group,
-// so the results are the same bits either way. 0: never. H200 probe, 16 columns: every plain
-// shape of at least 896 tiles faster with two groups, in every format (DeltaNet stack Q8_0 30.3 ->
-// 26.9 us, Q6_K 35.1 -> 29.4), and gated Q4_K (gate+up 44.3 -> 40.3); gated Q8_0 / Q6_K slower (see
-// launch_gated); every shape of at most 640 tiles slower (ffn_down, 320 tiles: Q6_K 35.2 -> 44.9):
-// below a few waves the CTAs of twice the warps fill the device unevenly.
+// so the results are the same bits either way. Gated Q8_0 / Q6_K never take two groups (their CTAs
+// of 8 warps fit a multiprocessor once, as 2 CTAs of 4 did; 11-12 % slower on gate+up in the
+// probe). 0 (default): never, and every kernel compiles to the PTX it had before row groups existed.
+// Not on by default: the H200 probe's A/B (docs/benchmarks.md, twenty-second session) ran against a
+// one-group build whose registers had changed (Q4_K one column 64 -> 132), not against this one;
+// against the earlier session's numbers of this one (another H200, the same copy rate) two groups
+// were slower on Q4_K (gate+up 38.7 -> 40.1 us) and faster on Q6_K. Wanted: a same-run A/B,
+// `-DLUCEBOX_Q8_0_ROW_GROUPS_MIN_TILES=896` against the default.
 #ifndef LUCEBOX_Q8_0_ROW_GROUPS_MIN_TILES
-#define LUCEBOX_Q8_0_ROW_GROUPS_MIN_TILES 896
+#define LUCEBOX_Q8_0_ROW_GROUPS_MIN_TILES 0
 #endif
 #ifndef LUCEBOX_Q8_0_PDL  // 0: plain launches (for the probe's A/B)
 #define LUCEBOX_Q8_0_PDL 1
@@ -343,7 +346,7 @@ __device__ __forceinline__ void add_chunk_sums(float (&acc)[M_TILES][NG][4], con
 // and add the partials in order after the main loop: a fixed order, so the factor of column n does
 // not depend on N either.
 template <int NG, bool GATED, int M_TILES, weight_type WT, int ST = STAGES, bool ONE = false, int RW = 1>
-__global__ void __launch_bounds__(WARPS * 32 * RW, RW > 1 ? 2 : 1)
+__global__ void __launch_bounds__(WARPS * 32 * RW, RW > 1 ? 2 : 0)
 matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__ xd, const float * __restrict__ xs,
        const float * ss) {  // ss: quantize_columns' output, read after griddepcontrol.wait: not restrict, ld.global.cg
     extern __shared__ __align__(16) uint8_t smem[];
@@ -368,7 +371,9 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
     static_assert(CHUNK_BLOCKS * 4 % 16 == 0, "a chunk's scales of one column are whole 16-byte vectors");
     constexpr int OUT_ROWS = GATED ? TILE_ROWS / 2 : TILE_ROWS;
     // warp: this warp's part of K (WARPS parts); rw: its row group
-    const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % WARPS, rw = int(threadIdx.x) / (32 * WARPS);
+    // (RW == 1: rw the constant 0, so that the kernel is the one of a single row group)
+    const int lane = threadIdx.x % 32, warp = RW > 1 ? (threadIdx.x / 32) % WARPS : threadIdx.x / 32,
+              rw = RW > 1 ? int(threadIdx.x) / (32 * WARPS) : 0;
     const int g = lane / 4, t = lane % 4;
     const bool x_lane = !ONE || g == 0;  // this lane's B column (g) is a staged one
     auto x_col = [&](int j) { return ONE ? 0 : COL_GROUP * j + g; };  // its staged column
@@ -509,6 +514,7 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
     }
     int i = 0;  // this warp's chunk over all its tiles
     for (int tl = 0; tl < my_tiles; ++tl) {
+    const int r0_tile = tile_row(tl, 0);  // (row group r's tile: r0_tile + r * OUT_ROWS)
     for (int k = 0; k < n_mine; ++k, ++i) {
         cuda::cp_async_wait<ST - 2>();
         // chunk i visible to the whole warp (RW > 1: to the K part's RW warps, whose copies it is);
@@ -728,12 +734,12 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
             }
     __syncthreads();
     constexpr int OUT_TILES = GATED ? M_TILES / 2 : M_TILES, PER_GROUP = OUT_TILES * NG * 128;
-    for (int at = threadIdx.x; at < RW * PER_GROUP; at += RW * WARPS * 32) {
-        const int r = at / PER_GROUP, idx = at % PER_GROUP;  // row group r's output idx
-        const float * red[WARPS];
+    for (int r = 0; r < RW; ++r) {  // row group r's outputs
+    const float * red[WARPS];
 #pragma unroll
-        for (int w = 0; w < WARPS; ++w) red[w] = red_of(w, r);
-        const int r0 = tile_row(tl, r);
+    for (int w = 0; w < WARPS; ++w) red[w] = red_of(w, r);
+    const int r0 = r0_tile + r * OUT_ROWS;
+    for (int idx = threadIdx.x; idx < PER_GROUP; idx += RW * WARPS * 32) {
         const int e = idx % 4, l = (idx / 4) % 32, j = (idx / 128) % NG, mt = idx / (128 * NG);
         const int m = r0 + 16 * mt + l / 4 + 8 * (e / 2);
         const int n = COL_GROUP * j + 2 * (l % 4) + e % 2;
@@ -754,6 +760,7 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
         if (n < a.N && m < a.M)
             a.y[int64_t(n) * a.y_stride + m] = a.bias != nullptr ? v + a.bias[int64_t(n) * a.bias_stride + m] : v;
     }
+    }  // row groups
     __syncthreads();  // every thread is done with the partials before a warp stages a chunk over them
     }  // tiles
     cuda::cp_async_wait<0>();  // (only empty groups are left)
@@ -869,11 +876,11 @@ cudaError_t launch_gated(const matmul_args & a, bool one, const int8_t * xq, con
     switch (col_groups(a.N)) {
         case 1: return launch_groups<1, GATED, WT>(a, xq, xd, xs, ss, stream);
         case 2:
-            if constexpr (most_row_groups(2) > 1) {
+            if constexpr (most_row_groups(2) > 1 && (!GATED || WT == weight_type::q4_k)) {
                 constexpr int OUT_ROWS = GATED ? 16 : 16 * (LUCEBOX_Q8_0_ONE_TILE_MAX_NG >= 2 ? 1 : 2);
                 // (gated Q8_0 / Q6_K: no, their CTAs of 8 warps fit a multiprocessor once as 2 CTAs of 4
                 // did, and ran 11-12 % slower on gate+up)
-                if ((!GATED || WT == weight_type::q4_k) && (a.M + OUT_ROWS - 1) / OUT_ROWS >= LUCEBOX_Q8_0_ROW_GROUPS_MIN_TILES)
+                if ((a.M + OUT_ROWS - 1) / OUT_ROWS >= LUCEBOX_Q8_0_ROW_GROUPS_MIN_TILES)
                     return launch_groups<2, GATED, WT, STAGES, false, 2>(a, xq, xd, xs, ss, stream);
             }
             return launch_groups<2, GATED, WT>(a, xq, xd, xs, ss, stream);

@@ -14,12 +14,12 @@
 // round to nearest: the rounding of ggml's q8_1) per 32 values for Q8_0 weights, per 256 for Q4_K
 // (as ggml's CPU q8_K), into [K/32][8*NG][32] (NG groups of 8 columns). The product's rows form
 // tiles of 16 or 32 weight rows (gated: 16 rows of U and the same 16 rows of G; see stage_bytes);
-// each CTA takes one tile (some 9..16-column products: two, one a row group of warps; see
-// LUCEBOX_Q8_0_ROW_GROUPS_MIN_TILES),
-// or where there are more tiles than CTAs fit on the device at once, every gridDim.x-th. Its WARPS
-// warps (of each row group) split each tile's K between them: each warp streams 256-value chunks of
-// its rows (running on into its next tile's), and the same blocks of the quantized activations (one
-// copy for the row groups' warps of a K part), into shared memory with 16-byte cp.async (STAGES deep), and
+// each CTA takes one tile (or, built with LUCEBOX_Q8_0_ROW_GROUPS_MIN_TILES, some 9..16-column
+// products two, one a row group of warps), or where there are more tiles than CTAs fit on the
+// device at once, every gridDim.x-th. Its WARPS warps (of each row group) split each tile's K
+// between them: each warp streams 256-value chunks of its rows (running on into its next tile's),
+// and the same blocks of the quantized activations (one copy for the row groups' warps of a K
+// part), into shared memory with 16-byte cp.async (STAGES deep), and
 // multiplies them with mma.m16n8k32 (A = 16 weight rows, B = 8 activation columns, one 32-value
 // block per instruction). The warps' partial sums are added in a fixed order, so the result of
 // column n does not depend on N or on the other columns: a decode step and a verify of the same
@@ -163,6 +163,10 @@ __host__ __device__ constexpr int smem_bytes(int cols, int m_tiles, weight_type 
                                              bool one = false, int rw = 1) {
     return WARPS * stages * stage_bytes(one ? 1 : cols, m_tiles, wt, rw) + cols * 4 * (1 + NORM_PARTS);
 }
+// The m16 row tiles a warp takes in a launch for 8 * ng columns (a gated product's: U's and G's),
+// and the output rows of its tiles (its CTA's, one row group).
+constexpr int m_tiles_of(int ng, bool gated) { return gated || ng > LUCEBOX_Q8_0_ONE_TILE_MAX_NG ? 2 : 1; }
+constexpr int out_rows_of(int ng, bool gated) { return gated ? 16 : 16 * m_tiles_of(ng, gated); }
 // The row groups a launch for 8 * ng columns may take (see LUCEBOX_Q8_0_ROW_GROUPS_MIN_TILES).
 constexpr int most_row_groups(int ng) { return ng == 2 && LUCEBOX_Q8_0_ROW_GROUPS_MIN_TILES > 0 ? 2 : 1; }
 
@@ -346,6 +350,8 @@ __device__ __forceinline__ void add_chunk_sums(float (&acc)[M_TILES][NG][4], con
 // and add the partials in order after the main loop: a fixed order, so the factor of column n does
 // not depend on N either.
 template <int NG, bool GATED, int M_TILES, weight_type WT, int ST = STAGES, bool ONE = false, int RW = 1>
+// (launch bounds: two row groups capped at 128 registers so that 2 CTAs fit a multiprocessor; one
+// group with no minimum (0), as before row groups: an explicit minimum of 1 let nvcc use more)
 __global__ void __launch_bounds__(WARPS * 32 * RW, RW > 1 ? 2 : 0)
 matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__ xd, const float * __restrict__ xs,
        const float * ss) {  // ss: quantize_columns' output, read after griddepcontrol.wait: not restrict, ld.global.cg
@@ -776,7 +782,7 @@ constexpr int worst_smem_bytes(int ng) {
     int worst = 0;
     for (weight_type wt : {weight_type::q8_0, weight_type::q4_k, weight_type::q6_k})
         for (int gated = 0; gated < 2; ++gated) {
-            const int m_tiles = gated != 0 || ng > LUCEBOX_Q8_0_ONE_TILE_MAX_NG ? 2 : 1;
+            const int m_tiles = m_tiles_of(ng, gated != 0);
             const int st3 = wt == weight_type::q4_k && ng == 1 && LUCEBOX_Q8_0_ST3_MAX_M > 0 ? 3 : STAGES;
             for (int rw = 1; rw <= most_row_groups(ng); ++rw) {
                 const int a = smem_bytes(COL_GROUP * ng, m_tiles, wt, STAGES, false, rw),
@@ -815,7 +821,7 @@ using cuda::launch;
 template <int NG, bool GATED, weight_type WT, int ST = STAGES, bool ONE = false, int RW = 1>
 cudaError_t launch_groups(const matmul_args & a, const int8_t * xq, const float * xd, const float * xs,
                           const float * ss, cudaStream_t stream) {
-    constexpr int M_TILES = GATED || NG > LUCEBOX_Q8_0_ONE_TILE_MAX_NG ? 2 : 1;
+    constexpr int M_TILES = m_tiles_of(NG, GATED);
     constexpr int THREADS = RW * WARPS * 32;
     constexpr int SMEM = smem_bytes(COL_GROUP * NG, M_TILES, WT, ST, ONE, RW);
     // the shared-memory limit is a per-device attribute of the function: raise it once per device
@@ -831,7 +837,7 @@ cudaError_t launch_groups(const matmul_args & a, const int8_t * xq, const float 
         if (err != cudaSuccess) return err;
         __atomic_fetch_or(&configured, 1ull << dev, __ATOMIC_ACQ_REL);
     }
-    constexpr int OUT_ROWS = GATED ? 16 : 16 * M_TILES;
+    constexpr int OUT_ROWS = out_rows_of(NG, GATED);
     // one CTA per RW tiles of OUT_ROWS rows, or (persistent) at most as many CTAs as fit at once,
     // each looping over them
     int grid = ((a.M + OUT_ROWS - 1) / OUT_ROWS + RW - 1) / RW;
@@ -877,7 +883,7 @@ cudaError_t launch_gated(const matmul_args & a, bool one, const int8_t * xq, con
         case 1: return launch_groups<1, GATED, WT>(a, xq, xd, xs, ss, stream);
         case 2:
             if constexpr (most_row_groups(2) > 1 && (!GATED || WT == weight_type::q4_k)) {
-                constexpr int OUT_ROWS = GATED ? 16 : 16 * (LUCEBOX_Q8_0_ONE_TILE_MAX_NG >= 2 ? 1 : 2);
+                constexpr int OUT_ROWS = out_rows_of(2, GATED);
                 // (gated Q8_0 / Q6_K: no, their CTAs of 8 warps fit a multiprocessor once as 2 CTAs of 4
                 // did, and ran 11-12 % slower on gate+up)
                 if ((a.M + OUT_ROWS - 1) / OUT_ROWS >= LUCEBOX_Q8_0_ROW_GROUPS_MIN_TILES)

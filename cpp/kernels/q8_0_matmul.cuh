@@ -14,12 +14,10 @@
 // round to nearest: the rounding of ggml's q8_1) per 32 values for Q8_0 weights, per 256 for Q4_K
 // (as ggml's CPU q8_K), into [K/32][8*NG][32] (NG groups of 8 columns). The product's rows form
 // tiles of 16 or 32 weight rows (gated: 16 rows of U and the same 16 rows of G; see stage_bytes);
-// each CTA takes one tile (or, built with LUCEBOX_Q8_0_ROW_GROUPS_MIN_TILES, some 9..16-column
-// products two, one a row group of warps), or where there are more tiles than CTAs fit on the
-// device at once, every gridDim.x-th. Its WARPS warps (of each row group) split each tile's K
-// between them: each warp streams 256-value chunks of its rows (running on into its next tile's),
-// and the same blocks of the quantized activations (one copy for the row groups' warps of a K
-// part), into shared memory with 16-byte cp.async (STAGES deep), and
+// each CTA takes one tile, or where there are more tiles than CTAs fit on the device at once,
+// every gridDim.x-th. Its WARPS warps split each tile's K between them: each warp streams
+// 256-value chunks of its rows (running on into its next tile's), and the same blocks
+// of the quantized activations, into shared memory with 16-byte cp.async (STAGES deep), and
 // multiplies them with mma.m16n8k32 (A = 16 weight rows, B = 8 activation columns, one 32-value
 // block per instruction). The warps' partial sums are added in a fixed order, so the result of
 // column n does not depend on N or on the other columns: a decode step and a verify of the same
@@ -109,23 +107,6 @@ static_assert(STAGES >= 2, "one chunk loads while another is multiplied");
 #ifndef LUCEBOX_Q8_0_ONE_STAGES
 #define LUCEBOX_Q8_0_ONE_STAGES 3
 #endif
-// LUCEBOX_Q8_0_ROW_GROUPS_MIN_TILES T: a product of 9..16 columns (a DFlash verify) with at
-// least T tiles runs CTAs of 2 x WARPS warps: two row groups (two tiles a CTA) over the same
-// WARPS-way split of K, the two warps of each K part sharing one staged activation chunk (one copy
-// for 2 x 16 rows, so more warps fit a multiprocessor's shared memory), whose chunk-scaled stages
-// (Q4_K, Q6_K) hold a column's one activation scale, not 8 copies of it (x_scale_bytes: so that
-// the gated 16-column Q4_K CTA fits twice). Every warp's arithmetic is the one of one row group,
-// so the results are the same bits either way. Gated Q8_0 / Q6_K never take two groups (their CTAs
-// of 8 warps fit a multiprocessor once, as 2 CTAs of 4 did; 11-12 % slower on gate+up in the
-// probe). 0 (default): never, and every kernel compiles to the PTX it had before row groups existed.
-// Not on by default: the H200 probe's A/B (docs/benchmarks.md, twenty-second session) ran against a
-// one-group build whose registers had changed (Q4_K one column 64 -> 132), not against this one;
-// against the earlier session's numbers of this one (another H200, the same copy rate) two groups
-// were slower on Q4_K (gate+up 38.7 -> 40.1 us) and faster on Q6_K. Wanted: a same-run A/B,
-// `-DLUCEBOX_Q8_0_ROW_GROUPS_MIN_TILES=896` against the default.
-#ifndef LUCEBOX_Q8_0_ROW_GROUPS_MIN_TILES
-#define LUCEBOX_Q8_0_ROW_GROUPS_MIN_TILES 0
-#endif
 #ifndef LUCEBOX_Q8_0_PDL  // 0: plain launches (for the probe's A/B)
 #define LUCEBOX_Q8_0_PDL 1
 #endif
@@ -141,34 +122,17 @@ static_assert(16 * Q6K_BLOCK_BYTES % 16 == 0, "a staged q6_k tile chunk (16 rows
 // q4_k: 144-byte row chunks, and the activation sums [8][cols] after the scales. A one-column
 // product (decode) stages its one column only (xcols 1; the mma's other 7 columns are zero
 // registers): 4.6 KB a Q8_0 stage instead of 6.6, so more chunks fit in flight.
-// The activation scales' bytes of a stage with rw row groups: [8][xcols] floats, or (chunk-scaled
-// formats, two row groups) the chunk's one scale a column, [xcols] floats in whole 16-byte vectors.
-// (One row group keeps the 8 copies' room: the one-column Q6_K products ran 13 % slower with the
-// tighter stage, an alignment or residency effect not understood.)
-__host__ __device__ constexpr int x_scale_bytes(int xcols, weight_type wt, int rw) {
-    return rw > 1 && chunk_scaled(wt) ? (xcols * 4 + 15) / 16 * 16 : CHUNK_BLOCKS * xcols * 4;
-}
-// rw: the row groups sharing the stage's activations (LUCEBOX_Q8_0_ROW_GROUPS_MIN_TILES), each with its own
-// weight chunk: [rw][16 * m_tiles rows][chunk bytes], then the activations' int8 [8][xcols][32],
-// their scales (x_scale_bytes) and for q4_k the blocks' sums [8][xcols] floats.
-__host__ __device__ constexpr int stage_bytes(int xcols, int m_tiles, weight_type wt = weight_type::q8_0, int rw = 1) {
-    return rw * 16 * m_tiles * chunk_bytes(wt) + CHUNK_BLOCKS * xcols * QK + x_scale_bytes(xcols, wt, rw) +
-           (wt == weight_type::q4_k ? CHUNK_BLOCKS * xcols * 4 : 0);
+__host__ __device__ constexpr int stage_bytes(int xcols, int m_tiles, weight_type wt = weight_type::q8_0) {
+    return 16 * m_tiles * chunk_bytes(wt) + CHUNK_BLOCKS * xcols * (QK + 4 + (wt == weight_type::q4_k ? 4 : 0));
 }
 // A column's sum of squares is added as NORM_PARTS partial sums (blocks b = p mod NORM_PARTS).
 constexpr int NORM_PARTS = 8;
 
 // The warps' stages, then the columns' RMS norm factors [cols] and partial sums [cols][NORM_PARTS].
 __host__ __device__ constexpr int smem_bytes(int cols, int m_tiles, weight_type wt = weight_type::q8_0, int stages = STAGES,
-                                             bool one = false, int rw = 1) {
-    return WARPS * stages * stage_bytes(one ? 1 : cols, m_tiles, wt, rw) + cols * 4 * (1 + NORM_PARTS);
+                                             bool one = false) {
+    return WARPS * stages * stage_bytes(one ? 1 : cols, m_tiles, wt) + cols * 4 * (1 + NORM_PARTS);
 }
-// The m16 row tiles a warp takes in a launch for 8 * ng columns (a gated product's: U's and G's),
-// and the output rows of its tiles (its CTA's, one row group).
-constexpr int m_tiles_of(int ng, bool gated) { return gated || ng > LUCEBOX_Q8_0_ONE_TILE_MAX_NG ? 2 : 1; }
-constexpr int out_rows_of(int ng, bool gated) { return gated ? 16 : 16 * m_tiles_of(ng, gated); }
-// The row groups a launch for 8 * ng columns may take (see LUCEBOX_Q8_0_ROW_GROUPS_MIN_TILES).
-constexpr int most_row_groups(int ng) { return ng == 2 && LUCEBOX_Q8_0_ROW_GROUPS_MIN_TILES > 0 ? 2 : 1; }
 
 namespace detail {
 
@@ -349,10 +313,8 @@ __device__ __forceinline__ void add_chunk_sums(float (&acc)[M_TILES][NG][4], con
 // the first weight chunks are in flight (NORM_PARTS partial sums per column, blocks p, p + 8, ..),
 // and add the partials in order after the main loop: a fixed order, so the factor of column n does
 // not depend on N either.
-template <int NG, bool GATED, int M_TILES, weight_type WT, int ST = STAGES, bool ONE = false, int RW = 1>
-// (launch bounds: two row groups capped at 128 registers so that 2 CTAs fit a multiprocessor; one
-// group with no minimum (0), as before row groups: an explicit minimum of 1 let nvcc use more)
-__global__ void __launch_bounds__(WARPS * 32 * RW, RW > 1 ? 2 : 0)
+template <int NG, bool GATED, int M_TILES, weight_type WT, int ST = STAGES, bool ONE = false>
+__global__ void __launch_bounds__(WARPS * 32)
 matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__ xd, const float * __restrict__ xs,
        const float * ss) {  // ss: quantize_columns' output, read after griddepcontrol.wait: not restrict, ld.global.cg
     extern __shared__ __align__(16) uint8_t smem[];
@@ -365,21 +327,13 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
     constexpr int TILE_ROWS = 16 * M_TILES;
     constexpr bool Q4K = WT == weight_type::q4_k, Q6K = WT == weight_type::q6_k;
     constexpr int CB = chunk_bytes(WT), CHUNK_VECS = CB / 16;
-    // RW row groups (LUCEBOX_Q8_0_ROW_GROUPS_MIN_TILES): warp = (K part, row group rw); a stage of
-    // a K part holds the RW groups' weight chunks, then their one activation chunk (at XA)
-    static_assert(RW == 1 || (RW == 2 && !ONE), "two row groups share a staged group of 8 columns");
-    constexpr int STAGE = stage_bytes(XC, M_TILES, WT, RW);
+    constexpr int STAGE = stage_bytes(XC, M_TILES, WT);
     constexpr int W_BYTES = TILE_ROWS * CB;
-    constexpr int XA = RW * W_BYTES;
     constexpr int X_BYTES = CHUNK_BLOCKS * XC * QK;
     constexpr int X_VECS = X_BYTES / 16, D_VECS = CHUNK_BLOCKS * XC * 4 / 16;
-    constexpr int D_BYTES = x_scale_bytes(XC, WT, RW);
     static_assert(CHUNK_BLOCKS * 4 % 16 == 0, "a chunk's scales of one column are whole 16-byte vectors");
     constexpr int OUT_ROWS = GATED ? TILE_ROWS / 2 : TILE_ROWS;
-    // warp: this warp's part of K (WARPS parts); rw: its row group
-    // (RW == 1: rw the constant 0, so that the kernel is the one of a single row group)
-    const int lane = threadIdx.x % 32, warp = RW > 1 ? (threadIdx.x / 32) % WARPS : threadIdx.x / 32,
-              rw = RW > 1 ? int(threadIdx.x) / (32 * WARPS) : 0;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int g = lane / 4, t = lane % 4;
     const bool x_lane = !ONE || g == 0;  // this lane's B column (g) is a staged one
     auto x_col = [&](int j) { return ONE ? 0 : COL_GROUP * j + g; };  // its staged column
@@ -390,12 +344,10 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
     // this CTA's tiles of OUT_ROWS rows: blockIdx.x, + gridDim.x, .. (launch_groups: one tile a CTA,
     // or a grid of the CTAs that fit on the device at once); a warp's chunks of all of them form one
     // stream, which keeps its pipeline full across tiles
-    // (tiles of the CTA: RW tiles of OUT_ROWS rows, row group r taking the r-th; one past M reads
-    // rows clamped to M and writes nothing)
-    const int n_tiles = ((a.M + OUT_ROWS - 1) / OUT_ROWS + RW - 1) / RW;
+    const int n_tiles = (a.M + OUT_ROWS - 1) / OUT_ROWS;
     const int my_tiles = int(blockIdx.x) < n_tiles ? (n_tiles - 1 - int(blockIdx.x)) / int(gridDim.x) + 1 : 0;
     const int n_total = my_tiles * n_mine;
-    auto tile_row = [&](int tl, int r) { return ((int(blockIdx.x) + tl * int(gridDim.x)) * RW + r) * OUT_ROWS; };
+    auto tile_row = [&](int tl) { return (int(blockIdx.x) + tl * int(gridDim.x)) * OUT_ROWS; };
     uint8_t * stages = smem + warp * ST * STAGE;
     // the next kernel (ggml's launch with PDL, or the next quantization) may launch once every CTA
     // here has started; it waits for this grid's completion before it reads anything
@@ -409,9 +361,9 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
     int w_tl = 0, w_k = 0, x_k = 0;
     auto issue_weights = [&](int i) {
         if (i >= n_total) return;
-        const int chunk = warp + w_k * WARPS, r0 = tile_row(w_tl, rw);
+        const int chunk = warp + w_k * WARPS, r0 = tile_row(w_tl);
         if (++w_k == n_mine) w_k = 0, ++w_tl;
-        uint8_t * st = stages + (i % ST) * STAGE + rw * W_BYTES;
+        uint8_t * st = stages + (i % ST) * STAGE;
         // The chunk's pieces of 16 rows (plain: rows r0.., r0 + 16..; gated: U's rows r0.. and G's).
         // In the row-tiled layout a piece of a whole 16-row tile is 16 x CB contiguous bytes; q6_k
         // (tiled, M % 16 == 0) always is, a piece past M repeating the last tile.
@@ -449,31 +401,29 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
             }
         }
     };
-    // its activations (quantize_columns' output) into the same stage, and the commit; the RW warps
-    // of a K part copy every RW-th 16 bytes of it each
+    // its activations (quantize_columns' output) into the same stage, and the commit
     auto issue_x = [&](int i) {
         if (i < n_total) {
             const int chunk = warp + x_k * WARPS;
             if (++x_k == n_mine) x_k = 0;
-            uint8_t * st = stages + (i % ST) * STAGE + XA;
+            uint8_t * st = stages + (i % ST) * STAGE;
             const int8_t * xsrc = xq + int64_t(chunk) * X_BYTES;
 #pragma unroll
-            for (int c = 0; c < (X_VECS + 32 * RW - 1) / (32 * RW); ++c) {
-                const int idx = 32 * (rw + RW * c) + lane;
-                if (X_VECS % (32 * RW) != 0 && idx >= X_VECS) break;
+            for (int c = 0; c < (X_VECS + 31) / 32; ++c) {
+                const int idx = lane + 32 * c;
+                if (X_VECS % 32 != 0 && idx >= X_VECS) break;
                 const int col = (idx / 2) % XC;
-                cuda::cp_async16(st + 16 * idx, xsrc + 16 * idx, col < a.N ? 16 : 0);
+                cuda::cp_async16(st + W_BYTES + 16 * idx, xsrc + 16 * idx, col < a.N ? 16 : 0);
             }
             // the scales: every block's (Q8_0), or block 0's alone where the chunk's blocks share one
             // (the products read no other)
             const float * dsrc = xd + int64_t(chunk) * CHUNK_BLOCKS * XC;
             constexpr int D_LOADS = chunk_scaled(WT) ? (XC * 4 + 15) / 16 : D_VECS;
-            static_assert(D_LOADS * 16 <= D_BYTES, "the scales copied fit their bytes");
-            for (int idx = 32 * rw + lane; idx < D_LOADS; idx += 32 * RW) cuda::cp_async16(st + X_BYTES + 16 * idx, dsrc + 4 * idx);
+            for (int idx = lane; idx < D_LOADS; idx += 32) cuda::cp_async16(st + W_BYTES + X_BYTES + 16 * idx, dsrc + 4 * idx);
             if (Q4K) {
                 const float * ssrc = xs + int64_t(chunk) * CHUNK_BLOCKS * XC;
-                for (int idx = 32 * rw + lane; idx < D_VECS; idx += 32 * RW)
-                    cuda::cp_async16(st + X_BYTES + D_BYTES + 16 * idx, ssrc + 4 * idx);
+                for (int idx = lane; idx < D_VECS; idx += 32)
+                    cuda::cp_async16(st + W_BYTES + X_BYTES + 16 * (D_VECS + idx), ssrc + 4 * idx);
             }
         }
         cuda::cp_async_commit();
@@ -503,7 +453,7 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
     float * norm_part = norm_factor + COLS;  // [COLS][NORM_PARTS]
     if (a.norm_w != nullptr) {
         const int nb = a.K / QK;
-        for (int cp = threadIdx.x; cp < COLS * NORM_PARTS; cp += RW * WARPS * 32) {
+        for (int cp = threadIdx.x; cp < COLS * NORM_PARTS; cp += WARPS * 32) {
             const int c = cp / NORM_PARTS;
             float sq = 0.0f;
             if (c < a.N)  // padded columns: never written
@@ -511,7 +461,7 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
             norm_part[cp] = sq;
         }
         __syncthreads();
-        for (int c = threadIdx.x; c < COLS; c += RW * WARPS * 32) {  // (read after the first tile's barrier)
+        for (int c = threadIdx.x; c < COLS; c += WARPS * 32) {  // (read after the first tile's barrier)
             float sq = norm_part[c * NORM_PARTS];
 #pragma unroll
             for (int p = 1; p < NORM_PARTS; ++p) sq += norm_part[c * NORM_PARTS + p];
@@ -520,19 +470,16 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
     }
     int i = 0;  // this warp's chunk over all its tiles
     for (int tl = 0; tl < my_tiles; ++tl) {
-    const int r0_tile = tile_row(tl, 0);  // (row group r's tile: r0_tile + r * OUT_ROWS)
+    const int r0 = tile_row(tl);
     for (int k = 0; k < n_mine; ++k, ++i) {
         cuda::cp_async_wait<ST - 2>();
-        // chunk i visible to the whole warp (RW > 1: to the K part's RW warps, whose copies it is);
-        // everyone is done with chunk i-1's stage
-        if constexpr (RW > 1) asm volatile("bar.sync %0, %1;\n" ::"r"(1 + warp), "r"(32 * RW) : "memory");
-        else __syncwarp();
+        __syncwarp();  // chunk i visible to the whole warp; everyone is done with chunk i-1's stage
         issue(i + ST - 1);
-        const uint8_t * st = stages + (i % ST) * STAGE + rw * W_BYTES;  // this row group's weights
-        const int8_t * sx = reinterpret_cast<const int8_t *>(stages + (i % ST) * STAGE + XA);
-        const float * sd = reinterpret_cast<const float *>(sx + X_BYTES);
+        const uint8_t * st = stages + (i % ST) * STAGE;
+        const int8_t * sx = reinterpret_cast<const int8_t *>(st + W_BYTES);
+        const float * sd = reinterpret_cast<const float *>(st + W_BYTES + X_BYTES);
         if constexpr (Q4K) {
-            const float * sums = sd + D_BYTES / 4;  // the activation blocks' sums (for the mins)
+            const float * sums = sd + CHUNK_BLOCKS * XC;  // the activation blocks' sums (for the mins)
             float2 dm[M_TILES][2];                         // (d, dmin) of rows g and g + 8
             uint32_t sc[M_TILES][2][3];                    // their packed scales and mins
 #pragma unroll
@@ -719,16 +666,13 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
     // add them in warp order: the same order for every tile, grid and column count.
     // red[w][mt][j][lane][e]: accumulator e of lane 4g+t in tile (mt, j) is staged row
     // 16mt + g + 8*(e/2), column 8j + 2t + e%2
-    // (RW > 1: a warp's partials go into its own weight chunk of that stage, which the K part's
-    // other warps never read)
     constexpr int PER_WARP = M_TILES * NG * 32 * 4;
     static_assert(PER_WARP * 4 <= STAGE, "a warp's partial sums fit one of its stages");
-    static_assert(RW == 1 || PER_WARP * 4 <= W_BYTES, "a warp's partial sums fit its weight chunk");
-    auto red_of = [&](int w, int r) {  // warp (w, r)'s last stage of tile tl (stage 0, never used, if it takes no chunk)
+    auto red_of = [&](int w) {  // warp w's last stage of tile tl (stage 0, never used, if it takes no chunk)
         const int nw = chunks_of(w);
-        return reinterpret_cast<float *>(smem + (w * ST + (nw > 0 ? ((tl + 1) * nw - 1) % ST : 0)) * STAGE + r * W_BYTES);
+        return reinterpret_cast<float *>(smem + (w * ST + (nw > 0 ? ((tl + 1) * nw - 1) % ST : 0)) * STAGE);
     };
-    float * mine = red_of(warp, rw);
+    float * mine = red_of(warp);
 #pragma unroll
     for (int mt = 0; mt < M_TILES; ++mt)
 #pragma unroll
@@ -739,13 +683,11 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
                 acc[mt][j][e] = 0.0f;
             }
     __syncthreads();
-    constexpr int OUT_TILES = GATED ? M_TILES / 2 : M_TILES, PER_GROUP = OUT_TILES * NG * 128;
-    for (int r = 0; r < RW; ++r) {  // row group r's outputs
     const float * red[WARPS];
 #pragma unroll
-    for (int w = 0; w < WARPS; ++w) red[w] = red_of(w, r);
-    const int r0 = r0_tile + r * OUT_ROWS;
-    for (int idx = threadIdx.x; idx < PER_GROUP; idx += RW * WARPS * 32) {
+    for (int w = 0; w < WARPS; ++w) red[w] = red_of(w);
+    constexpr int OUT_TILES = GATED ? M_TILES / 2 : M_TILES;
+    for (int idx = threadIdx.x; idx < OUT_TILES * NG * 128; idx += WARPS * 32) {
         const int e = idx % 4, l = (idx / 4) % 32, j = (idx / 128) % NG, mt = idx / (128 * NG);
         const int m = r0 + 16 * mt + l / 4 + 8 * (e / 2);
         const int n = COL_GROUP * j + 2 * (l % 4) + e % 2;
@@ -766,7 +708,6 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
         if (n < a.N && m < a.M)
             a.y[int64_t(n) * a.y_stride + m] = a.bias != nullptr ? v + a.bias[int64_t(n) * a.bias_stride + m] : v;
     }
-    }  // row groups
     __syncthreads();  // every thread is done with the partials before a warp stages a chunk over them
     }  // tiles
     cuda::cp_async_wait<0>();  // (only empty groups are left)
@@ -782,14 +723,11 @@ constexpr int worst_smem_bytes(int ng) {
     int worst = 0;
     for (weight_type wt : {weight_type::q8_0, weight_type::q4_k, weight_type::q6_k})
         for (int gated = 0; gated < 2; ++gated) {
-            const int m_tiles = m_tiles_of(ng, gated != 0);
+            const int m_tiles = gated != 0 || ng > LUCEBOX_Q8_0_ONE_TILE_MAX_NG ? 2 : 1;
             const int st3 = wt == weight_type::q4_k && ng == 1 && LUCEBOX_Q8_0_ST3_MAX_M > 0 ? 3 : STAGES;
-            for (int rw = 1; rw <= most_row_groups(ng); ++rw) {
-                const int a = smem_bytes(COL_GROUP * ng, m_tiles, wt, STAGES, false, rw),
-                          b = smem_bytes(COL_GROUP * ng, m_tiles, wt, st3, false, rw);
-                worst = worst > a ? worst : a;
-                worst = worst > b ? worst : b;
-            }
+            const int a = smem_bytes(COL_GROUP * ng, m_tiles, wt, STAGES), b = smem_bytes(COL_GROUP * ng, m_tiles, wt, st3);
+            worst = worst > a ? worst : a;
+            worst = worst > b ? worst : b;
         }
     return worst;
 }
@@ -818,12 +756,11 @@ bool pdl_kernel(int dev) { return LUCEBOX_Q8_0_PDL && cuda::pdl_kernel<Kernel>(d
 
 using cuda::launch;
 
-template <int NG, bool GATED, weight_type WT, int ST = STAGES, bool ONE = false, int RW = 1>
+template <int NG, bool GATED, weight_type WT, int ST = STAGES, bool ONE = false>
 cudaError_t launch_groups(const matmul_args & a, const int8_t * xq, const float * xd, const float * xs,
                           const float * ss, cudaStream_t stream) {
-    constexpr int M_TILES = m_tiles_of(NG, GATED);
-    constexpr int THREADS = RW * WARPS * 32;
-    constexpr int SMEM = smem_bytes(COL_GROUP * NG, M_TILES, WT, ST, ONE, RW);
+    constexpr int M_TILES = GATED || NG > LUCEBOX_Q8_0_ONE_TILE_MAX_NG ? 2 : 1;
+    constexpr int SMEM = smem_bytes(COL_GROUP * NG, M_TILES, WT, ST, ONE);
     // the shared-memory limit is a per-device attribute of the function: raise it once per device
     static unsigned long long configured = 0;  // bit d: device d done (devices 0..63)
     int dev = 0;
@@ -832,23 +769,23 @@ cudaError_t launch_groups(const matmul_args & a, const int8_t * xq, const float 
     if (dev >= 64) return cudaErrorInvalidDevice;
     if (!(__atomic_load_n(&configured, __ATOMIC_ACQUIRE) & (1ull << dev))) {
         // (all the device allows: cuda::spread_smem pads a launch's shared memory)
-        err = cudaFuncSetAttribute(matmul<NG, GATED, M_TILES, WT, ST, ONE, RW>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        err = cudaFuncSetAttribute(matmul<NG, GATED, M_TILES, WT, ST, ONE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    LUCEBOX_Q8_0_SPREAD ? device_smem_optin(dev) : SMEM);
         if (err != cudaSuccess) return err;
         __atomic_fetch_or(&configured, 1ull << dev, __ATOMIC_ACQ_REL);
     }
-    constexpr int OUT_ROWS = out_rows_of(NG, GATED);
-    // one CTA per RW tiles of OUT_ROWS rows, or (persistent) at most as many CTAs as fit at once,
-    // each looping over them
-    int grid = ((a.M + OUT_ROWS - 1) / OUT_ROWS + RW - 1) / RW;
+    constexpr int OUT_ROWS = GATED ? 16 : 16 * M_TILES;
+    // one CTA per tile of OUT_ROWS rows, or (persistent) at most as many CTAs as fit at once, each
+    // looping over tiles
+    int grid = (a.M + OUT_ROWS - 1) / OUT_ROWS;
     if (LUCEBOX_Q8_0_PERSISTENT > 0) {
-        const int most = cuda::resident_ctas<matmul<NG, GATED, M_TILES, WT, ST, ONE, RW>>(dev, THREADS, SMEM) *
+        const int most = cuda::resident_ctas<matmul<NG, GATED, M_TILES, WT, ST, ONE>>(dev, WARPS * 32, SMEM) *
                          device_attribute<cudaDevAttrMultiProcessorCount>(dev);
         if (most > 0 && grid >= LUCEBOX_Q8_0_PERSISTENT * most) grid = most;
     }
-    const int smem = LUCEBOX_Q8_0_SPREAD ? cuda::spread_smem<matmul<NG, GATED, M_TILES, WT, ST, ONE, RW>>(dev, grid, THREADS, SMEM) : SMEM;
-    return launch(matmul<NG, GATED, M_TILES, WT, ST, ONE, RW>, dim3(grid), dim3(THREADS), smem, stream,
-                  pdl_kernel<matmul<NG, GATED, M_TILES, WT, ST, ONE, RW>>(dev), a, xq, xd, xs, ss);
+    const int smem = LUCEBOX_Q8_0_SPREAD ? cuda::spread_smem<matmul<NG, GATED, M_TILES, WT, ST, ONE>>(dev, grid, WARPS * 32, SMEM) : SMEM;
+    return launch(matmul<NG, GATED, M_TILES, WT, ST, ONE>, dim3(grid), dim3(WARPS * 32), smem, stream,
+                  pdl_kernel<matmul<NG, GATED, M_TILES, WT, ST, ONE>>(dev), a, xq, xd, xs, ss);
 }
 
 // The stages of a one-column product (one_column): LUCEBOX_Q8_0_ONE_STAGES, and at least 3 for
@@ -881,15 +818,7 @@ cudaError_t launch_gated(const matmul_args & a, bool one, const int8_t * xq, con
         if (col_groups(a.N) == 1 && a.M <= LUCEBOX_Q8_0_ST3_MAX_M) return launch_groups<1, GATED, WT, 3>(a, xq, xd, xs, ss, stream);
     switch (col_groups(a.N)) {
         case 1: return launch_groups<1, GATED, WT>(a, xq, xd, xs, ss, stream);
-        case 2:
-            if constexpr (most_row_groups(2) > 1 && (!GATED || WT == weight_type::q4_k)) {
-                constexpr int OUT_ROWS = out_rows_of(2, GATED);
-                // (gated Q8_0 / Q6_K: no, their CTAs of 8 warps fit a multiprocessor once as 2 CTAs of 4
-                // did, and ran 11-12 % slower on gate+up)
-                if ((a.M + OUT_ROWS - 1) / OUT_ROWS >= LUCEBOX_Q8_0_ROW_GROUPS_MIN_TILES)
-                    return launch_groups<2, GATED, WT, STAGES, false, 2>(a, xq, xd, xs, ss, stream);
-            }
-            return launch_groups<2, GATED, WT>(a, xq, xd, xs, ss, stream);
+        case 2: return launch_groups<2, GATED, WT>(a, xq, xd, xs, ss, stream);
         case 4: return launch_groups<4, GATED, WT>(a, xq, xd, xs, ss, stream);
         default: return launch_groups<8, GATED, WT>(a, xq, xd, xs, ss, stream);
     }

@@ -5,11 +5,13 @@ A speculative verify evaluates T tokens in one forward; plain decoding evaluates
 time. Greedy speculation gives plain decoding's tokens exactly only where the two give the same
 logits, or where they differ by less than the top-2 margin. On the CPU every op of lucebox gives a
 token the same bits in any batch (docs/architecture.md, "Cache independence"), so every row should
-be bit-equal there (tests/integration/test_snapshots.py asserts it); on CUDA the kernels depend on
-the batch and this measures by how much. For each prompt length it prints the largest and the mean
+be bit-equal there (tests/integration/test_snapshots.py asserts it); on CUDA too for shapes whose ops
+all have a batch-independent path (products, DeltaNet heads of 128, attention with ggml patch 0008's
+fixed key split: docs/architecture.md, "Cache independence"), else this measures by how much. For each prompt length it prints the largest and the mean
 absolute difference, how many of the T rows are bit-equal, how many rows pick the same argmax, and
 the median top-2 margin of the batch's rows (a difference near that margin parts greedy tokens).
---ggml-kernels runs every product on ggml's own CUDA kernels instead of cpp/kernels/ (the A/B).
+--ggml-kernels runs every product on ggml's own CUDA kernels instead of cpp/kernels/ (the A/B);
+--ggml-attention-split flash attention with ggml's own tile width and key split by row count.
 Usage (repository root):
     lucebox synth qwen3.6-27b -o /tmp/t27q4.gguf --type q4_k_m
     python bench/bench_batch_invariance.py --model /tmp/t27q4.gguf --device cuda [--ggml-kernels]
@@ -49,15 +51,20 @@ def main() -> None:
                     help="prefix lengths, comma-separated")
     ap.add_argument("--seed", type=int, default=5)
     ap.add_argument("--ggml-kernels", action="store_true", help="every product on ggml's CUDA kernels")
+    ap.add_argument("--ggml-attention-split", action="store_true",
+                    help="flash attention with ggml's own tile width and key split by row count, not patch 0008's")
     args = ap.parse_args()
     if args.tokens < 1 or min(args.prompts) < 1:
         ap.error("--tokens and every --prompts length must be >= 1")
     if args.ggml_kernels:
         _core.set_own_cuda_kernels(False)  # before the engine: ggml replays the graphs it captured
+    if args.ggml_attention_split:
+        _core.set_fattn_fixed_rows(0)
     engine = lucebox.Engine(args.model, ctx=max(args.prompts) + args.tokens + 16, device=args.device)
     n_vocab = engine.session().eval([0]).shape[1]
     rng = np.random.default_rng(args.seed)
     kernels = "ggml's kernels" if args.ggml_kernels else "lucebox's kernels"
+    kernels += ", ggml's attention split" if args.ggml_attention_split else ""
     print(f"model {args.model} on {args.device} ({kernels}): {args.tokens} one-token steps against one "
           f"{args.tokens}-token batch")
     print(f"{'prompt':>7} {'max diff':>10} {'mean diff':>10} {'bit-equal rows':>15} {'same argmax':>12} "

@@ -49,12 +49,17 @@ def main() -> int:
     ap.add_argument("--accept", default="1,4,6,8,16", help="acceptance lengths to force")
     ap.add_argument("--ggml-kernels", action="store_true",
                     help="run every matmul on ggml's own CUDA kernels, not lucebox's (A/B comparison)")
+    ap.add_argument("--ggml-attention-split", action="store_true",
+                    help="flash attention with ggml's own tile width and key split by row count, not patch 0008's "
+                         "fixed split (A/B comparison)")
     ap.add_argument("--tree-budgets", default="", help="tree sizes whose verify cost to measure (e.g. 22,64)")
     args = ap.parse_args()
-    if args.ggml_kernels:
-        from lucebox import _core as core
+    from lucebox import _core as core
 
+    if args.ggml_kernels:
         core.set_own_cuda_kernels(False)
+    if args.ggml_attention_split:
+        core.set_fattn_fixed_rows(0)
 
     placement = dict(device=args.device, devices=[d for d in args.devices.split(",") if d], split=args.split)
     engine = lucebox.Engine(args.model, args.draft, ctx=args.ctx, spec="chain" if args.draft else "off",

@@ -34,6 +34,13 @@ void register_system(py::module_ & m) {
           "CUDA device is used; for the threshold sweep (bench/probes/prefill_gemm_sweep.py). A step graph "
           "ggml captured earlier keeps the choice it was captured with. No effect without CUDA.");
 
+    m.def("set_fattn_fixed_rows", &kernels::set_fattn_fixed_rows, py::arg("n"),
+          "Flash attention of at most n query rows (default 64: a decode step, every verify) runs ggml's "
+          "tensor-core kernel with one query tile width and its keys cut at fixed rows (ggml patch 0008), so "
+          "that a decode step and a verify of the same token give the same bits; 0: ggml's choice by the row "
+          "count. Set it before creating an Engine; for A/B benchmarks. n in 0..1023 (ValueError otherwise). "
+          "No effect without CUDA.");
+
     m.def("set_weight_tiles", &kernels::set_weight_tiles_enabled, py::arg("enabled"),
           "Whether Q8_0 / Q4_K product weights load row-tiled on a CUDA device (default True; the layout "
           "lucebox's few-column kernel reads fastest, cpp/kernels/weight_tiles.h). Takes effect at the next "

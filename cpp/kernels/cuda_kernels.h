@@ -2,7 +2,8 @@
 // Q8_0 and Q4_K products of 1..64 activation columns, plain, fused gate/up SwiGLU, fused residual
 // ADD and fused RMS norm (q8_0_matmul.cuh); large quantized products as BF16 cuBLAS GEMMs (ggml
 // patch 0004); a prefill micro-batch's gated delta net (gdn_prefill.cuh, patch 0005); the fused
-// DeltaNet step ops (delta_net_step.cuh, patch 0007).
+// DeltaNet step ops (delta_net_step.cuh, patch 0007); flash attention of few query rows with its keys cut
+// at fixed rows (patch 0008), so that a token's results do not depend on its batch of up to 64.
 // In a build without CUDA these do nothing.
 #pragma once
 
@@ -20,7 +21,8 @@ void install_cuda_kernels();
 // for A/B benchmarks and tests; takes effect at the next graph computed (a CUDA graph captured
 // before keeps the kernels it captured until ggml captures again).
 // Off also turns off the BF16 GEMM route of large quantized products (patch 0004) for weights in
-// ggml's layout; row-tiled weights loaded before keep the hook and the route (only they read tiles),
+// ggml's layout and flash attention's fixed split for few query rows (patch 0008: ggml then picks
+// its kernel and key split by the number of rows, so a decode step and a verify round differently); row-tiled weights loaded before keep the hook and the route (only they read tiles),
 // and no weight loaded while off is tiled.
 void set_cuda_kernels_enabled(bool enabled);
 
@@ -30,6 +32,13 @@ void set_cuda_kernels_enabled(bool enabled);
 // measured defaults (k_bf16_gemm_min_cols, k_bf16_gemm_min_cols_tiled; set_cuda_kernels_enabled
 // restores them); for the threshold sweep of bench/probes/prefill_gemm_sweep.py.
 void set_bf16_gemm_min_cols(int64_t n);
+
+// Flash attention of at most n query rows cuts its keys at fixed rows, one tile width for every row
+// count (ggml patch 0008), so that a decode step and a verify of the same token compute the same
+// bits; 0: ggml's own choice by the row count (the A/B of bench_spec / bench_batch_invariance).
+// Default k_fattn_fixed_rows (64: every verify); applies while the kernels are enabled, from the
+// next graph captured. n in 0..1023, else std::invalid_argument.
+void set_fattn_fixed_rows(int64_t n);
 
 // Whether Q8_0 / Q4_K product weights loaded into `buffer` are to be row-tiled (weight_tiles.h):
 // a CUDA device buffer (compute capability >= 8.0) while the kernels are enabled and tiling is not

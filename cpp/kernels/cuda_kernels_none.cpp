@@ -1,11 +1,17 @@
 // CPU-only build: no CUDA kernels to install (see cuda_kernels.h).
 #include "cuda_kernels.h"
 
+#include <stdexcept>
+#include <string>
+
 namespace lucebox::kernels {
 
 void install_cuda_kernels() {}
 void set_cuda_kernels_enabled(bool) {}
 void set_bf16_gemm_min_cols(int64_t) {}
+void set_fattn_fixed_rows(int64_t n) {
+    if (n < 0 || n >= 1024) throw std::invalid_argument("fattn fixed rows must be in 0..1023, got " + std::to_string(n));
+}
 uint64_t gdn_prefill_runs() { return 0; }
 bool device_runs_own_kernels() { return false; }
 void install_gdn_prefill() {}

@@ -4,7 +4,8 @@
 // vector, normalized inside the product. Everything else (other types, shapes the kernel refuses,
 // batched or permuted operands, other GLU ops, a bias with a GLU) returns 0 and stays with ggml.
 // Also sets the column count from which ggml runs quantized products as BF16 GEMMs (patch 0004),
-// and converts their Q8_0 / Q4_K / Q6_K weights to BF16 for them (bf16_dequant.cuh).
+// and converts their Q8_0 / Q4_K / Q6_K weights to BF16 for them (bf16_dequant.cuh), and the query
+// rows up to which ggml's flash attention cuts its keys at fixed rows (patch 0008).
 //
 // Row-tiled weights (weight_tiles.h: Q8_0 / Q4_K product weights lucebox loaded onto a CUDA device)
 // can be read by these kernels only, so every product of one is taken here whatever its column
@@ -17,6 +18,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <stdexcept>
+#include <string>
 
 #include "ggml-cuda.h"
 #include "ggml.h"
@@ -40,6 +43,19 @@ constexpr int64_t k_bf16_gemm_min_cols = 256;
 // 64 columns a launch). Same sweep, tiled: BF16 / kernel 0.50x at 32-token micro-batches, 0.94x at
 // 40, 0.97x at 48, 0.95x at 64, 1.17x at 96, 1.63x at 128, 2.80x at 256.
 constexpr int64_t k_bf16_gemm_min_cols_tiled = 65;
+// Flash attention of at most this many query rows (a decode step, a chain or tree verify) runs
+// ggml's tensor-core kernel with one query tile width and its keys cut into CTAs at fixed rows
+// (ggml patch 0008), so that a token's attention is the same bits in a decode step and in a verify,
+// as the products and the DeltaNet step ops already are; larger batches (prefill) keep ggml's choice.
+constexpr int64_t k_fattn_fixed_rows = 64;
+// Its keys in pieces of this many a CTA (the cuts at multiples of it; lucebox's cache views are
+// multiples of 256 rows): fewer CTAs (longer pieces) cost a short-context decode step parallelism,
+// more cost fixup memory and traffic at long contexts (a piece's partial sums: 64 columns x the head
+// size in floats). H200, 27B, prompt 256 (docs/benchmarks.md, twenty-third session): a decode step
+// against ggml's own split, Q4_K_M 7.11 / 6.77 ms with 256-key pieces, 7.14 / 6.87 with 128 (Q8_0
+// 9.29 / 9.02). Halving the piece hardly moved the cost, so it lies elsewhere: the 64-column query
+// tile a one-token step runs in is the candidate (not yet measured).
+constexpr int64_t k_fattn_piece_keys = 128;
 
 }  // namespace
 
@@ -61,6 +77,7 @@ int own_kernel_cols() {
 std::atomic<bool> g_installed{false};  // install_cuda_kernels ran: the hook reads tiled weights
 std::atomic<bool> g_tiles_enabled{true};
 std::atomic<uint64_t> g_tiles_declined{0};
+std::atomic<int64_t> g_fattn_fixed_rows{k_fattn_fixed_rows};  // set_fattn_fixed_rows
 
 // Whether weight w (2-D, w->ne[1] rows nb[1] apart) is row-tiled; aborts when it cuts a tiled
 // range's tiles (no kernel could read it).
@@ -155,6 +172,13 @@ void set_cuda_kernels_enabled(bool enabled) {
     set_gdn_prefill_enabled(enabled);
     // row-tiled weights keep theirs: only the hook and the route read them
     ggml_backend_cuda_set_bf16_gemm_min_cols(enabled ? k_bf16_gemm_min_cols : 0, k_bf16_gemm_min_cols_tiled);
+    ggml_backend_cuda_set_fattn_fixed_split(enabled ? g_fattn_fixed_rows.load() : 0, k_fattn_piece_keys);
+}
+
+void set_fattn_fixed_rows(int64_t n) {
+    if (n < 0 || n >= 1024) throw std::invalid_argument("fattn fixed rows must be in 0..1023, got " + std::to_string(n));
+    g_fattn_fixed_rows.store(n);
+    if (g_installed.load() && g_enabled.load()) ggml_backend_cuda_set_fattn_fixed_split(n, k_fattn_piece_keys);
 }
 
 void set_bf16_gemm_min_cols(int64_t n) { ggml_backend_cuda_set_bf16_gemm_min_cols(n, n); }

@@ -28,3 +28,13 @@ def test_speculation_equals_plain_decoding(target: str, n_prompt: int) -> None:
     for k in (0, 6, None):
         assert engine.session().generate(p, max_tokens=24, propose=forced(ref, len(p), k)).tokens == ref
     assert engine.session().generate(p, max_tokens=24, propose_tree=forced_tree(ref, len(p), 4)).tokens == ref
+
+
+def test_the_attention_split_bound_is_checked() -> None:
+    # _core.set_fattn_fixed_rows (the CUDA attention's fixed key split, ggml patch 0008): a bound
+    # patch 0008 cannot take is refused in every build, not stored
+    from lucebox import _core
+    for bad in (-1, 1024):
+        with pytest.raises(ValueError, match="0..1023"):
+            _core.set_fattn_fixed_rows(bad)
+    _core.set_fattn_fixed_rows(64)  # the default

@@ -59,7 +59,7 @@ def main() -> None:
     if args.ggml_kernels:
         _core.set_own_cuda_kernels(False)  # before the engine: ggml replays the graphs it captured
     if args.ggml_attention_split:
-        _core.set_fattn_fixed_rows(0)
+        _core.set_fattn_fixed_split(rows=0)
     engine = lucebox.Engine(args.model, ctx=max(args.prompts) + args.tokens + 16, device=args.device)
     n_vocab = engine.session().eval([0]).shape[1]
     rng = np.random.default_rng(args.seed)

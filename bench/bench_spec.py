@@ -52,14 +52,18 @@ def main() -> int:
     ap.add_argument("--ggml-attention-split", action="store_true",
                     help="flash attention with ggml's own tile width and key split by row count, not patch 0008's "
                          "fixed split (A/B comparison)")
+    ap.add_argument("--attention-tile", type=int, choices=(8, 16, 32, 64),
+                    help="the fixed split's query tile width in columns (default 64; A/B of patch 0008's cost)")
+    ap.add_argument("--attention-piece", type=int, help="the fixed split's keys a CTA (default 128)")
     ap.add_argument("--tree-budgets", default="", help="tree sizes whose verify cost to measure (e.g. 22,64)")
     args = ap.parse_args()
     from lucebox import _core as core
 
     if args.ggml_kernels:
         core.set_own_cuda_kernels(False)
-    if args.ggml_attention_split:
-        core.set_fattn_fixed_rows(0)
+    split = dict(piece_keys=args.attention_piece, tile_cols=args.attention_tile)
+    core.set_fattn_fixed_split(**({"rows": 0} if args.ggml_attention_split else {}),
+                               **{k: v for k, v in split.items() if v is not None})
 
     placement = dict(device=args.device, devices=[d for d in args.devices.split(",") if d], split=args.split)
     engine = lucebox.Engine(args.model, args.draft, ctx=args.ctx, spec="chain" if args.draft else "off",

@@ -34,11 +34,13 @@ void register_system(py::module_ & m) {
           "CUDA device is used; for the threshold sweep (bench/probes/prefill_gemm_sweep.py). A step graph "
           "ggml captured earlier keeps the choice it was captured with. No effect without CUDA.");
 
-    m.def("set_fattn_fixed_rows", &kernels::set_fattn_fixed_rows, py::arg("n"),
-          "Flash attention of at most n query rows (default 64: a decode step, every verify) runs ggml's "
-          "tensor-core kernel with one query tile width and its keys cut at fixed rows (ggml patch 0008), so "
-          "that a decode step and a verify of the same token give the same bits; 0: ggml's choice by the row "
-          "count. Set it before creating an Engine; for A/B benchmarks. n in 0..1023 (ValueError otherwise). "
+    m.def("set_fattn_fixed_split", &kernels::set_fattn_fixed_split, py::arg("rows") = kernels::k_fattn_fixed_rows,
+          py::arg("piece_keys") = kernels::k_fattn_piece_keys, py::arg("tile_cols") = kernels::k_fattn_tile_cols,
+          "Flash attention of at most `rows` query rows (default 64: a decode step, every verify; piece_keys 128, tile_cols 64) runs ggml's "
+          "tensor-core kernel with one query tile of `tile_cols` columns and its keys cut at fixed rows, "
+          "`piece_keys` a CTA (ggml patch 0008), so that a decode step and a verify of the same token give the "
+          "same bits; rows 0: ggml's choice by the row count. Set it before creating an Engine; for A/B "
+          "benchmarks. rows in 0..1023, piece_keys > 0, tile_cols 8, 16, 32 or 64 (ValueError otherwise). "
           "No effect without CUDA.");
 
     m.def("set_weight_tiles", &kernels::set_weight_tiles_enabled, py::arg("enabled"),

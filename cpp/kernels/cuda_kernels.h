@@ -8,6 +8,8 @@
 #pragma once
 
 #include <cstdint>
+#include <stdexcept>
+#include <string>
 
 #include "ggml-backend.h"
 
@@ -21,9 +23,10 @@ void install_cuda_kernels();
 // for A/B benchmarks and tests; takes effect at the next graph computed (a CUDA graph captured
 // before keeps the kernels it captured until ggml captures again).
 // Off also turns off the BF16 GEMM route of large quantized products (patch 0004) for weights in
-// ggml's layout and flash attention's fixed split for few query rows (patch 0008: ggml then picks
-// its kernel and key split by the number of rows, so a decode step and a verify round differently); row-tiled weights loaded before keep the hook and the route (only they read tiles),
-// and no weight loaded while off is tiled.
+// ggml's layout, and flash attention's fixed split for few query rows (patch 0008: ggml then picks
+// its kernel and key split by the number of rows, so a decode step and a verify round differently);
+// row-tiled weights loaded before keep the hook and the route (only they read tiles), and no weight
+// loaded while off is tiled.
 void set_cuda_kernels_enabled(bool enabled);
 
 // Quantized products of at least n activation columns dequantize their weights to BF16 and run
@@ -33,12 +36,39 @@ void set_cuda_kernels_enabled(bool enabled);
 // restores them); for the threshold sweep of bench/probes/prefill_gemm_sweep.py.
 void set_bf16_gemm_min_cols(int64_t n);
 
-// Flash attention of at most n query rows cuts its keys at fixed rows, one tile width for every row
-// count (ggml patch 0008), so that a decode step and a verify of the same token compute the same
-// bits; 0: ggml's own choice by the row count (the A/B of bench_spec / bench_batch_invariance).
-// Default k_fattn_fixed_rows (64: every verify); applies while the kernels are enabled, from the
-// next graph captured. n in 0..1023, else std::invalid_argument.
-void set_fattn_fixed_rows(int64_t n);
+// Flash attention of at most this many query rows (a decode step, a chain or tree verify) runs
+// ggml's tensor-core kernel with one query tile width and its keys cut into CTAs at fixed rows
+// (ggml patch 0008), so that a token's attention is the same bits in a decode step and in a verify,
+// as the products and the DeltaNet step ops already are; larger batches (prefill) keep ggml's choice.
+constexpr int64_t k_fattn_fixed_rows = 64;
+// Its keys in pieces of this many a CTA (the cuts at multiples of it; lucebox's cache views are
+// multiples of 256 rows): fewer CTAs (longer pieces) cost a short-context decode step parallelism,
+// more cost fixup memory and traffic at long contexts (a piece's partial sums: 64 columns x the head
+// size in floats). H200, 27B, prompt 256 (docs/benchmarks.md, twenty-third session): a decode step
+// against ggml's own split, Q4_K_M 7.11 / 6.77 ms with 256-key pieces, 7.14 / 6.87 with 128 (Q8_0
+// 9.29 / 9.02). Halving the piece hardly moved the cost, so it lies elsewhere: the 64-column query
+// tile a one-token step runs in is the candidate (not yet measured).
+constexpr int64_t k_fattn_piece_keys = 128;
+// and its query tile: 64 columns (8 queries of the 27B's 6 heads a KV head, padded to 8), the width
+// ggml takes for a 16-token verify, so that the verify reads each key twice; a decode step computes
+// 8 of the 64 columns. (8, 16, 32: narrower, for the A/B of bench_spec --attention-tile.)
+constexpr int64_t k_fattn_tile_cols = 64;
+
+// Flash attention of at most `rows` query rows cuts its keys at fixed rows, pieces of `piece_keys`
+// keys a CTA, with one query tile of `tile_cols` columns for every row count (ggml patch 0008), so
+// that a decode step and a verify of the same token compute the same bits; rows 0: ggml's own choice
+// by the row count (the A/B of bench_spec / bench_batch_invariance). Defaults k_fattn_fixed_rows,
+// k_fattn_piece_keys, k_fattn_tile_cols (above); applies while the kernels are enabled,
+// from the next graph captured. rows in 0..1023, piece_keys > 0, tile_cols 8, 16, 32 or 64, else
+// std::invalid_argument (check_fattn_fixed_split).
+void set_fattn_fixed_split(int64_t rows, int64_t piece_keys, int64_t tile_cols);
+inline void check_fattn_fixed_split(int64_t rows, int64_t piece_keys, int64_t tile_cols) {
+    if (rows < 0 || rows >= 1024 || piece_keys <= 0 ||
+        (tile_cols != 8 && tile_cols != 16 && tile_cols != 32 && tile_cols != 64))
+        throw std::invalid_argument("attention split: rows must be in 0..1023, piece_keys > 0 and tile_cols 8, 16, 32 "
+                                    "or 64; got " + std::to_string(rows) + ", " + std::to_string(piece_keys) + ", " +
+                                    std::to_string(tile_cols));
+}
 
 // Whether Q8_0 / Q4_K product weights loaded into `buffer` are to be row-tiled (weight_tiles.h):
 // a CUDA device buffer (compute capability >= 8.0) while the kernels are enabled and tiling is not

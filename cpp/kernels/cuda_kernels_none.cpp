@@ -1,16 +1,13 @@
 // CPU-only build: no CUDA kernels to install (see cuda_kernels.h).
 #include "cuda_kernels.h"
 
-#include <stdexcept>
-#include <string>
-
 namespace lucebox::kernels {
 
 void install_cuda_kernels() {}
 void set_cuda_kernels_enabled(bool) {}
 void set_bf16_gemm_min_cols(int64_t) {}
-void set_fattn_fixed_rows(int64_t n) {
-    if (n < 0 || n >= 1024) throw std::invalid_argument("fattn fixed rows must be in 0..1023, got " + std::to_string(n));
+void set_fattn_fixed_split(int64_t rows, int64_t piece_keys, int64_t tile_cols) {
+    check_fattn_fixed_split(rows, piece_keys, tile_cols);
 }
 uint64_t gdn_prefill_runs() { return 0; }
 bool device_runs_own_kernels() { return false; }

@@ -18,8 +18,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <stdexcept>
-#include <string>
 
 #include "ggml-cuda.h"
 #include "ggml.h"
@@ -43,19 +41,6 @@ constexpr int64_t k_bf16_gemm_min_cols = 256;
 // 64 columns a launch). Same sweep, tiled: BF16 / kernel 0.50x at 32-token micro-batches, 0.94x at
 // 40, 0.97x at 48, 0.95x at 64, 1.17x at 96, 1.63x at 128, 2.80x at 256.
 constexpr int64_t k_bf16_gemm_min_cols_tiled = 65;
-// Flash attention of at most this many query rows (a decode step, a chain or tree verify) runs
-// ggml's tensor-core kernel with one query tile width and its keys cut into CTAs at fixed rows
-// (ggml patch 0008), so that a token's attention is the same bits in a decode step and in a verify,
-// as the products and the DeltaNet step ops already are; larger batches (prefill) keep ggml's choice.
-constexpr int64_t k_fattn_fixed_rows = 64;
-// Its keys in pieces of this many a CTA (the cuts at multiples of it; lucebox's cache views are
-// multiples of 256 rows): fewer CTAs (longer pieces) cost a short-context decode step parallelism,
-// more cost fixup memory and traffic at long contexts (a piece's partial sums: 64 columns x the head
-// size in floats). H200, 27B, prompt 256 (docs/benchmarks.md, twenty-third session): a decode step
-// against ggml's own split, Q4_K_M 7.11 / 6.77 ms with 256-key pieces, 7.14 / 6.87 with 128 (Q8_0
-// 9.29 / 9.02). Halving the piece hardly moved the cost, so it lies elsewhere: the 64-column query
-// tile a one-token step runs in is the candidate (not yet measured).
-constexpr int64_t k_fattn_piece_keys = 128;
 
 }  // namespace
 
@@ -77,7 +62,12 @@ int own_kernel_cols() {
 std::atomic<bool> g_installed{false};  // install_cuda_kernels ran: the hook reads tiled weights
 std::atomic<bool> g_tiles_enabled{true};
 std::atomic<uint64_t> g_tiles_declined{0};
-std::atomic<int64_t> g_fattn_fixed_rows{k_fattn_fixed_rows};  // set_fattn_fixed_rows
+// set_fattn_fixed_split
+std::atomic<int64_t> g_fattn_rows{k_fattn_fixed_rows}, g_fattn_piece{k_fattn_piece_keys}, g_fattn_tile{k_fattn_tile_cols};
+
+void apply_fattn_split(bool enabled) {
+    ggml_backend_cuda_set_fattn_fixed_split(enabled ? g_fattn_rows.load() : 0, g_fattn_piece.load(), g_fattn_tile.load());
+}
 
 // Whether weight w (2-D, w->ne[1] rows nb[1] apart) is row-tiled; aborts when it cuts a tiled
 // range's tiles (no kernel could read it).
@@ -172,13 +162,15 @@ void set_cuda_kernels_enabled(bool enabled) {
     set_gdn_prefill_enabled(enabled);
     // row-tiled weights keep theirs: only the hook and the route read them
     ggml_backend_cuda_set_bf16_gemm_min_cols(enabled ? k_bf16_gemm_min_cols : 0, k_bf16_gemm_min_cols_tiled);
-    ggml_backend_cuda_set_fattn_fixed_split(enabled ? g_fattn_fixed_rows.load() : 0, k_fattn_piece_keys);
+    apply_fattn_split(enabled);
 }
 
-void set_fattn_fixed_rows(int64_t n) {
-    if (n < 0 || n >= 1024) throw std::invalid_argument("fattn fixed rows must be in 0..1023, got " + std::to_string(n));
-    g_fattn_fixed_rows.store(n);
-    if (g_installed.load() && g_enabled.load()) ggml_backend_cuda_set_fattn_fixed_split(n, k_fattn_piece_keys);
+void set_fattn_fixed_split(int64_t rows, int64_t piece_keys, int64_t tile_cols) {
+    check_fattn_fixed_split(rows, piece_keys, tile_cols);
+    g_fattn_rows.store(rows);
+    g_fattn_piece.store(piece_keys);
+    g_fattn_tile.store(tile_cols);
+    if (g_installed.load()) apply_fattn_split(g_enabled.load());
 }
 
 void set_bf16_gemm_min_cols(int64_t n) { ggml_backend_cuda_set_bf16_gemm_min_cols(n, n); }

@@ -76,7 +76,7 @@ def test_a_batch_of_16_is_16_steps_bit_for_bit(target: str) -> None:
 def test_without_the_fixed_split_a_batch_rounds_differently(target: str) -> None:
     # the A/B: ggml's own choice of attention kernel and key split by the row count (the products and
     # DeltaNet ops stay lucebox's), so what makes the test above pass is the fixed split
-    _core.set_fattn_fixed_rows(0)
+    _core.set_fattn_fixed_split(rows=0)
     try:
         engine = lucebox.Engine(target, ctx=1024, device="cuda")
         rng = np.random.default_rng(4)
@@ -87,9 +87,7 @@ def test_without_the_fixed_split_a_batch_rounds_differently(target: str) -> None
         print(f"without the fixed split: max abs diff {diff:.4g}")
         assert 0 < diff <= MAX_ABS
     finally:
-        _core.set_fattn_fixed_rows(64)
-    with pytest.raises(ValueError):
-        _core.set_fattn_fixed_rows(1024)
+        _core.set_fattn_fixed_split()
 
 
 def test_speculation_matches_plain_greedy(target: str) -> None:

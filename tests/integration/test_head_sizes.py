@@ -30,11 +30,11 @@ def test_speculation_equals_plain_decoding(target: str, n_prompt: int) -> None:
     assert engine.session().generate(p, max_tokens=24, propose_tree=forced_tree(ref, len(p), 4)).tokens == ref
 
 
-def test_the_attention_split_bound_is_checked() -> None:
-    # _core.set_fattn_fixed_rows (the CUDA attention's fixed key split, ggml patch 0008): a bound
-    # patch 0008 cannot take is refused in every build, not stored
+def test_the_attention_split_settings_are_checked() -> None:
+    # _core.set_fattn_fixed_split (the CUDA attention's fixed key split, ggml patch 0008): settings
+    # patch 0008 cannot take are refused in every build, not stored
     from lucebox import _core
-    for bad in (-1, 1024):
-        with pytest.raises(ValueError, match="0..1023"):
-            _core.set_fattn_fixed_rows(bad)
-    _core.set_fattn_fixed_rows(64)  # the default
+    for bad in (dict(rows=-1), dict(rows=1024), dict(piece_keys=0), dict(tile_cols=48), dict(tile_cols=128)):
+        with pytest.raises(ValueError, match="attention split"):
+            _core.set_fattn_fixed_split(**bad)
+    _core.set_fattn_fixed_split()  # the defaults

@@ -61,9 +61,10 @@ def main() -> int:
 
     if args.ggml_kernels:
         core.set_own_cuda_kernels(False)
-    split = dict(piece_keys=args.attention_piece, tile_cols=args.attention_tile)
-    core.set_fattn_fixed_split(**({"rows": 0} if args.ggml_attention_split else {}),
-                               **{k: v for k, v in split.items() if v is not None})
+    split = {k: v for k, v in dict(piece_keys=args.attention_piece, tile_cols=args.attention_tile).items() if v}
+    if args.ggml_attention_split:
+        split["rows"] = 0
+    core.set_fattn_fixed_split(**split)  # what is not given: the defaults (cuda_kernels.h)
 
     placement = dict(device=args.device, devices=[d for d in args.devices.split(",") if d], split=args.split)
     engine = lucebox.Engine(args.model, args.draft, ctx=args.ctx, spec="chain" if args.draft else "off",

@@ -36,7 +36,7 @@ void register_system(py::module_ & m) {
 
     m.def("set_fattn_fixed_split", &kernels::set_fattn_fixed_split, py::arg("rows") = kernels::k_fattn_fixed_rows,
           py::arg("piece_keys") = kernels::k_fattn_piece_keys, py::arg("tile_cols") = kernels::k_fattn_tile_cols,
-          "Flash attention of at most `rows` query rows (default 64: a decode step, every verify; piece_keys 128, tile_cols 64) runs ggml's "
+          "Flash attention of at most `rows` query rows (by default a decode step and every verify) runs ggml's "
           "tensor-core kernel with one query tile of `tile_cols` columns and its keys cut at fixed rows, "
           "`piece_keys` a CTA (ggml patch 0008), so that a decode step and a verify of the same token give the "
           "same bits; rows 0: ggml's choice by the row count. Set it before creating an Engine; for A/B "

@@ -8,8 +8,9 @@ token the same bits in any batch (docs/architecture.md, "Cache independence"), s
 be bit-equal there (tests/integration/test_snapshots.py asserts it); on CUDA too for shapes whose ops
 all have a batch-independent path (products, DeltaNet heads of 128, attention with ggml patch 0008's
 fixed key split: docs/architecture.md, "Cache independence"), else this measures by how much. For
-each prompt length it prints the largest and the mean absolute difference, how many of the T rows are bit-equal, how many rows pick the same argmax, and
-the median top-2 margin of the batch's rows (a difference near that margin parts greedy tokens).
+each prompt length it prints the largest and the mean absolute difference, how many of the T rows
+are bit-equal, how many rows pick the same argmax, and the median top-2 margin of the batch's rows
+(a difference near that margin parts greedy tokens).
 --ggml-kernels runs every product on ggml's own CUDA kernels instead of cpp/kernels/ (the A/B);
 --ggml-attention-split flash attention with ggml's own tile width and key split by row count.
 Usage (repository root):

@@ -53,7 +53,7 @@ def main() -> int:
                     help="flash attention with ggml's own tile width and key split by row count, not patch 0008's "
                          "fixed split (A/B comparison)")
     ap.add_argument("--attention-tile", type=int, choices=(8, 16, 32, 64),
-                    help="the fixed split's query tile width in columns (default 64; A/B of patch 0008's cost)")
+                    help="the fixed split's query tile width in columns (default: cuda_kernels.h; A/B of patch 0008's cost)")
     ap.add_argument("--attention-piece", type=int, help="the fixed split's keys a CTA (default 128)")
     ap.add_argument("--tree-budgets", default="", help="tree sizes whose verify cost to measure (e.g. 22,64)")
     args = ap.parse_args()

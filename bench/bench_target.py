@@ -154,10 +154,15 @@ def main() -> int:
                     help="run every matmul on ggml's own CUDA kernels, not lucebox's (A/B comparison)")
     ap.add_argument("--untiled", action="store_true",
                     help="load the weights in ggml's layout, not row-tiled (A/B comparison of the tiles)")
+    ap.add_argument("--attention-tile", type=int, choices=(8, 16, 32, 64),
+                    help="the CUDA attention's fixed query tile width in columns (patch 0008; default: cuda_kernels.h)")
+    ap.add_argument("--attention-piece", type=int, help="the CUDA attention's fixed split: keys a CTA")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
     if args.ggml_kernels:
         _core.set_own_cuda_kernels(False)
+    _core.set_fattn_fixed_split(**{k: v for k, v in dict(piece_keys=args.attention_piece,
+                                                          tile_cols=args.attention_tile).items() if v})
     if args.untiled:
         _core.set_weight_tiles(False)
 

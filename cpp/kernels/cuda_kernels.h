@@ -46,13 +46,16 @@ constexpr int64_t k_fattn_fixed_rows = 64;
 // more cost fixup memory and traffic at long contexts (a piece's partial sums: 64 columns x the head
 // size in floats). H200, 27B, prompt 256 (docs/benchmarks.md, twenty-third session): a decode step
 // against ggml's own split, Q4_K_M 7.11 / 6.77 ms with 256-key pieces, 7.14 / 6.87 with 128 (Q8_0
-// 9.29 / 9.02). Halving the piece hardly moved the cost, so it lies elsewhere: the 64-column query
-// tile a one-token step runs in is the candidate (not yet measured).
+// 9.29 / 9.02): the piece length hardly moves the cost; the query tile width does (below).
 constexpr int64_t k_fattn_piece_keys = 128;
-// and its query tile: 64 columns (8 queries of the 27B's 6 heads a KV head, padded to 8), the width
-// ggml takes for a 16-token verify, so that the verify reads each key twice; a decode step computes
-// 8 of the 64 columns. (8, 16, 32: narrower, for the A/B of bench_spec --attention-tile.)
-constexpr int64_t k_fattn_tile_cols = 64;
+// and its query tile: 16 columns (2 queries of the 27B's 6 heads a KV head, padded to 8), so a decode
+// step computes 8 of 16 columns and a 16-token verify reads each key 8 times (from L2). H200, 27B,
+// prompt 256, one run (docs/benchmarks.md, twenty-fifth session), decode step at widths 64 / 32 / 16 / 8:
+// Q4_K_M 7.01 / 7.03 / 6.80 / 6.97 ms; Q8_0 9.25 (64) / 8.95 (16); every width bit-exact (verify ==
+// decode steps). 16 is also the fastest chain step at AL 6 for Q4_K_M (567.6 tok/s against 550.0 at 64);
+// Q8_0 510.2 against 514.7. Its verify at a 4000-token context is not yet measured (each key read 8
+// times instead of 2: an estimated +0.2 ms a verify).
+constexpr int64_t k_fattn_tile_cols = 16;
 
 // Flash attention of at most `rows` query rows cuts its keys at fixed rows, pieces of `piece_keys`
 // keys a CTA, with one query tile of `tile_cols` columns for every row count (ggml patch 0008), so

@@ -61,16 +61,25 @@ def _batch_and_steps(engine: lucebox.Engine, prompt: list[int], nxt: list[int]) 
 PROMPTS = (5, 250, 300, 700)
 
 
-def test_a_batch_of_16_is_16_steps_bit_for_bit(target: str) -> None:
-    engine = lucebox.Engine(target, ctx=1024, device="cuda")
-    rng = np.random.default_rng(4)
-    for n_prompt in PROMPTS:
-        p = [int(x) for x in rng.integers(0, 1000, n_prompt)]
-        nxt = [int(x) for x in rng.integers(0, 1000, 16)]
-        batch, steps = _batch_and_steps(engine, p, nxt)
-        equal = [bool(np.array_equal(batch[i], steps[i])) for i in range(16)]
-        print(f"prompt {n_prompt}: {sum(equal)}/16 rows bit-equal, max abs diff {np.abs(batch - steps).max():.4g}")
-        assert np.isfinite(batch).all() and all(equal)
+# every query tile width the fixed split takes (None: the default, cuda_kernels.h), every piece length
+# class: a multiple of the kernel's key batch that divides the views, and one that does not (129)
+@pytest.mark.parametrize("tile_cols,piece_keys", [(None, None), (8, None), (16, None), (32, None), (64, 256),
+                                                  (8, 129)])
+def test_a_batch_of_16_is_16_steps_bit_for_bit(target: str, tile_cols: int | None, piece_keys: int | None) -> None:
+    _core.set_fattn_fixed_split(**{k: v for k, v in dict(tile_cols=tile_cols, piece_keys=piece_keys).items() if v})
+    try:
+        engine = lucebox.Engine(target, ctx=1024, device="cuda")
+        rng = np.random.default_rng(4)
+        for n_prompt in PROMPTS:
+            p = [int(x) for x in rng.integers(0, 1000, n_prompt)]
+            nxt = [int(x) for x in rng.integers(0, 1000, 16)]
+            batch, steps = _batch_and_steps(engine, p, nxt)
+            equal = [bool(np.array_equal(batch[i], steps[i])) for i in range(16)]
+            print(f"tile {tile_cols}, piece {piece_keys}, prompt {n_prompt}: {sum(equal)}/16 rows bit-equal, "
+                  f"max abs diff {np.abs(batch - steps).max():.4g}")
+            assert np.isfinite(batch).all() and all(equal)
+    finally:
+        _core.set_fattn_fixed_split()
 
 
 def test_without_the_fixed_split_a_batch_rounds_differently(target: str) -> None:

@@ -192,6 +192,15 @@ __device__ __forceinline__ int q6_times4_centered(uint32_t ql, uint32_t qh_flipp
 
 __device__ __forceinline__ float silu(float v) { return v / (1.0f + expf(-v)); }  // as ggml's CUDA swiglu
 
+// Signed byte k (0..3, a constant where called) of w, sign-extended by one prmt: selector nibble 0
+// picks byte k, nibbles 1..3 (k | 8) replicate its sign bit.
+__device__ __forceinline__ int sbyte(uint32_t w, int k) {
+    const uint32_t sel = uint32_t(k) | uint32_t(k | 8) << 4 | uint32_t(k | 8) << 8 | uint32_t(k | 8) << 12;
+    int r;
+    asm("prmt.b32 %0, %1, 0, %2;" : "=r"(r) : "r"(w), "r"(sel));
+    return r;
+}
+
 template <typename V>  // word i (0..3) of a 16-byte vector
 __device__ __forceinline__ uint32_t word_of(const V & v, int i) {
     return uint32_t(i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w);
@@ -599,7 +608,10 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 uint4 qv[M_TILES][3];  // kind 0: ql[64h + l], 1: ql[64h + 32 + l], 2: qh[32h + l] (l = 16u + 4t)
-                uint2 scw[M_TILES][2];  // scales 8h..8h+7 of rows g, g + 8
+                // scales 8h..8h+7 of rows g, g + 8 (a gated product of more than 32 columns: read where
+                // used, as bytes, so that its registers do not spill)
+                constexpr bool SC_BYTES = GATED && NG > 4;
+                uint2 scw[M_TILES][2];
 #pragma unroll
                 for (int mt = 0; mt < M_TILES; ++mt) {
                     const uint8_t * piece = st + mt * 16 * CB;
@@ -608,34 +620,44 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
                         qv[mt][kind] = *reinterpret_cast<const uint4 *>(piece + ((3 * h + kind) * 32 + lane) * 16);
 #pragma unroll
                     for (int hr = 0; hr < 2; ++hr)
-                        scw[mt][hr] = *reinterpret_cast<const uint2 *>(piece + 3072 + 16 * (g + 8 * hr) + 8 * h);
+                        if (!SC_BYTES) scw[mt][hr] = *reinterpret_cast<const uint2 *>(piece + 3072 + 16 * (g + 8 * hr) + 8 * h);
                 }
 #pragma unroll
                 for (int half = 0; half < 2; ++half) {
-                    int4 xv[NG];  // blocks 4h + 2 half (.x u 0, .y u 1) and + 1 (.z, .w) of column x_col(j)
+                    // column x_col(j)'s values of blocks 4h + 2 half (.x: u 0, .y: u 1) and + 1 (.z, .w):
+                    // one vector, or (more than 16 columns, fewer registers) two halves where used
+                    constexpr bool WHOLE = NG <= 2;
+                    int4 xv[WHOLE ? NG : 1];
 #pragma unroll
-                    for (int j = 0; j < NG; ++j) {
-                        xv[j] = *reinterpret_cast<const int4 *>(sx + x_q6k_offset(4 * h + 2 * half, 4 * t, x_col(j), XC));
-                        if (!x_lane) xv[j] = make_int4(0, 0, 0, 0);
-                    }
+                    for (int j = 0; j < NG; ++j)
+                        if constexpr (WHOLE) xv[j] = *reinterpret_cast<const int4 *>(sx + x_q6k_offset(4 * h + 2 * half, 4 * t, x_col(j), XC));
 #pragma unroll
                     for (int pp = 0; pp < 2; ++pp) {
                         const int p = 2 * half + pp;
+                        int2 xw[NG];
+#pragma unroll
+                        for (int j = 0; j < NG; ++j) {
+                            if constexpr (WHOLE) xw[j] = pp == 0 ? make_int2(xv[j].x, xv[j].y) : make_int2(xv[j].z, xv[j].w);
+                            else xw[j] = *reinterpret_cast<const int2 *>(sx + x_q6k_offset(4 * h + p, 4 * t, x_col(j), XC));
+                            if (!x_lane) xw[j] = make_int2(0, 0);
+                        }
 #pragma unroll
                         for (int u = 0; u < 2; ++u) {
                             int bf[NG];
 #pragma unroll
-                            for (int j = 0; j < NG; ++j) bf[j] = word_of(xv[j], 2 * pp + u);
+                            for (int j = 0; j < NG; ++j) bf[j] = u == 0 ? xw[j].x : xw[j].y;
 #pragma unroll
                             for (int mt = 0; mt < M_TILES; ++mt) {
                                 int af[2], sc[2];
 #pragma unroll
                                 for (int hr = 0; hr < 2; ++hr) {
                                     const uint32_t ql = word_of(qv[mt][pp], 2 * hr + u);  // kind p % 2
-                                    const uint32_t qh = word_of(qv[mt][2], 2 * hr + u) ^ 0xAAAAAAAAu;
+                                    const uint32_t qh = word_of(qv[mt][2], 2 * hr + u) ^ 0xAAAAAAAAu;  // (q6_times4_centered)
                                     af[hr] = q6_times4_centered(ql, qh, p / 2, p);
                                     const int k = 2 * p + u;  // scale 8h + k
-                                    sc[hr] = int(int8_t((k < 4 ? scw[mt][hr].x : scw[mt][hr].y) >> (8 * (k % 4))));
+                                    const uint8_t * row_scales = st + mt * 16 * CB + 3072 + 16 * (g + 8 * hr) + 8 * h;
+                                    sc[hr] = SC_BYTES ? int(*reinterpret_cast<const int8_t *>(row_scales + k))
+                                                      : sbyte(k < 4 ? scw[mt][hr].x : scw[mt][hr].y, k % 4);
                                 }
 #pragma unroll
                                 for (int j = 0; j < NG; ++j) {

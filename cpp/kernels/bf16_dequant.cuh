@@ -19,8 +19,9 @@
 // Row-tiled weights (weight_tiles.h): each row's 256 values are one chunk in the same format, but
 // for Q6_K's whole tiles, whose chunks are spread over their piece (tiles::q6k_piece_offset).
 // One thread writes 32 consecutive values (four 16-byte stores), so a warp writes 2 KB at once
-// (and, but for Q6_K's tiles, reads its blocks' bytes contiguously). Header-only, without ggml: tests/cpp/test_bf16_dequant.cu
-// checks it against ggml's CPU dequantization; the ggml glue is in q8_0_matmul.cu.
+// (and, but for Q6_K's tiles, reads its blocks' bytes contiguously). Header-only, without ggml:
+// tests/cpp/test_bf16_dequant.cu checks it against ggml's CPU dequantization; the ggml glue is in
+// q8_0_matmul.cu.
 #pragma once
 
 #include <cuda_bf16.h>

@@ -268,8 +268,8 @@ __global__ void quantize_columns(const float * x, int64_t x_stride, int K, int N
     }
     const float d = amax / 127;
     const int64_t at = int64_t(b) * cols + n;
-    const int64_t q_at = Q6K_ORDER ? int64_t(b / CHUNK_BLOCKS) * CHUNK_BLOCKS * cols * QK + x_q6k_offset(b % CHUNK_BLOCKS, lane, n, cols)
-                                   : at * QK + lane;
+    const int64_t chunk_at = int64_t(b / CHUNK_BLOCKS) * CHUNK_BLOCKS * cols * QK;
+    const int64_t q_at = Q6K_ORDER ? chunk_at + x_q6k_offset(b % CHUNK_BLOCKS, lane, n, cols) : at * QK + lane;
     xq[q_at] = int8_t(amax == 0.0f ? 0.0f : roundf(v / d));
     if (lane == 0) xd[at] = d;
 }
@@ -602,8 +602,10 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
 #pragma unroll
             for (int mt = 0; mt < M_TILES; ++mt)
 #pragma unroll
-                for (int hr = 0; hr < 2; ++hr)
-                    dq[mt][hr] = 0.25f * __half2float(*reinterpret_cast<const __half *>(st + mt * 16 * CB + 3328 + 2 * (g + 8 * hr)));
+                for (int hr = 0; hr < 2; ++hr) {
+                    const uint8_t * d_at = st + mt * 16 * CB + 3328 + 2 * (g + 8 * hr);  // row g + 8 hr's d
+                    dq[mt][hr] = 0.25f * __half2float(*reinterpret_cast<const __half *>(d_at));
+                }
             int isum[M_TILES][NG][4] = {};
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
@@ -620,7 +622,7 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
                         qv[mt][kind] = *reinterpret_cast<const uint4 *>(piece + ((3 * h + kind) * 32 + lane) * 16);
 #pragma unroll
                     for (int hr = 0; hr < 2; ++hr)
-                        if (!SC_BYTES) scw[mt][hr] = *reinterpret_cast<const uint2 *>(piece + 3072 + 16 * (g + 8 * hr) + 8 * h);
+                        if (!SC_BYTES) scw[mt][hr] = reinterpret_cast<const uint2 *>(piece + 3072 + 16 * (g + 8 * hr))[h];
                 }
 #pragma unroll
                 for (int half = 0; half < 2; ++half) {
@@ -630,15 +632,18 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
                     int4 xv[WHOLE ? NG : 1];
 #pragma unroll
                     for (int j = 0; j < NG; ++j)
-                        if constexpr (WHOLE) xv[j] = *reinterpret_cast<const int4 *>(sx + x_q6k_offset(4 * h + 2 * half, 4 * t, x_col(j), XC));
+                        if constexpr (WHOLE)
+                            xv[j] = *reinterpret_cast<const int4 *>(sx + x_q6k_offset(4 * h + 2 * half, 4 * t, x_col(j), XC));
 #pragma unroll
                     for (int pp = 0; pp < 2; ++pp) {
                         const int p = 2 * half + pp;
                         int2 xw[NG];
 #pragma unroll
                         for (int j = 0; j < NG; ++j) {
-                            if constexpr (WHOLE) xw[j] = pp == 0 ? make_int2(xv[j].x, xv[j].y) : make_int2(xv[j].z, xv[j].w);
-                            else xw[j] = *reinterpret_cast<const int2 *>(sx + x_q6k_offset(4 * h + p, 4 * t, x_col(j), XC));
+                            if constexpr (WHOLE)
+                                xw[j] = pp == 0 ? make_int2(xv[j].x, xv[j].y) : make_int2(xv[j].z, xv[j].w);
+                            else
+                                xw[j] = *reinterpret_cast<const int2 *>(sx + x_q6k_offset(4 * h + p, 4 * t, x_col(j), XC));
                             if (!x_lane) xw[j] = make_int2(0, 0);
                         }
 #pragma unroll
@@ -652,7 +657,7 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
 #pragma unroll
                                 for (int hr = 0; hr < 2; ++hr) {
                                     const uint32_t ql = word_of(qv[mt][pp], 2 * hr + u);  // kind p % 2
-                                    const uint32_t qh = word_of(qv[mt][2], 2 * hr + u) ^ 0xAAAAAAAAu;  // (q6_times4_centered)
+                                    const uint32_t qh = word_of(qv[mt][2], 2 * hr + u) ^ 0xAAAAAAAAu;  // q6_times4_centered
                                     af[hr] = q6_times4_centered(ql, qh, p / 2, p);
                                     const int k = 2 * p + u;  // scale 8h + k
                                     const uint8_t * row_scales = st + mt * 16 * CB + 3072 + 16 * (g + 8 * hr) + 8 * h;
@@ -894,8 +899,9 @@ inline cudaError_t matmul_group(const matmul_args & a, void * scratch, cudaStrea
         constexpr auto kernel = detail::quantize_columns<GROUP, decltype(q6k_order)::value>;
         const int threads = GROUP > 1 ? GROUP * 32 : 256;
         const int64_t warps = int64_t(nb) * a.N;  // the columns' blocks (not the padding's)
-        return detail::launch(kernel, dim3(unsigned((warps * 32 + threads - 1) / threads)), dim3(threads), 0, stream,
-                              detail::pdl_kernel<kernel>(dev), a.x, a.x_stride, a.K, a.N, cols, xq, xd, xs, a.norm_w, ss);
+        const dim3 grid(unsigned((warps * 32 + threads - 1) / threads));
+        return detail::launch(kernel, grid, dim3(threads), 0, stream, detail::pdl_kernel<kernel>(dev), a.x, a.x_stride, a.K,
+                              a.N, cols, xq, xd, xs, a.norm_w, ss);
     };
     using chunk = std::integral_constant<int, CHUNK_BLOCKS>;
     err = a.type == weight_type::q6_k ? quantize(chunk{}, std::true_type{})

@@ -71,7 +71,8 @@ TEST_CASE(q6k_pieces_are_in_fragment_order) {
                 const uint8_t * plain = src.data() + row * row_bytes + c * cb;
                 const int s = int(row % 16);
                 if (row - s + 16 > M) {  // the partial tile: contiguous chunks
-                    placed = placed && std::equal(plain, plain + cb, t.begin() + tiles::chunk_offset(row, c, M, row_bytes, cb));
+                    const int64_t at = tiles::chunk_offset(row, c, M, row_bytes, cb);
+                    placed = placed && std::equal(plain, plain + cb, t.begin() + at);
                     continue;
                 }
                 const uint8_t * piece = t.data() + tiles::chunk_offset(row - s, c, M, row_bytes, cb);

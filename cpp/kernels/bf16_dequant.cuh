@@ -16,9 +16,12 @@
 //                                  value 128h + 64 + l = ql[64h + l] high,      qh bits 4-5;
 //                                  value 128h + 96 + l = ql[64h + 32 + l] high, qh bits 6-7;
 //                                  scale of value 128h + 32k + l: scales[8h + 2k + l / 16].
+// Row-tiled weights (weight_tiles.h): each row's 256 values are one chunk in the same format, but
+// for Q6_K's whole tiles, whose chunks are spread over their piece (tiles::q6k_piece_offset).
 // One thread writes 32 consecutive values (four 16-byte stores), so a warp writes 2 KB at once
-// and reads its blocks' bytes contiguously. Header-only, without ggml: tests/cpp/test_bf16_dequant.cu
-// checks it against ggml's CPU dequantization; the ggml glue is in q8_0_matmul.cu.
+// (and, but for Q6_K's tiles, reads its blocks' bytes contiguously). Header-only, without ggml:
+// tests/cpp/test_bf16_dequant.cu checks it against ggml's CPU dequantization; the ggml glue is in
+// q8_0_matmul.cu.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -106,22 +109,39 @@ __global__ void dequantize(const uint8_t * __restrict__ src, int64_t n_groups, _
             store8(out + 8 * c, v);
         }
     } else {
+        // byte j of the super-block: in ggml's layout, or (a whole tile of a tiled weight) at its
+        // place in the 16-row piece's fragment order (weight_tiles.h); ql and qh as words of 4 values
         const uint8_t * b = block_at<F>(src, i, tiled_M, row_bytes);
+        int s = -1;  // the row within its piece (fragment order)
+        if (tiled_M != 0) {
+            const int64_t row = i / (row_bytes / tiles::Q6K_CHUNK_BYTES * 8);
+            if (row - row % tiles::TILE_ROWS + tiles::TILE_ROWS <= tiled_M) {
+                s = int(row % tiles::TILE_ROWS);
+                b -= tiles::Q6K_CHUNK_BYTES * s;  // the piece
+            }
+        }
+        auto at = [&](int j) { return s >= 0 ? b + tiles::q6k_piece_offset(s, j) : b + j; };
+        auto word = [&](int j) {  // bytes j..j+3, j % 4 == 0 (2-byte aligned in ggml's layout)
+            const uint8_t * p = at(j);
+            return uint32_t(p[0]) | uint32_t(p[1]) << 8 | uint32_t(p[2]) << 16 | uint32_t(p[3]) << 24;
+        };
         const int g = int(i % 8), h = g / 4, k = g % 4;  // values 128h + 32k .. + 31
-        const uint8_t * ql = b + 64 * h + 32 * (k % 2);
-        const uint8_t * qh = b + 128 + 32 * h;
-        const int8_t * scales = reinterpret_cast<const int8_t *>(b + 192) + 8 * h + 2 * k;
-        const float d = half_at(b + 208);
+        const int ql = 64 * h + 32 * (k % 2), qh = 128 + 32 * h;
+        const float d = half_at(at(208));
         const int lshift = 4 * (k / 2), hshift = 2 * k;
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
-            const float ds = d * float(scales[c / 2]);  // values l < 16: scales[0], else scales[1]
+            const float ds = d * float(int8_t(*at(192 + 8 * h + 2 * k + c / 2)));  // values l < 16: the first scale
             float v[8];
 #pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                const int l = 8 * c + j;
-                const int q = ((ql[l] >> lshift) & 0xF) | (((qh[l] >> hshift) & 3) << 4);
-                v[j] = ds * float(q - 32);
+            for (int w = 0; w < 2; ++w) {
+                const int l = 8 * c + 4 * w;
+                const uint32_t lo = word(ql + l), hi = word(qh + l);
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int q = int((lo >> (8 * e + lshift)) & 0xF) | int(((hi >> (8 * e + hshift)) & 3) << 4);
+                    v[4 * w + e] = ds * float(q - 32);
+                }
             }
             store8(out + 8 * c, v);
         }

@@ -8,14 +8,15 @@
 // feeds the product, fused: no normalized copy of x is written).
 //
 // W: [M rows][K] in ggml's Q8_0 layout (blocks of 34 bytes: fp16 scale d, 32 int8 q; value d*q)
-// or Q4_K layout (q8_0_matmul_args.h), rows row_bytes apart, or (a.tiled) the same blocks in
-// weight_tiles.h's row-tiled order, where each staged 16-row piece is one contiguous block.
-// x: [N][K] float; y: [N][M] float. The activations are first quantized to int8 (scale amax/127,
-// round to nearest: the rounding of ggml's q8_1) per 32 values for Q8_0 weights, per 256 for Q4_K
-// (as ggml's CPU q8_K), into [K/32][8*NG][32] (NG groups of 8 columns). The product's rows form
-// tiles of 16 or 32 weight rows (gated: 16 rows of U and the same 16 rows of G; see stage_bytes);
-// each CTA takes one tile, or where there are more tiles than CTAs fit on the device at once,
-// every gridDim.x-th. Its WARPS warps split each tile's K between them: each warp streams
+// or Q4_K / Q6_K layout (q8_0_matmul_args.h), rows row_bytes apart, or (a.tiled; Q6_K always) the
+// same blocks in weight_tiles.h's row-tiled order, where each staged 16-row piece is one contiguous
+// block (Q6_K's in its fragment order). x: [N][K] float; y: [N][M] float. The activations are first
+// quantized to int8 (scale amax/127, round to nearest: the rounding of ggml's q8_1) per 32 values
+// for Q8_0 weights, per 256 for Q4_K and Q6_K (as ggml's CPU q8_K), into [K/32][8*NG][32] (NG
+// groups of 8 columns; Q6_K: each chunk of 8 blocks in its weights' fragment order, x_q6k_offset).
+// The product's rows form tiles of 16 or 32 weight rows (gated: 16 rows of U and the same 16 rows
+// of G; see stage_bytes); each CTA takes one tile, or where there are more tiles than CTAs fit on
+// the device at once, every gridDim.x-th. Its WARPS warps split each tile's K between them: each warp streams
 // 256-value chunks of its rows (running on into its next tile's), and the same blocks
 // of the quantized activations, into shared memory with 16-byte cp.async (STAGES deep), and
 // multiplies them with mma.m16n8k32 (A = 16 weight rows, B = 8 activation columns, one 32-value
@@ -178,13 +179,6 @@ __device__ __forceinline__ void mma_tf32(float (&c)[4], const float (&a)[4], flo
 #endif
 }
 
-// The 4 bytes at p, p = q + 2 * odd with q 4-byte aligned (a q6_k row staged at an odd multiple of
-// 210 bytes): two aligned words and a funnel shift.
-__device__ __forceinline__ uint32_t load_u32_at(const uint8_t * p, int odd) {
-    const uint32_t * q = reinterpret_cast<const uint32_t *>(p - 2 * odd);
-    return __funnelshift_r(q[0], q[1], 16 * odd);
-}
-
 // Four q6_k quants q = nibble | field << 4 (0..63) -> the signed bytes 4 (q - 32): 4q puts the
 // nibble at bits 2..5 and the field at bits 6..7, and 4q - 128 flips bit 7, which qh_flipped
 // (qh ^ 0xAAAAAAAA: every field's high bit flipped) already has. nib: the low (0) or high (1)
@@ -198,17 +192,42 @@ __device__ __forceinline__ int q6_times4_centered(uint32_t ql, uint32_t qh_flipp
 
 __device__ __forceinline__ float silu(float v) { return v / (1.0f + expf(-v)); }  // as ggml's CUDA swiglu
 
+// Signed byte k (0..3, a constant where called) of w, sign-extended by one prmt: selector nibble 0
+// picks byte k, nibbles 1..3 (k | 8) replicate its sign bit.
+__device__ __forceinline__ int sbyte(uint32_t w, int k) {
+    const uint32_t sel = uint32_t(k) | uint32_t(k | 8) << 4 | uint32_t(k | 8) << 8 | uint32_t(k | 8) << 12;
+    int r;
+    asm("prmt.b32 %0, %1, 0, %2;" : "=r"(r) : "r"(w), "r"(sel));
+    return r;
+}
+
+template <typename V>  // word i (0..3) of a 16-byte vector
+__device__ __forceinline__ uint32_t word_of(const V & v, int i) {
+    return uint32_t(i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w);
+}
+
+// Q6_K's activation order inside a chunk of 8 blocks and `cols` columns (8 * cols * 32 bytes; the
+// weights' fragment order, tiles::q6k_piece_offset): value v (0..31) of block s (0..7) of column
+// col, with s = 4h + p and v = 16u + 4t + i, at byte (((2h + p / 2) cols + col) 4 + t) 16 + 8 (p % 2)
+// + 4u + i. So lane 4g + t finds its 4 values of both halves u of two blocks 4h + 2 half, + 1 in one
+// 16-byte vector, and the 8 lanes of a quarter warp (g, g + 1) read 128 distinct bytes.
+__host__ __device__ __forceinline__ int x_q6k_offset(int s, int v, int col, int cols) {
+    const int h = s / 4, p = s % 4, u = v / 16, t = (v % 16) / 4, i = v % 4;
+    return (((2 * h + p / 2) * cols + col) * 4 + t) * 16 + 8 * (p % 2) + 4 * u + i;
+}
+
 // One warp per (block b, column n) of v = x (or x * norm_w; GROUP > 1: a thread block of GROUP warps
 // per group of GROUP blocks and column, which share one scale): xq[b][n][0..31], xd[b][n]
 // (the group's scale, the same for its blocks: amax / 127 over GROUP * 32 values), xs[b][n] = the
 // sum of block b's v when xs is not null, ss[b][n] = the sum of its x^2 when norm_w is not null.
 // GROUP 1 for Q8_0 weights (their blocks' 32 values), CHUNK_BLOCKS for Q4_K (one scale per 256
-// values, as ggml's CPU q8_K: the product then sums a chunk's sub-blocks in integers).
+// values, as ggml's CPU q8_K: the product then sums a chunk's sub-blocks in integers). Q6K_ORDER:
+// each chunk's int8 values in x_q6k_offset's order (Q6_K weights) instead of [block][column][32].
 // x is not __restrict__ and is read with ld.global.cg: under PDL this kernel is resident while the
 // kernel that writes x still runs, and a restrict-qualified const pointer would be read through the
 // non-coherent cache (LDG.E.CONSTANT), which is only valid for data read-only for the kernel's whole
 // lifetime (llama.cpp hit races from exactly this).
-template <int GROUP>
+template <int GROUP, bool Q6K_ORDER>
 __global__ void quantize_columns(const float * x, int64_t x_stride, int K, int N, int cols,
                                  int8_t * __restrict__ xq, float * __restrict__ xd, float * __restrict__ xs,
                                  const float * __restrict__ norm_w, float * __restrict__ ss) {
@@ -249,7 +268,9 @@ __global__ void quantize_columns(const float * x, int64_t x_stride, int K, int N
     }
     const float d = amax / 127;
     const int64_t at = int64_t(b) * cols + n;
-    xq[at * QK + lane] = int8_t(amax == 0.0f ? 0.0f : roundf(v / d));
+    const int64_t chunk_at = int64_t(b / CHUNK_BLOCKS) * CHUNK_BLOCKS * cols * QK;
+    const int64_t q_at = Q6K_ORDER ? chunk_at + x_q6k_offset(b % CHUNK_BLOCKS, lane, n, cols) : at * QK + lane;
+    xq[q_at] = int8_t(amax == 0.0f ? 0.0f : roundf(v / d));
     if (lane == 0) xd[at] = d;
 }
 
@@ -412,7 +433,7 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
             for (int c = 0; c < (X_VECS + 31) / 32; ++c) {
                 const int idx = lane + 32 * c;
                 if (X_VECS % 32 != 0 && idx >= X_VECS) break;
-                const int col = (idx / 2) % XC;
+                const int col = Q6K ? (idx / 4) % XC : (idx / 2) % XC;  // this vector's column
                 cuda::cp_async16(st + W_BYTES + 16 * idx, xsrc + 16 * idx, col < a.N ? 16 : 0);
             }
             // the scales: every block's (Q8_0), or block 0's alone where the chunk's blocks share one
@@ -571,55 +592,87 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
             // sub-block s = 4h + p (32 values) in two halves u of 16 values, one k16 mma each (a
             // scale per 16 values); the halves' sums times their int8 scales add up in int32
             // (|sum| <= 4 * 16 * 16 * 32 * 127 * 128: the quants are 4 (q - 32)), scaled once a chunk by
-            // d / 4 and the activations' scale
-            const int odd = g & 1;  // rows g and g + 8 sit at an odd multiple of 210 bytes: 2 bytes off
+            // d / 4 and the activations' scale. The staged pieces are in fragment order
+            // (tiles::q6k_piece_offset): this lane's quant words of rows g and g + 8 are its vectors
+            // 3h + kind (words [row g u 0, u 1, row g + 8 u 0, u 1]); the activations too
+            // (x_q6k_offset): its 4 values of column n in blocks 4h + 2 half + (0, 1), halves u 0, 1,
+            // are one vector.
+            static_assert(tiles::Q6K_PIECE_BYTES == 16 * CB, "a staged q6_k piece is one tile's chunk");
             float dq[M_TILES][2];
 #pragma unroll
             for (int mt = 0; mt < M_TILES; ++mt)
 #pragma unroll
-                for (int hr = 0; hr < 2; ++hr)
-                    dq[mt][hr] = 0.25f * __half2float(*reinterpret_cast<const __half *>(st + (16 * mt + g + 8 * hr) * CB + 208));
+                for (int hr = 0; hr < 2; ++hr) {
+                    const uint8_t * d_at = st + mt * 16 * CB + 3328 + 2 * (g + 8 * hr);  // row g + 8 hr's d
+                    dq[mt][hr] = 0.25f * __half2float(*reinterpret_cast<const __half *>(d_at));
+                }
             int isum[M_TILES][NG][4] = {};
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
+                uint4 qv[M_TILES][3];  // kind 0: ql[64h + l], 1: ql[64h + 32 + l], 2: qh[32h + l] (l = 16u + 4t)
+                // scales 8h..8h+7 of rows g, g + 8 (a gated product of more than 32 columns: read where
+                // used, as bytes, so that its registers do not spill)
+                constexpr bool SC_BYTES = GATED && NG > 4;
+                uint2 scw[M_TILES][2];
 #pragma unroll
-                for (int u = 0; u < 2; ++u) {
-                    const int l = 16 * u + 4 * t;  // this lane's 4 values of every sub-block of half h
-                    uint32_t lo[M_TILES][2], hi[M_TILES][2], qh[M_TILES][2];  // ql[64h + l], ql[64h + 32 + l], qh[32h + l]
+                for (int mt = 0; mt < M_TILES; ++mt) {
+                    const uint8_t * piece = st + mt * 16 * CB;
 #pragma unroll
-                    for (int mt = 0; mt < M_TILES; ++mt)
+                    for (int kind = 0; kind < 3; ++kind)
+                        qv[mt][kind] = *reinterpret_cast<const uint4 *>(piece + ((3 * h + kind) * 32 + lane) * 16);
 #pragma unroll
-                        for (int hr = 0; hr < 2; ++hr) {
-                            const uint8_t * row = st + (16 * mt + g + 8 * hr) * CB;
-                            lo[mt][hr] = load_u32_at(row + 64 * h + l, odd);
-                            hi[mt][hr] = load_u32_at(row + 64 * h + 32 + l, odd);
-                            qh[mt][hr] = load_u32_at(row + 128 + 32 * h + l, odd) ^ 0xAAAAAAAAu;
+                    for (int hr = 0; hr < 2; ++hr)
+                        if (!SC_BYTES) scw[mt][hr] = reinterpret_cast<const uint2 *>(piece + 3072 + 16 * (g + 8 * hr))[h];
+                }
+#pragma unroll
+                for (int half = 0; half < 2; ++half) {
+                    // column x_col(j)'s values of blocks 4h + 2 half (.x: u 0, .y: u 1) and + 1 (.z, .w):
+                    // one vector, or (more than 16 columns, fewer registers) two halves where used
+                    constexpr bool WHOLE = NG <= 2;
+                    int4 xv[WHOLE ? NG : 1];
+#pragma unroll
+                    for (int j = 0; j < NG; ++j)
+                        if constexpr (WHOLE)
+                            xv[j] = *reinterpret_cast<const int4 *>(sx + x_q6k_offset(4 * h + 2 * half, 4 * t, x_col(j), XC));
+#pragma unroll
+                    for (int pp = 0; pp < 2; ++pp) {
+                        const int p = 2 * half + pp;
+                        int2 xw[NG];
+#pragma unroll
+                        for (int j = 0; j < NG; ++j) {
+                            if constexpr (WHOLE)
+                                xw[j] = pp == 0 ? make_int2(xv[j].x, xv[j].y) : make_int2(xv[j].z, xv[j].w);
+                            else
+                                xw[j] = *reinterpret_cast<const int2 *>(sx + x_q6k_offset(4 * h + p, 4 * t, x_col(j), XC));
+                            if (!x_lane) xw[j] = make_int2(0, 0);
                         }
 #pragma unroll
-                    for (int p = 0; p < 4; ++p) {
-                        const int s = 4 * h + p;
-                        int bf[NG];
+                        for (int u = 0; u < 2; ++u) {
+                            int bf[NG];
 #pragma unroll
-                        for (int j = 0; j < NG; ++j)
-                            bf[j] = x_lane ? *reinterpret_cast<const int *>(sx + (s * XC + x_col(j)) * QK + l) : 0;
+                            for (int j = 0; j < NG; ++j) bf[j] = u == 0 ? xw[j].x : xw[j].y;
 #pragma unroll
-                        for (int mt = 0; mt < M_TILES; ++mt) {
-                            int af[2];
-                            int sc[2];
+                            for (int mt = 0; mt < M_TILES; ++mt) {
+                                int af[2], sc[2];
 #pragma unroll
-                            for (int hr = 0; hr < 2; ++hr) {
-                                const uint32_t ql = p % 2 == 0 ? lo[mt][hr] : hi[mt][hr];
-                                af[hr] = q6_times4_centered(ql, qh[mt][hr], p / 2, p);
-                                sc[hr] = int(*reinterpret_cast<const int8_t *>(st + (16 * mt + g + 8 * hr) * CB + 192 + 8 * h + 2 * p + u));
-                            }
+                                for (int hr = 0; hr < 2; ++hr) {
+                                    const uint32_t ql = word_of(qv[mt][pp], 2 * hr + u);  // kind p % 2
+                                    const uint32_t qh = word_of(qv[mt][2], 2 * hr + u) ^ 0xAAAAAAAAu;  // q6_times4_centered
+                                    af[hr] = q6_times4_centered(ql, qh, p / 2, p);
+                                    const int k = 2 * p + u;  // scale 8h + k
+                                    const uint8_t * row_scales = st + mt * 16 * CB + 3072 + 16 * (g + 8 * hr) + 8 * h;
+                                    sc[hr] = SC_BYTES ? int(*reinterpret_cast<const int8_t *>(row_scales + k))
+                                                      : sbyte(k < 4 ? scw[mt][hr].x : scw[mt][hr].y, k % 4);
+                                }
 #pragma unroll
-                            for (int j = 0; j < NG; ++j) {
-                                int c[4] = {0, 0, 0, 0};
-                                mma_s8_k16(c, af, bf[j]);
-                                isum[mt][j][0] += c[0] * sc[0];
-                                isum[mt][j][1] += c[1] * sc[0];
-                                isum[mt][j][2] += c[2] * sc[1];
-                                isum[mt][j][3] += c[3] * sc[1];
+                                for (int j = 0; j < NG; ++j) {
+                                    int c[4] = {0, 0, 0, 0};
+                                    mma_s8_k16(c, af, bf[j]);
+                                    isum[mt][j][0] += c[0] * sc[0];
+                                    isum[mt][j][1] += c[1] * sc[0];
+                                    isum[mt][j][2] += c[2] * sc[1];
+                                    isum[mt][j][3] += c[3] * sc[1];
+                                }
                             }
                         }
                     }
@@ -840,16 +893,20 @@ inline cudaError_t matmul_group(const matmul_args & a, void * scratch, cudaStrea
     float * xs = q4k ? xd + nb * cols : nullptr;
     float * ss = a.norm_w != nullptr ? xd + nb * cols * (q4k ? 2 : 1) : nullptr;
     // one warp per block and column; Q4_K / Q6_K: a thread block of CHUNK_BLOCKS warps per chunk and
-    // column (the chunk's blocks share one scale)
-    auto quantize = [&](auto group) {
+    // column (the chunk's blocks share one scale), Q6_K's in its fragment order
+    auto quantize = [&](auto group, auto q6k_order) {
         constexpr int GROUP = decltype(group)::value;
+        constexpr auto kernel = detail::quantize_columns<GROUP, decltype(q6k_order)::value>;
         const int threads = GROUP > 1 ? GROUP * 32 : 256;
         const int64_t warps = int64_t(nb) * a.N;  // the columns' blocks (not the padding's)
-        return detail::launch(detail::quantize_columns<GROUP>, dim3(unsigned((warps * 32 + threads - 1) / threads)),
-                              dim3(threads), 0, stream, detail::pdl_kernel<detail::quantize_columns<GROUP>>(dev), a.x,
-                              a.x_stride, a.K, a.N, cols, xq, xd, xs, a.norm_w, ss);
+        const dim3 grid(unsigned((warps * 32 + threads - 1) / threads));
+        return detail::launch(kernel, grid, dim3(threads), 0, stream, detail::pdl_kernel<kernel>(dev), a.x, a.x_stride, a.K,
+                              a.N, cols, xq, xd, xs, a.norm_w, ss);
     };
-    err = per_chunk ? quantize(std::integral_constant<int, CHUNK_BLOCKS>{}) : quantize(std::integral_constant<int, 1>{});
+    using chunk = std::integral_constant<int, CHUNK_BLOCKS>;
+    err = a.type == weight_type::q6_k ? quantize(chunk{}, std::true_type{})
+          : per_chunk                 ? quantize(chunk{}, std::false_type{})
+                                      : quantize(std::integral_constant<int, 1>{}, std::false_type{});
     if (err != cudaSuccess) return err;
     const bool gated = a.gate != nullptr;
     switch (a.type) {

@@ -25,7 +25,7 @@ constexpr int K_ALIGN = QK * CHUNK_BLOCKS;  // 256: a chunk of a row is whole 16
 //         l < 32, value 128h + 32p + l has the low (p < 2) or high (p >= 2) nibble of
 //         ql[64h + 32(p % 2) + l], bits 2p, 2p + 1 of qh[32h + l] and scales[8h + 2p + l / 16].
 //         Row-tiled weights only (a row's 210-byte chunks are not 16-byte aligned in ggml's
-//         layout; a 16-row tile's chunk is 16 x 210 bytes).
+//         layout; a 16-row tile's chunk is 16 x 210 bytes, in fragment order: weight_tiles.h).
 enum class weight_type : uint8_t { q8_0, q4_k, q6_k };
 constexpr int Q4K_BLOCK_BYTES = 144;
 constexpr int Q6K_BLOCK_BYTES = 210;
@@ -89,7 +89,8 @@ inline int col_groups(int N) { return N <= 8 ? 1 : N <= 16 ? 2 : N <= 32 ? 4 : 8
 
 // Scratch for the quantized activations (cols = 8 * col_groups(N), at most 64: groups of 64 columns
 // reuse it one after another; columns >= N are left as they are, never read as values): xq int8
-// [K/32][cols][32], then their scales
+// [K/32][cols][32] (q6_k: each chunk's [8][cols][32] bytes in the kernel's x_q6k_offset order),
+// then their scales
 // xd float [K/32][cols] (q4_k, q6_k: the 8 blocks of a 256-value chunk hold the chunk's one scale),
 // then for q4_k xs float [K/32][cols] (the sums of each block's 32 values, for the mins), then with
 // norm_w ss float [K/32][cols] (the sums of each block's 32 squares of x).

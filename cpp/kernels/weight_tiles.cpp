@@ -11,12 +11,35 @@
 
 namespace lucebox::kernels::tiles {
 
+namespace {
+
+// Row `row`'s chunk c (ggml's cb bytes at `plain`) to (into_tiles) or from its place in the tiled
+// weight: cb contiguous bytes at chunk_offset, or (Q6_K) bytes spread over its piece in fragment
+// order, in runs of 4 (q6k_piece_offset keeps b % 4; d's 2 bytes stay together).
+void move_chunk(const uint8_t * src, uint8_t * dst, int64_t row, int64_t c, int64_t M, int64_t row_bytes, int64_t cb,
+                bool into_tiles) {
+    const int64_t plain = row * row_bytes + c * cb, tiled = chunk_offset(row, c, M, row_bytes, cb);
+    auto move = [&](int64_t plain_at, int64_t tiled_at, int64_t n) {
+        if (into_tiles) std::memcpy(dst + tiled_at, src + plain_at, size_t(n));
+        else std::memcpy(dst + plain_at, src + tiled_at, size_t(n));
+    };
+    const int s = int(row % TILE_ROWS);
+    if (cb != Q6K_CHUNK_BYTES || M - (row - s) < TILE_ROWS) {  // (a partial Q6_K tile, which no kernel reads: plain)
+        move(plain, tiled, cb);
+        return;
+    }
+    const int64_t piece = tiled - s * cb;
+    for (int b = 0; b < 208; b += 4) move(plain + b, piece + q6k_piece_offset(s, b), 4);
+    move(plain + 208, piece + q6k_piece_offset(s, 208), 2);
+}
+
+}  // namespace
+
 void to_tiles(const uint8_t * src, uint8_t * dst, int64_t M, int64_t row_bytes, int64_t cb) {
     const int64_t chunks = row_bytes / cb;
     auto rows = [&](int64_t begin, int64_t end) {
         for (int64_t row = begin; row < end; ++row)
-            for (int64_t c = 0; c < chunks; ++c)
-                std::memcpy(dst + chunk_offset(row, c, M, row_bytes, cb), src + row * row_bytes + c * cb, size_t(cb));
+            for (int64_t c = 0; c < chunks; ++c) move_chunk(src, dst, row, c, M, row_bytes, cb, true);
     };
     // a model load reorders every weight (5 GB/s on one core): large batches on several threads,
     // each taking whole tiles (disjoint bytes)
@@ -38,8 +61,7 @@ void to_tiles(const uint8_t * src, uint8_t * dst, int64_t M, int64_t row_bytes, 
 void from_tiles(const uint8_t * src, uint8_t * dst, int64_t M, int64_t row_bytes, int64_t cb) {
     const int64_t chunks = row_bytes / cb;
     for (int64_t row = 0; row < M; ++row)
-        for (int64_t c = 0; c < chunks; ++c)
-            std::memcpy(dst + row * row_bytes + c * cb, src + chunk_offset(row, c, M, row_bytes, cb), size_t(cb));
+        for (int64_t c = 0; c < chunks; ++c) move_chunk(src, dst, row, c, M, row_bytes, cb, false);
 }
 
 namespace {

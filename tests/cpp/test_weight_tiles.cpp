@@ -49,6 +49,51 @@ TEST_CASE(tiling_is_a_permutation_inside_each_tile) {
     }
 }
 
+TEST_CASE(q6k_pieces_are_in_fragment_order) {
+    // every byte of a piece's 16 rows has its own place in the 3360 bytes
+    std::set<int> places;
+    for (int s = 0; s < 16; ++s)
+        for (int b = 0; b < 210; ++b) places.insert(tiles::q6k_piece_offset(s, b));
+    CHECK(places.size() == 3360 && *places.begin() == 0 && *places.rbegin() == 3359);
+    // whole tiles (M = 32) and a partial last one (M = 37, its rows stay contiguous): back to the
+    // source bytes; lane 4g + t's vector 3h + kind holds, for rows g and g + 8 and halves u,
+    // the ql (kind 0, 1) or qh (kind 2) bytes of values 4t..4t+3 of each 16, as the kernel reads them
+    const int64_t cb = tiles::Q6K_CHUNK_BYTES, row_bytes = 2 * cb;
+    for (int64_t M : {32, 37}) {
+        const std::vector<uint8_t> src = random_bytes(size_t(M * row_bytes), uint32_t(M));
+        std::vector<uint8_t> t(src.size()), back(src.size());
+        tiles::to_tiles(src.data(), t.data(), M, row_bytes, cb);
+        tiles::from_tiles(t.data(), back.data(), M, row_bytes, cb);
+        CHECK(back == src);
+        bool placed = true;
+        for (int64_t row = 0; row < M; ++row)
+            for (int64_t c = 0; c < 2; ++c) {
+                const uint8_t * plain = src.data() + row * row_bytes + c * cb;
+                const int s = int(row % 16);
+                if (row - s + 16 > M) {  // the partial tile: contiguous chunks
+                    const int64_t at = tiles::chunk_offset(row, c, M, row_bytes, cb);
+                    placed = placed && std::equal(plain, plain + cb, t.begin() + at);
+                    continue;
+                }
+                const uint8_t * piece = t.data() + tiles::chunk_offset(row - s, c, M, row_bytes, cb);
+                const int g = s % 8, hr = s / 8;
+                for (int h = 0; h < 2; ++h)
+                    for (int kind = 0; kind < 3; ++kind)
+                        for (int tl = 0; tl < 4; ++tl)
+                            for (int u = 0; u < 2; ++u)
+                                for (int i = 0; i < 4; ++i) {
+                                    const int l = 16 * u + 4 * tl + i;
+                                    const int b = kind < 2 ? 64 * h + 32 * kind + l : 128 + 32 * h + l;
+                                    const int at = ((3 * h + kind) * 32 + 4 * g + tl) * 16 + 4 * (2 * hr + u) + i;
+                                    placed = placed && piece[at] == plain[b];
+                                }
+                for (int j = 0; j < 16; ++j) placed = placed && piece[3072 + 16 * s + j] == plain[192 + j];
+                placed = placed && piece[3328 + 2 * s] == plain[208] && piece[3329 + 2 * s] == plain[209];
+            }
+        CHECK(placed);
+    }
+}
+
 TEST_CASE(a_large_weight_tiles_the_same_on_several_threads) {
     // 4101 rows of 16 Q8_0 chunks (17.8 MB: the threaded path, split on tile boundaries; a partial
     // last tile): back to the source bytes, and every chunk where chunk_offset says

@@ -150,6 +150,25 @@ __device__ __forceinline__ void mma_s8(int (&c)[4], const int (&a)[4], int b0, i
 #endif
 }
 
+// The same with A unsigned (u8: 0..255).
+__device__ __forceinline__ void mma_u8s8(int (&c)[4], const int (&a)[4], int b0, int b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+    __trap();
+#endif
+}
+
+// The 6-bit scales of a Q4_K super-block's sub-blocks 4i..4i+3 (i = 0, 1), one a byte, from its 12
+// packed scale bytes w (the layout q4k_scale_min decodes one at a time).
+__device__ __forceinline__ uint32_t q4k_scales4(const uint32_t (&w)[3], int i) {
+    return i == 0 ? w[0] & 0x3F3F3F3Fu : (w[2] & 0x0F0F0F0Fu) | ((w[0] >> 2) & 0x30303030u);
+}
+
 // c += A (16x16 s8, row-major) * B (16x8 s8, column-major): a0 = row g, k 4t..4t+3; a1 = row g+8,
 // same k; b = k 4t..4t+3 of column g; c as in mma_s8.
 __device__ __forceinline__ void mma_s8_k16(int (&c)[4], const int (&a)[2], int b) {
@@ -324,10 +343,11 @@ __device__ __forceinline__ void add_chunk_sums(float (&acc)[M_TILES][NG][4], con
 // 8t+4..8t+7 in its second, so each lane reads 8 consecutive bytes of a weight row and of a column.
 //
 // q4_k (Q4K): a chunk is one 144-byte super-block per row; its 8 sub-blocks meet the chunk's 8
-// activation blocks one mma each (the 4-bit quants widened to int8 0..15 with a shift and a mask).
-// The activations have one scale per chunk (quantize_columns<CHUNK_BLOCKS>), so the sub-blocks'
-// integer sums times their 6-bit scales add up exactly in int32 (|sum| <= 8 * 63 * 32 * 15 * 127);
-// the chunk's sum is scaled once by d and the activations' scale, and dmin times the sum over the
+// activation blocks one mma each (the 4-bit quants as unsigned bytes with one mask: q for the low
+// nibbles, 16q for the high ones). The activations have one scale per chunk
+// (quantize_columns<CHUNK_BLOCKS>), so the sub-blocks' integer sums times their 6-bit scales add up
+// exactly in int32 (16x, see the loop); the chunk's sum is scaled once by d / 16 and the activations'
+// scale, and dmin times the sum over the
 // sub-blocks of min_s times the activation block's float sum (one tf32 mma, see below) is subtracted.
 // With a.norm_w, ss holds quantize_columns' per-block sums of squares and every column's sums are
 // scaled by its norm factor rsqrt(sum / K + eps). The threads load all blocks' sums at once while
@@ -503,6 +523,7 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
             const float * sums = sd + CHUNK_BLOCKS * XC;  // the activation blocks' sums (for the mins)
             float2 dm[M_TILES][2];                         // (d, dmin) of rows g and g + 8
             uint32_t sc[M_TILES][2][3];                    // their packed scales and mins
+            uint32_t sc4[M_TILES][2][2];                   // their sub-blocks' scales, a byte each (q4k_scales4)
 #pragma unroll
             for (int mt = 0; mt < M_TILES; ++mt)
 #pragma unroll
@@ -511,8 +532,15 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
                     dm[mt][hr] = __half22float2(*reinterpret_cast<const __half2 *>(row));
 #pragma unroll
                     for (int i = 0; i < 3; ++i) sc[mt][hr][i] = reinterpret_cast<const uint32_t *>(row + 4)[i];
+#pragma unroll
+                    for (int i = 0; i < 2; ++i) sc4[mt][hr][i] = q4k_scales4(sc[mt][hr], i);
                 }
-            int isum[M_TILES][NG][4] = {};  // the chunk's sub-block sums times their scales
+            // The chunk's sub-block sums times their scales, 16x: a sub-block's high nibbles enter the
+            // mma unshifted, as unsigned bytes 16q (one mask, no shift), and its low nibbles' sum is
+            // multiplied by 16 times its scale instead (|sum| <= 8 * 63 * 32 * 15 * 127 * 16 < 2^31).
+            // d / 16 scales the chunk's sum back: a power of two, so the products are those of the
+            // plain sums to the bit.
+            int isum[M_TILES][NG][4] = {};
 #pragma unroll
             for (int jq = 0; jq < 4; ++jq) {
                 uint2 qw[M_TILES][2];  // quant bytes 32jq + 8t .. + 7 of rows g and g + 8
@@ -533,18 +561,20 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
                     }
 #pragma unroll
                     for (int mt = 0; mt < M_TILES; ++mt) {
+                        const uint32_t nib = h == 0 ? 0x0F0F0F0Fu : 0xF0F0F0F0u;  // (q or 16q)
                         int af[4];
-                        af[0] = int((qw[mt][0].x >> (4 * h)) & 0x0F0F0F0Fu);
-                        af[2] = int((qw[mt][0].y >> (4 * h)) & 0x0F0F0F0Fu);
-                        af[1] = int((qw[mt][1].x >> (4 * h)) & 0x0F0F0F0Fu);
-                        af[3] = int((qw[mt][1].y >> (4 * h)) & 0x0F0F0F0Fu);
-                        int sl, ml, sh, mh;
-                        q4k_scale_min(s, sc[mt][0], sl, ml);
-                        q4k_scale_min(s, sc[mt][1], sh, mh);
+                        af[0] = int(qw[mt][0].x & nib);
+                        af[2] = int(qw[mt][0].y & nib);
+                        af[1] = int(qw[mt][1].x & nib);
+                        af[3] = int(qw[mt][1].y & nib);
+                        // the scales of sub-block s of rows g, g + 8 (times 16 for low nibbles: s even)
+                        const int at = 8 * (s % 4);
+                        const int sl = int((h == 0 ? sc4[mt][0][s / 4] << 4 : sc4[mt][0][s / 4]) >> at) & (h == 0 ? 0x3F0 : 0x3F);
+                        const int sh = int((h == 0 ? sc4[mt][1][s / 4] << 4 : sc4[mt][1][s / 4]) >> at) & (h == 0 ? 0x3F0 : 0x3F);
 #pragma unroll
                         for (int j = 0; j < NG; ++j) {
                             int c[4] = {0, 0, 0, 0};
-                            mma_s8(c, af, bf[j][0], bf[j][1]);
+                            mma_u8s8(c, af, bf[j][0], bf[j][1]);
                             isum[mt][j][0] += c[0] * sl;
                             isum[mt][j][1] += c[1] * sl;
                             isum[mt][j][2] += c[2] * sh;
@@ -555,7 +585,7 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
             }
             float d[M_TILES][2];
 #pragma unroll
-            for (int mt = 0; mt < M_TILES; ++mt) d[mt][0] = dm[mt][0].x, d[mt][1] = dm[mt][1].x;
+            for (int mt = 0; mt < M_TILES; ++mt) d[mt][0] = dm[mt][0].x * 0.0625f, d[mt][1] = dm[mt][1].x * 0.0625f;
             add_chunk_sums<ONE>(acc, isum, d, sd, t);
             // The mins: acc[row][n] -= dmin_row * sum_s min_s,row * sums[s][n] over the chunk's 8
             // sub-blocks, as one tf32 mma.m16n8k8 (k = the sub-blocks; A = the 6-bit mins, exact in

@@ -48,17 +48,14 @@ constexpr int64_t k_fattn_fixed_rows = 64;
 // against ggml's own split, Q4_K_M 7.11 / 6.77 ms with 256-key pieces, 7.14 / 6.87 with 128 (Q8_0
 // 9.29 / 9.02): the piece length hardly moves the cost; the query tile width does (below).
 constexpr int64_t k_fattn_piece_keys = 128;
-// and its query tile: 64 columns (8 queries of the 27B's 6 heads a KV head, padded to 8), so a
-// 16-token verify reads each key twice (width W: 128 / W times) and a decode step computes 8 of its
-// 64 columns. H200, 27B Q4_K_M (docs/benchmarks.md): at prompt 256 (twenty-fifth session) width 16
-// is the fastest, decode step 6.80 ms against 7.01 at 64 (32: 7.03, 8: 6.97), chain AL 6 567.6 tok/s
-// against 550.0 (-3 % at 64); at prompt 4000 (twenty-seventh session) width 64 is, decode 7.07 ms
-// against 6.92 at 16 (+2 %) but a verify 0.7 ms cheaper, chain AL 6 533.2 tok/s against 491.7
-// (+8 %); the verify's extra key reads grow with the context (expected, not measured past 4000:
-// from L2 while a layer's keys and values fit its 60 MB, from memory beyond), so 64, for the long
-// prompts of coding agents. Every width
-// is bit-exact (verify == decode steps, tests/gpu/test_cuda_attention.py).
-constexpr int64_t k_fattn_tile_cols = 64;
+// and its query tile: 16 columns (2 queries of the 27B's 6 heads a KV head, padded to 8), so a decode
+// step computes 8 of 16 columns and a 16-token verify reads each key 8 times (from L2). H200, 27B,
+// prompt 256, one run (docs/benchmarks.md, twenty-fifth session), decode step at widths 64 / 32 / 16 / 8:
+// Q4_K_M 7.01 / 7.03 / 6.80 / 6.97 ms; Q8_0 9.25 (64) / 8.95 (16); every width bit-exact (verify ==
+// decode steps). 16 is also the fastest chain step at AL 6 for Q4_K_M (567.6 tok/s against 550.0 at 64);
+// Q8_0 510.2 against 514.7. Its verify at a 4000-token context is not yet measured (each key read 8
+// times instead of 2: an estimated +0.2 ms a verify).
+constexpr int64_t k_fattn_tile_cols = 16;
 
 // Flash attention of at most `rows` query rows cuts its keys at fixed rows, pieces of `piece_keys`
 // keys a CTA, with one query tile of `tile_cols` columns for every row count (ggml patch 0008), so

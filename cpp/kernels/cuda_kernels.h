@@ -53,8 +53,13 @@ constexpr int64_t k_fattn_piece_keys = 128;
 // prompt 256, one run (docs/benchmarks.md, twenty-fifth session), decode step at widths 64 / 32 / 16 / 8:
 // Q4_K_M 7.01 / 7.03 / 6.80 / 6.97 ms; Q8_0 9.25 (64) / 8.95 (16); every width bit-exact (verify ==
 // decode steps). 16 is also the fastest chain step at AL 6 for Q4_K_M (567.6 tok/s against 550.0 at 64);
-// Q8_0 510.2 against 514.7. Its verify at a 4000-token context is not yet measured (each key read 8
-// times instead of 2: an estimated +0.2 ms a verify).
+// Q8_0 510.2 against 514.7. At prompt 4000 (twenty-seventh session) it costs a Q4_K_M verify 0.7 ms
+// against 64 (chain AL 6 491.7 against 533.2 tok/s, -8 %) and saves a decode step 0.15 ms (6.92 against
+// 7.07): 64 would serve long-context speculation better, but would take plain decoding of Q8_0 at
+// depth 4096 under 1.5x llama.cpp (issue 9's bar; 1.50x at 16). Decode steps at 16 with verifies at
+// 64 would take both, but ggml's MMA kernel rescales its softmax every 64 keys at widths 8 / 16 and
+// every 32 at 32 / 64, so the two widths round a column differently (patch 0008 would have to give
+// them one key batch, and a test show the bits equal).
 constexpr int64_t k_fattn_tile_cols = 16;
 
 // Flash attention of at most `rows` query rows cuts its keys at fixed rows, pieces of `piece_keys`

@@ -12,17 +12,7 @@
 set -uo pipefail
 OUT="${1:?usage: bash bench/gpu_suite.sh OUT_DIR [REPS]}"
 REPS="${2:-2}"
-ARCHS="${LUCEBOX_CUDA_ARCHS:-90a}"
-TMP="${TMPDIR:-/tmp}"
-mkdir -p "$OUT"
-cd "$(dirname "$0")/.."
-export PYTHONUNBUFFERED=1
-t0=$(date +%s)
-ROOT=$(python3 ggml/fetch.py) || exit 1
-python3 -m pip install --no-build-isolation --no-deps -q -C build-dir="$TMP/lucebox-cuda" \
-    -C cmake.define.LUCEBOX_CUDA=ON -C cmake.define.CMAKE_CUDA_ARCHITECTURES="$ARCHS" \
-    -C cmake.define.LUCEBOX_BUILD_TESTS=ON . > "$OUT/build.log" 2>&1 || { tail -60 "$OUT/build.log"; exit 1; }
-echo "lucebox build: $(( $(date +%s) - t0 )) s"
+source "$(dirname "$0")/suite_build.sh"
 rm -f "$TMP/anchor.done"
 ( cmake -S bench/llama_anchor -B "$TMP/anchor" -G Ninja -DLLAMA_CPP_ROOT="$ROOT" -DGGML_CUDA=ON \
       -DCMAKE_CUDA_ARCHITECTURES="$ARCHS" -DCMAKE_BUILD_TYPE=Release > "$OUT/anchor.log" 2>&1 &&

@@ -15,13 +15,7 @@
 set -uo pipefail
 OUT="${1:?usage: bash bench/multi_gpu_suite.sh OUT_DIR [DEVICES]}"
 DEVICES="${2:-cuda:0,cuda:1}"
-ARCHS="${LUCEBOX_CUDA_ARCHS:-90a}"
 TMP="${TMPDIR:-/tmp}"
-mkdir -p "$OUT"
-cd "$(dirname "$0")/.."
-export PYTHONUNBUFFERED=1
-t0=$(date +%s)
-python3 ggml/fetch.py > /dev/null || exit 1
 
 # NCCL: ggml's FindNCCL looks for nccl.h and libnccl.so under NCCL_ROOT; the Python package ships
 # libnccl.so.2 only, so it is linked into a root of its own
@@ -38,14 +32,11 @@ if [ -z "${NCCL_ROOT:-}" ]; then
     fi
 fi
 echo "NCCL_ROOT=${NCCL_ROOT:-(none)}"
-python3 -m pip install --no-build-isolation --no-deps -q -C build-dir="$TMP/lucebox-cuda" \
-    -C cmake.define.LUCEBOX_CUDA=ON -C cmake.define.CMAKE_CUDA_ARCHITECTURES="$ARCHS" \
-    -C cmake.define.LUCEBOX_BUILD_TESTS=ON ${NCCL_ROOT:+-C cmake.define.NCCL_ROOT="$NCCL_ROOT"} . \
-    > "$OUT/build.log" 2>&1 || { tail -60 "$OUT/build.log"; exit 1; }
-if grep -q "NCCL not found" "$TMP/lucebox-cuda/CMakeCache.txt" "$OUT/build.log" 2>/dev/null; then
+SUITE_BUILD_ARGS=(${NCCL_ROOT:+-C cmake.define.NCCL_ROOT="$NCCL_ROOT"})
+source "$(dirname "$0")/suite_build.sh"
+if ! grep -q "^NCCL_LIBRARY:FILEPATH=/" "$TMP/lucebox-cuda/CMakeCache.txt" 2>/dev/null; then
     echo "ggml was built WITHOUT NCCL: the tensor split all-reduces with ggml's internal kernels"
 fi
-echo "lucebox build: $(( $(date +%s) - t0 )) s"
 ( lucebox synth qwen3.6-27b -o "$TMP/t27.gguf" --draft-out "$TMP/d27.gguf" --type q8_0 > "$OUT/synth.log" 2>&1
   echo $? > "$TMP/synth.done" ) &
 nvidia-smi --query-gpu=index,name,memory.total --format=csv | tee "$OUT/gpus.txt"

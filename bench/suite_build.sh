@@ -5,7 +5,7 @@
 # /tmp), t0 (the start, seconds). Offline machines: LUCEBOX_GGML_SOURCE (see README.md).
 ARCHS="${LUCEBOX_CUDA_ARCHS:-90a}"
 TMP="${TMPDIR:-/tmp}"
-mkdir -p "$OUT"
+mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)  # (absolute: the working directory changes next)
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export PYTHONUNBUFFERED=1
 t0=$(date +%s)

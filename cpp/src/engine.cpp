@@ -1351,6 +1351,8 @@ generate_result session::generate_speculative(const std::vector<int32_t> & pendi
     if (on_token && !on_token(last)) {
         res.finish_reason = "cancelled";
         pending_ = last;
+        stats.n_generated = 1;  // (a stop string in the first token ends it here)
+        stats.decode_seconds = seconds_since(t1);
         return res;
     }
 

@@ -149,6 +149,25 @@ def test_stop_tokens_and_budget_inside_a_step(pair: tuple[str, str]) -> None:
         assert got.finish_reason == "stop"
 
 
+@pytest.mark.parametrize("spec", ["off", "chain", "auto"])
+def test_a_cancelled_generation_counts_what_it_emitted(pair: tuple[str, str], spec: str) -> None:
+    # on_token returning False (how stop strings end a generation) after the k-th token, the first
+    # (sampled from the prompt) included: the stats count the k tokens returned
+    target, draft = pair
+    engine = lucebox.Engine(target, draft, ctx=512, device="cpu", spec=spec)
+    p = prompts(1)[0]
+    for k in (1, 2, 5, 17):
+        seen: list[int] = []
+
+        def on_token(tok: int) -> bool:
+            seen.append(tok)
+            return len(seen) < k
+
+        got = engine.session()._core.generate(p, 40, lucebox.SamplingConfig().to_core(), [], on_token)
+        assert got.finish_reason == "cancelled" and list(got.tokens) == seen and len(seen) == k
+        assert got.n_generated == k, f"spec {spec}, cancelled at token {k}"
+
+
 def test_session_continues_after_speculative_generation(pair: tuple[str, str]) -> None:
     target, draft = pair
     plain = lucebox.Engine(target, ctx=512, device="cpu")

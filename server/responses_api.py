@@ -107,6 +107,8 @@ def _messages(body: ResponsesRequest) -> list[dict[str, Any]]:
             raise invalid(f"{where}: items of type {kind!r} are not supported", param="input")
     for m in out:
         m.pop("_closed", None)
+    if not out:
+        raise invalid("input is empty (and there are no instructions): nothing to answer", param="input")
     return out
 
 

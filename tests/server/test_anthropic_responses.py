@@ -136,6 +136,16 @@ def test_responses_rejects_previous_response_id(client):
         client.responses.create(model="tiny", input="x", previous_response_id="resp_123")
 
 
+def test_responses_rejects_an_empty_input(client):
+    import openai
+
+    for kw in (dict(input=[]), dict(input=[{"type": "reasoning", "summary": []}])):
+        with pytest.raises(openai.BadRequestError, match="input is empty"):
+            client.responses.create(model="tiny", **kw)
+    # instructions alone are something to answer
+    assert client.responses.create(model="tiny", input=[], instructions="Say hi.", max_output_tokens=2).output
+
+
 def test_chat_page_served(server):
     r = httpx.get(server.base_url + "/")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")

@@ -581,98 +581,22 @@ int32_t sampler::accept_or_resample_among(const logit_row & row, int32_t n_vocab
     return accept_prepared(logits, n_vocab, z, proposals, index);
 }
 
-double sampler::kept_weight(const float * logits, int32_t id) const {
-    if (sorted_path_) {
-        for (size_t i = 0; i < n_kept_; ++i) {
-            if (cands_[i].id == id) return cands_[i].w;
-        }
-        return 0.0;
-    }
-    const better bt;
-    const int b = bucket_idx_[id];
-    const float v = value(logits, id);
-    if (b != masked_bucket && (b < cut_bucket_ || (b == cut_bucket_ && !bt(cut_, cand{v, id, 0.0})))) {
-        return weight_of(v);
-    }
-    return 0.0;
-}
-
 int32_t sampler::accept_prepared(const float * logits, int32_t n_vocab, double z,
                                  const std::vector<int32_t> & proposals, int & index) {
-    // rejected proposals (distinct ids) and their weights inside the kept set (0 if filtered out)
-    std::vector<std::pair<int32_t, double>> rejected;
-    rejected.reserve(proposals.size());
-    auto is_rejected = [&](int32_t id) {
-        for (const auto & r : rejected) {
-            if (r.first == id) return true;
-        }
-        return false;
-    };
-    double z_left = z;  // the kept mass without the rejected proposals
-    for (size_t j = 0; j < proposals.size(); ++j) {
-        const int32_t d = proposals[j];
-        const bool again = is_rejected(d);
-        const double w_d = again ? 0.0 : kept_weight(logits, d);
-        if (uniform() * z_left < w_d) {
-            index = static_cast<int>(j);
-            return d;
-        }
-        if (!again) {
-            rejected.emplace_back(d, w_d);
-            z_left -= w_d;
-        }
-    }
+    // Coupled acceptance: the row's token is drawn exactly as sample() draws it (one uniform, the same
+    // inverse CDF), and a proposal is accepted iff it is that token. For point-mass proposals this
+    // accepts proposals[j] with probability p(proposals[j]) when no earlier proposal matched, the
+    // acceptance of rejection sampling with residual draws, but every row costs one uniform as a plain
+    // step does: a speculative generation emits the tokens plain sampling would with the same seed.
+    const int32_t tok = draw(logits, n_vocab, z);
     index = -1;
-    // inverse CDF over the kept set without the rejected proposals, same order and rule as sample()
-    const double target = uniform() * z_left;
-    double cum = 0.0;
-    int32_t last_ok = -1;
-    if (sorted_path_) {
-        for (size_t i = 0; i < n_kept_; ++i) {
-            if (is_rejected(cands_[i].id)) continue;
-            cum += cands_[i].w;
-            last_ok = cands_[i].id;
-            if (cum > target) return cands_[i].id;
-        }
-    } else {
-        for (int b = 0; b < cut_bucket_; ++b) {
-            double m = bucket_mass_[b];
-            for (const auto & [id, w] : rejected) {
-                if (w > 0.0 && bucket_idx_[id] == b) m -= w;
-            }
-            if (cum + m <= target) {
-                cum += m;
-                continue;
-            }
-            gather(logits, n_vocab, b, scratch_);
-            for (const cand & c : scratch_) {
-                if (is_rejected(c.id)) continue;
-                cum += c.w;
-                if (c.w > 0.0) last_ok = c.id;
-                if (cum > target) return c.id;
-            }
-        }
-        for (const cand & c : cut_bucket_items_) {
-            if (!is_rejected(c.id)) {
-                cum += c.w;
-                last_ok = c.id;
-                if (cum > target) return c.id;
-            }
-            if (c.id == cut_.id) break;
+    for (size_t j = 0; j < proposals.size(); ++j) {
+        if (proposals[j] == tok) {
+            index = static_cast<int>(j);
+            break;
         }
     }
-    if (last_ok < 0) {
-        // rounding: the rejected proposals held all the kept mass, so the last one with mass (whose
-        // acceptance probability was 1 up to rounding) is taken
-        for (size_t j = proposals.size(); j-- > 0;) {
-            if (kept_weight(logits, proposals[j]) > 0.0) {
-                index = static_cast<int>(j);
-                return proposals[j];
-            }
-        }
-        throw error("internal: empty residual distribution");
-    }
-    return last_ok;  // rounding at the very end of the mass
+    return tok;
 }
 
 std::vector<std::pair<int32_t, float>> sampler::distribution(const float * logits, int32_t n_vocab,

@@ -905,4 +905,47 @@ TEST_CASE(accept_or_resample_among_one_proposal_is_accept_or_resample) {
     CHECK_THROWS(s.accept_or_resample_among(row, 4, none, bad, index), error, "outside the vocabulary");
 }
 
+// Coupled acceptance: accept_or_resample(_among) returns the very token sample() draws with the same
+// generator state, whatever the proposals (the sampled one, others, repeats, none), and advances
+// the generator as sample() does; a proposal is accepted iff it is that token (the first such).
+TEST_CASE(speculative_rows_draw_what_sample_draws) {
+    const int32_t V = 2000;
+    for (uint64_t trial = 0; trial < 60; ++trial) {
+        const std::vector<float> logits = random_logits(V, 900 + trial, trial % 2 ? 2.0f : 5.0f);
+        sampling_params p;
+        p.temperature = trial % 10 == 0 ? 0.0f : 0.9f;
+        p.top_k = std::vector<int32_t>{0, 20, 5}[trial % 3];
+        p.min_p = trial % 4 == 1 ? 0.02f : 0.0f;
+        if (trial % 2) p.frequency_penalty = 0.4f;
+        p.seed = 1000 + trial;
+        const std::vector<int32_t> history{5, 5, int32_t(trial % V)};
+        sampler plain(p), spec(p), spec_among(p);
+        const candidate_row cand = device_candidates(logits, std::max(plain.wanted_candidates(), 64),
+                                                     plain.penalty_ids(history));
+        int hits = 0;
+        for (int draw = 0; draw < 40; ++draw) {
+            logit_row row{draw % 2 ? &cand : nullptr, [&] { return logits.data(); }};
+            const int32_t want = plain.sample(row, V, history);
+            // the proposal: the token itself every third row, else a likely or an arbitrary id
+            const int32_t proposed = draw % 3 == 0 ? want : draw % 3 == 1 ? cand.ids[0] : int32_t((trial * 31 + draw) % V);
+            bool accepted = false;
+            CHECK(spec.accept_or_resample(row, V, history, proposed, accepted) == want);
+            CHECK(accepted == (proposed == want));
+            hits += accepted;
+            const std::vector<int32_t> kids{int32_t((draw * 7) % V), proposed, proposed, want};
+            int index = -2;
+            CHECK(spec_among.accept_or_resample_among(row, V, history, kids, index) == want);
+            int first = -1;
+            for (size_t j = 0; j < kids.size() && first < 0; ++j) {
+                if (kids[j] == want) first = int(j);
+            }
+            CHECK(index == first);
+        }
+        CHECK(hits >= 13);  // every third proposal is the drawn token
+        const double u = plain.uniform();  // the generators are in step
+        CHECK(spec.uniform() == u);
+        CHECK(spec_among.uniform() == u);
+    }
+}
+
 TEST_MAIN()

@@ -235,6 +235,32 @@ def test_speculative_sampling_is_distribution_exact(pair: tuple[str, str], propo
     assert chi2 < 60  # 15 degrees of freedom: p < 1e-6 for a correct sampler
 
 
+@pytest.mark.parametrize("spec", ["chain", "auto", "tree"])
+def test_sampled_speculation_is_plain_sampling(pair: tuple[str, str], spec: str) -> None:
+    """Coupled acceptance (sampler::accept_or_resample): a speculative generation at temperature > 0
+    emits exactly the tokens plain sampling draws with the same seed: the real draft, forced
+    proposals that are accepted or not, and spec "auto", whose plain and speculative steps follow
+    measured costs (so it is also the same from one run to the next)."""
+    target, draft = pair
+    plain = lucebox.Engine(target, ctx=512, device="cpu")
+    engine = lucebox.Engine(target, draft, ctx=512, device="cpu", spec=spec)
+    settings = [dict(temperature=0.9), dict(temperature=1.3, top_k=8, top_p=0.9),
+                dict(temperature=0.7, min_p=0.05, presence_penalty=0.5, repetition_penalty=1.1)]
+    accepted = 0
+    for i, p in enumerate(prompts(4)):
+        for seed in (i, 100 + i):
+            kw = dict(settings[(i + seed) % len(settings)], seed=seed)
+            ref = plain.generate(p, max_tokens=40, **kw).tokens
+            assert engine.generate(p, max_tokens=40, **kw).tokens == ref, f"{spec}: prompt {i}, {kw}"
+            if spec == "chain":  # forced proposals: the sampled reference itself, wrong at index k
+                for k in (0, 3, None):
+                    run = engine.session().generate(p, max_tokens=40, propose=forced(ref, len(p), k), **kw)
+                    assert run.tokens == ref, f"forced accept {k}: prompt {i}, {kw}"
+                    accepted += run.stats.spec["accepted"]
+    if spec == "chain":  # (the random-weight draft is never right: the forced runs accept)
+        assert accepted > 0
+
+
 def test_bad_proposals_are_rejected_cleanly(pair: tuple[str, str]) -> None:
     target, _ = pair
     engine = lucebox.Engine(target, ctx=256, device="cpu")

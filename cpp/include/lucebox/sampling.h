@@ -97,24 +97,23 @@ class sampler {
     std::vector<std::pair<int32_t, float>> distribution(const float * logits, int32_t n_vocab,
                                                         const std::vector<int32_t> & history) const;
 
-    // One row of speculative sampling for a point-mass proposal: accepts `proposed` with its
-    // probability p under the same distribution sample() draws from (one uniform); otherwise draws
-    // from that distribution with `proposed` removed and renormalized (a second uniform). Either
-    // way the returned token is distributed exactly as sample(). Costs one pass over the logits
-    // (no sort), unlike distribution(). Greedy: accepted iff proposed is the argmax.
+    // One row of speculative sampling for a point-mass proposal, coupled: the row's token is drawn
+    // exactly as sample() would draw it (one uniform, whether or not anything is accepted), and
+    // `accepted` says whether it equals `proposed`. So `proposed` is accepted with its probability
+    // p under sample()'s distribution, as in rejection sampling with a residual draw, and a
+    // speculative generation consumes the generator as plain sampling does: with the same seed and
+    // the same rows it emits the same tokens. Costs one pass over the logits (no sort), unlike
+    // distribution(). Greedy: accepted iff proposed is the argmax.
     int32_t accept_or_resample(const float * logits, int32_t n_vocab, const std::vector<int32_t> & history,
                                int32_t proposed, bool & accepted);
     int32_t accept_or_resample(const logit_row & row, int32_t n_vocab, const std::vector<int32_t> & history,
                                int32_t proposed, bool & accepted);
 
-    // Several point-mass proposals on one row (the children of a tree node), tried in order: the
-    // j-th is accepted with probability r_j(proposals[j]), r_j being the sample() distribution with
-    // the already-rejected proposals removed and renormalized (one uniform per proposal tried); if
-    // all are rejected, a token is drawn from r with every proposal removed (one more uniform).
-    // The returned token is distributed exactly as sample(). `index` = the accepted proposal's
-    // position, or -1. One proposal is accept_or_resample (the same uniforms, the same token); no
-    // proposal is a draw from the whole distribution. Repeated ids: a later copy of a rejected id
-    // has probability 0. Greedy: the first proposal equal to the argmax, else the argmax.
+    // Several point-mass proposals on one row (the children of a tree node): the row's token drawn
+    // as sample() draws it (one uniform), `index` the position of the first proposal equal to it, or
+    // -1. proposals[j] is thus accepted with probability p(proposals[j]) (0 for a repeat of an
+    // earlier id). One proposal is accept_or_resample; no proposal is sample(). Greedy: the first
+    // proposal equal to the argmax, else the argmax (index -1).
     int32_t accept_or_resample_among(const logit_row & row, int32_t n_vocab, const std::vector<int32_t> & history,
                                      const std::vector<int32_t> & proposals, int & index);
 
@@ -176,8 +175,6 @@ class sampler {
     int32_t draw(const float * logits, int32_t n_vocab, double z);
     int32_t accept_prepared(const float * logits, int32_t n_vocab, double z, const std::vector<int32_t> & proposals,
                             int & index);
-    // The weight of `id` in the prepared kept set (0 if filtered out or masked).
-    double kept_weight(const float * logits, int32_t id) const;
 
     uint64_t next_u64();
 

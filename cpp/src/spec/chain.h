@@ -14,13 +14,15 @@ namespace lucebox::spec {
 // verified[0..i]. Returns a = the number of accepted proposals: d(i) == target[i-1] for i = 1..a.
 uint32_t accept_greedy(const std::vector<int32_t> & verified, const std::vector<int32_t> & target);
 
-// Speculative sampling for a deterministic proposal (the draft's argmax, or a forced token): at
-// row i the proposal d(i+1) is accepted with probability p_i(d(i+1)), where p_i is the target's
-// sampling distribution (penalties, top-k, temperature, top-p, min-p; the same transforms as plain
-// sampling, over the history including the tokens accepted so far). On rejection the token is
-// drawn from p_i with d(i+1) removed (renormalized): the residual max(0, p - q) for a point-mass q.
-// If every proposal is accepted, the bonus token is drawn from the last row. The emitted tokens
-// are therefore distributed exactly as plain sampling from the target.
+// Speculative sampling for a deterministic proposal (the draft's argmax, or a forced token),
+// coupled: at row i the target's token is drawn exactly as plain sampling draws it (one uniform of
+// the session's generator, sampler::accept_or_resample; the same transforms: penalties, top-k,
+// temperature, top-p, min-p, over the history including the tokens accepted so far), and the
+// proposal d(i+1) is accepted iff it is that token (probability p_i(d(i+1)), as rejection sampling
+// with a residual draw accepts it). The first row that differs ends the step with its drawn token;
+// if every proposal is accepted, the bonus token is drawn from the last row. The emitted tokens are
+// therefore the plain sampled ones: the same seed gives the same tokens with or without a draft,
+// whatever the proposals and wherever spec "auto" takes plain steps.
 // row(i): the verify batch's row i as the sampler takes it (device candidates and/or the full
 // logits; called once per row the rule reaches). Returns a and fills target[0..a] (target[j] =
 // verified[j+1] for j < a; target[a] = the drawn bonus token).

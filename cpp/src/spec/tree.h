@@ -72,12 +72,11 @@ std::vector<int32_t> accept_tree_greedy(const draft_tree & t, const std::vector<
 
 // Speculative sampling on a tree of point-mass proposals (spec/chain.h accept_sampled for a tree).
 // From the root, with history = the committed tokens + the root + the path accepted so far, the
-// current node's children are tried in tree order with sampler::accept_or_resample_among: child c
-// is accepted with probability r(c), r being the node's sampling distribution with the children
-// already rejected removed and renormalized; on acceptance the walk moves to c, otherwise (or at a
-// leaf) the bonus token is drawn from r. The emitted tokens (the path's tokens after the root, then
-// the bonus) are distributed exactly as plain sampling. Greedy parameters (with or without
-// penalties) accept the first child equal to the node's argmax, as accept_tree_greedy.
+// node's token is drawn as plain sampling draws it (sampler::accept_or_resample_among: one uniform)
+// and the walk moves to the first child carrying that token; when none does (or at a leaf) the
+// drawn token is the bonus. The emitted tokens (the path's tokens after the root, then the bonus)
+// are the plain sampled ones for the same seed. Greedy parameters (with or without penalties)
+// accept the first child equal to the node's argmax, as accept_tree_greedy.
 // row(i): node i's verify row as the sampler takes it (called once per node the walk reaches).
 struct tree_acceptance {
     std::vector<int32_t> path;  // accepted node indices, root first

@@ -163,12 +163,6 @@ __device__ __forceinline__ void mma_u8s8(int (&c)[4], const int (&a)[4], int b0,
 #endif
 }
 
-// The 6-bit scales of a Q4_K super-block's sub-blocks 4i..4i+3 (i = 0, 1), one a byte, from its 12
-// packed scale bytes w (the layout q4k_scale_min decodes one at a time).
-__device__ __forceinline__ uint32_t q4k_scales4(const uint32_t (&w)[3], int i) {
-    return i == 0 ? w[0] & 0x3F3F3F3Fu : (w[2] & 0x0F0F0F0Fu) | ((w[0] >> 2) & 0x30303030u);
-}
-
 // c += A (16x16 s8, row-major) * B (16x8 s8, column-major): a0 = row g, k 4t..4t+3; a1 = row g+8,
 // same k; b = k 4t..4t+3 of column g; c as in mma_s8.
 __device__ __forceinline__ void mma_s8_k16(int (&c)[4], const int (&a)[2], int b) {
@@ -568,9 +562,11 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
                         af[1] = int(qw[mt][1].x & nib);
                         af[3] = int(qw[mt][1].y & nib);
                         // the scales of sub-block s of rows g, g + 8 (times 16 for low nibbles: s even)
-                        const int at = 8 * (s % 4);
-                        const int sl = int((h == 0 ? sc4[mt][0][s / 4] << 4 : sc4[mt][0][s / 4]) >> at) & (h == 0 ? 0x3F0 : 0x3F);
-                        const int sh = int((h == 0 ? sc4[mt][1][s / 4] << 4 : sc4[mt][1][s / 4]) >> at) & (h == 0 ? 0x3F0 : 0x3F);
+                        auto scale_of = [&](const uint32_t (&w4)[2]) {
+                            const uint32_t w = h == 0 ? w4[s / 4] << 4 : w4[s / 4];
+                            return int(w >> (8 * (s % 4))) & (h == 0 ? 0x3F0 : 0x3F);
+                        };
+                        const int sl = scale_of(sc4[mt][0]), sh = scale_of(sc4[mt][1]);
 #pragma unroll
                         for (int j = 0; j < NG; ++j) {
                             int c[4] = {0, 0, 0, 0};

@@ -49,6 +49,11 @@ LUCEBOX_Q4K_FN void q4k_scale_min(int s, const uint32_t (&w)[3], int & scale, in
         min = (byte(s + 4) >> 4) | ((byte(s) >> 6) << 4);
     }
 }
+// The six-bit scales of sub-blocks 4i..4i+3 (i = 0, 1), one a byte (byte k: sub-block 4i + k), from
+// the same 12 bytes: the product unpacks four with three operations instead of one at a time.
+LUCEBOX_Q4K_FN uint32_t q4k_scales4(const uint32_t (&w)[3], int i) {
+    return i == 0 ? w[0] & 0x3F3F3F3Fu : (w[2] & 0x0F0F0F0Fu) | ((w[0] >> 2) & 0x30303030u);
+}
 #undef LUCEBOX_Q4K_FN
 // bytes of 256 values of one row (one staged chunk)
 #if defined(__CUDACC__)

@@ -1348,12 +1348,11 @@ generate_result session::generate_speculative(const std::vector<int32_t> & pendi
         return res;
     }
     res.tokens.push_back(last);
-    if (on_token && !on_token(last)) {
+    // (cancelled at the first token, e.g. by a stop string inside it: no step runs, and the end below
+    // counts the token and leaves it pending)
+    const bool cancelled_first = on_token && !on_token(last);
+    if (cancelled_first) {
         res.finish_reason = "cancelled";
-        pending_ = last;
-        stats.n_generated = 1;  // (a stop string in the first token ends it here)
-        stats.decode_seconds = seconds_since(t1);
-        return res;
     }
 
     // spec "auto": a step speculates only while that beats plain decoding (spec/policy.h); a plain
@@ -1375,7 +1374,7 @@ generate_result session::generate_speculative(const std::vector<int32_t> & pendi
         }
         return true;
     };
-    while (res.tokens.size() < params.max_tokens) {
+    while (!cancelled_first && res.tokens.size() < params.max_tokens) {
         // one step at a time holds the engine, so other sessions interleave between steps
         std::lock_guard<std::mutex> lock(e.compute_mutex);
         const uint32_t room = e.cfg.n_ctx - static_cast<uint32_t>(tokens_.size());

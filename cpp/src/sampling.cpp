@@ -555,40 +555,12 @@ int32_t sampler::accept_or_resample_among(const logit_row & row, int32_t n_vocab
             throw error("accept_or_resample: proposed id " + std::to_string(d) + " is outside the vocabulary");
         }
     }
-    index = -1;
-    auto guard = make_scope_exit([this] { clear_counts(); });
-    count_history(n_vocab, history);
-    double z = 0.0;
-    int32_t best = -1;
-    const float * logits = nullptr;
-    if (row.candidates == nullptr || !prepare_candidates(*row.candidates, n_vocab, z, best)) {
-        logits = row.full();
-        if (params_.is_greedy()) {
-            best = argmax(logits, n_vocab);
-        } else {
-            z = prepare(logits, n_vocab);
-        }
-    }
-    if (params_.is_greedy()) {
-        for (size_t j = 0; j < proposals.size(); ++j) {
-            if (proposals[j] == best) {
-                index = static_cast<int>(j);
-                break;
-            }
-        }
-        return best;
-    }
-    return accept_prepared(logits, n_vocab, z, proposals, index);
-}
-
-int32_t sampler::accept_prepared(const float * logits, int32_t n_vocab, double z,
-                                 const std::vector<int32_t> & proposals, int & index) {
-    // Coupled acceptance: the row's token is drawn exactly as sample() draws it (one uniform, the same
-    // inverse CDF), and a proposal is accepted iff it is that token. For point-mass proposals this
-    // accepts proposals[j] with probability p(proposals[j]) when no earlier proposal matched, the
-    // acceptance of rejection sampling with residual draws, but every row costs one uniform as a plain
-    // step does: a speculative generation emits the tokens plain sampling would with the same seed.
-    const int32_t tok = draw(logits, n_vocab, z);
+    // Coupled acceptance: the row's token is the one sample() draws (one uniform, the same inverse
+    // CDF; greedy: the argmax), and the first proposal equal to it is accepted. For point-mass
+    // proposals that accepts proposals[j] with probability p(proposals[j]) when no earlier proposal
+    // matched, as rejection sampling with residual draws does, but every row costs one uniform as a
+    // plain step does: a speculative generation emits the tokens plain sampling would with the seed.
+    const int32_t tok = sample(row, n_vocab, history);
     index = -1;
     for (size_t j = 0; j < proposals.size(); ++j) {
         if (proposals[j] == tok) {

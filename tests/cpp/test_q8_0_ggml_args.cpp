@@ -41,6 +41,21 @@ bool takes(const ggml_tensor * w, const ggml_tensor * gate, int glu, const ggml_
 
 }  // namespace
 
+// q4k_scales4 (the product's four-at-a-time unpacking) gives q4k_scale_min's scales, for every
+// sub-block of pseudo-random packed bytes (all bits exercised).
+TEST_CASE(q4k_scales4_matches_q4k_scale_min) {
+    uint32_t x = 12345u;
+    for (int trial = 0; trial < 2000; ++trial) {
+        uint32_t w[3];
+        for (uint32_t & v : w) v = x = x * 1664525u + 1013904223u;
+        for (int sb = 0; sb < 8; ++sb) {
+            int scale = 0, min = 0;
+            lucebox::kernels::q8_0::q4k_scale_min(sb, w, scale, min);
+            CHECK(int((lucebox::kernels::q8_0::q4k_scales4(w, sb / 4) >> (8 * (sb % 4))) & 0xFFu) == scale);
+        }
+    }
+}
+
 TEST_CASE(plain_q8_0_product_is_taken_and_mapped) {
     operands o;
     ggml_tensor * w = o.t(GGML_TYPE_Q8_0, 5120, 1024);

@@ -173,8 +173,6 @@ class sampler {
     bool prepare_candidates(const candidate_row & row, int32_t n_vocab, double & z, int32_t & argmax) const;
     // Draws from the prepared kept set.
     int32_t draw(const float * logits, int32_t n_vocab, double z);
-    int32_t accept_prepared(const float * logits, int32_t n_vocab, double z, const std::vector<int32_t> & proposals,
-                            int & index);
 
     uint64_t next_u64();
 

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # One pass over a single-GPU machine: builds lucebox for CUDA with its C++ tests, builds the
 # llama-bench anchor (bench/llama_anchor) in the background meanwhile, runs the GPU CTest cases and
-# tests/gpu, writes the qwen3.6-27b synthetic pair, then bench_spec.py and bench_target.py.
-# About 10 minutes on one H200 with 16 cores (build 4 min, tests 3 min, benches 2-3 min).
+# tests/gpu, writes the qwen3.6-27b synthetic target in Q8_0 (with its draft) and Q4_K_M, then
+# bench_spec.py and bench_target.py on each: every number issue 9's bars name, in one run with the
+# anchor. About 14 minutes on one H200 with 16 cores (build 5 min, tests 3.5 min, benches 5 min).
 #
 # Usage: bash bench/gpu_suite.sh OUT_DIR [REPS]
-#   OUT_DIR   logs: build.log, ctest.log, pytest_gpu.log, spec.log, target.log
+#   OUT_DIR   logs: build.log, ctest.log, pytest_gpu.log, spec.log, target.log (Q8_0),
+#             spec_q4_k_m.log, target_q4_k_m.log
 #   REPS      repetitions of bench_target.py (default 2)
 #   CUDA architectures: LUCEBOX_CUDA_ARCHS (default 90a). Offline machines: LUCEBOX_GGML_SOURCE (the
 #   archive or an extracted tree, see README.md); the builds go to $TMPDIR (default /tmp).
@@ -17,7 +19,8 @@ rm -f "$TMP/anchor.done"
 ( cmake -S bench/llama_anchor -B "$TMP/anchor" -G Ninja -DLLAMA_CPP_ROOT="$ROOT" -DGGML_CUDA=ON \
       -DCMAKE_CUDA_ARCHITECTURES="$ARCHS" -DCMAKE_BUILD_TYPE=Release > "$OUT/anchor.log" 2>&1 &&
   ninja -C "$TMP/anchor" llama-bench >> "$OUT/anchor.log" 2>&1; echo $? > "$TMP/anchor.done" ) &
-( lucebox synth qwen3.6-27b -o "$TMP/t27.gguf" --draft-out "$TMP/d27.gguf" --type q8_0 > "$OUT/synth.log" 2>&1
+( lucebox synth qwen3.6-27b -o "$TMP/t27.gguf" --draft-out "$TMP/d27.gguf" --type q8_0 > "$OUT/synth.log" 2>&1 &&
+  lucebox synth qwen3.6-27b -o "$TMP/t27q4.gguf" --type q4_k_m >> "$OUT/synth.log" 2>&1
   echo $? > "$TMP/synth.done" ) &
 ctest --test-dir "$TMP/lucebox-cuda" -R "q8_0|gpu|top_k" --output-on-failure 2>&1 | tee "$OUT/ctest.log" | tail -4
 python3 -m pytest tests/gpu -q -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu.log" | tail -3
@@ -25,9 +28,15 @@ wait
 [ "$(cat "$TMP/synth.done" 2>/dev/null)" = 0 ] || { echo "synth failed: $OUT/synth.log"; exit 1; }
 python3 bench/bench_spec.py --model "$TMP/t27.gguf" --draft "$TMP/d27.gguf" --device cuda --reps 3 \
     --accept 1,6,16 2>&1 | tee "$OUT/spec.log" | tail -8
+python3 bench/bench_spec.py --model "$TMP/t27q4.gguf" --device cuda --reps 3 \
+    --accept 1,6,16 2>&1 | tee "$OUT/spec_q4_k_m.log" | tail -8
 if [ "$(cat "$TMP/anchor.done" 2>/dev/null)" = 0 ]; then
-    python3 bench/bench_target.py --model "$TMP/t27.gguf" --device cuda \
-        --llama-bench "$TMP/anchor/llama-bench/llama-bench" --reps "$REPS" 2>&1 | tee "$OUT/target.log" | tail -10
+    target() {  # target MODEL LOG
+        python3 bench/bench_target.py --model "$1" --device cuda \
+            --llama-bench "$TMP/anchor/llama-bench/llama-bench" --reps "$REPS" 2>&1 | tee "$2" | tail -10
+    }
+    target "$TMP/t27.gguf" "$OUT/target.log"
+    target "$TMP/t27q4.gguf" "$OUT/target_q4_k_m.log"
 else
     echo "anchor build failed: $OUT/anchor.log"
 fi

@@ -26,18 +26,16 @@ ctest --test-dir "$TMP/lucebox-cuda" -R "q8_0|gpu|top_k" --output-on-failure 2>&
 python3 -m pytest tests/gpu -q -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu.log" | tail -3
 wait
 [ "$(cat "$TMP/synth.done" 2>/dev/null)" = 0 ] || { echo "synth failed: $OUT/synth.log"; exit 1; }
-python3 bench/bench_spec.py --model "$TMP/t27.gguf" --draft "$TMP/d27.gguf" --device cuda --reps 3 \
-    --accept 1,6,16 2>&1 | tee "$OUT/spec.log" | tail -8
-python3 bench/bench_spec.py --model "$TMP/t27q4.gguf" --device cuda --reps 3 \
-    --accept 1,6,16 2>&1 | tee "$OUT/spec_q4_k_m.log" | tail -8
-if [ "$(cat "$TMP/anchor.done" 2>/dev/null)" = 0 ]; then
-    target() {  # target MODEL LOG
-        python3 bench/bench_target.py --model "$1" --device cuda \
-            --llama-bench "$TMP/anchor/llama-bench/llama-bench" --reps "$REPS" 2>&1 | tee "$2" | tail -10
-    }
-    target "$TMP/t27.gguf" "$OUT/target.log"
-    target "$TMP/t27q4.gguf" "$OUT/target_q4_k_m.log"
-else
-    echo "anchor build failed: $OUT/anchor.log"
-fi
+[ "$(cat "$TMP/anchor.done" 2>/dev/null)" = 0 ] || echo "anchor build failed: $OUT/anchor.log (bench_target skipped)"
+measure() {  # measure MODEL LOG_SUFFIX [bench_spec.py options]: bench_spec, then bench_target against the anchor
+    local model="$1" suffix="$2"
+    shift 2
+    python3 bench/bench_spec.py --model "$model" --device cuda --reps 3 --accept 1,6,16 "$@" 2>&1 |
+        tee "$OUT/spec$suffix.log" | tail -8
+    [ "$(cat "$TMP/anchor.done" 2>/dev/null)" = 0 ] || return 0
+    python3 bench/bench_target.py --model "$model" --device cuda \
+        --llama-bench "$TMP/anchor/llama-bench/llama-bench" --reps "$REPS" 2>&1 | tee "$OUT/target$suffix.log" | tail -10
+}
+measure "$TMP/t27.gguf" "" --draft "$TMP/d27.gguf"
+measure "$TMP/t27q4.gguf" _q4_k_m
 echo "total: $(( $(date +%s) - t0 )) s"

@@ -5,14 +5,14 @@ Uses PyTorch's profiler (CUPTI) to record every CUDA kernel launched in this pro
 ggml's, over 33 generated tokens after a prompt of --depth tokens (default 256): plain greedy decoding, then the same with
 16-token verify steps whose proposals are all rejected (each step = one 16-token target forward +
 commit). Prints the per-step kernel time, its split by kind (products, quantization, gated delta
-net, attention, copies, the other small ops) and the 22 most expensive kernels of each.
+net, attention, copies, the other small ops) and the --top (default 22) most expensive kernels of each.
 With --prefill N, also the kernels of one N-token prefill. With programmatic dependent launches
 (the default on Hopper) a kernel may start before its predecessor ends and wait on the device, so
 its time includes that wait and the per-step sum exceeds the wall time; --no-pdl (GGML_CUDA_PDL=0,
 which lucebox's kernels honour too) gives each kernel's own time, and the gap line (wall minus
 kernel time) the device's idle time between kernels. Needs torch with CUDA. Usage (repository root, GPU machine):
     lucebox synth qwen3.6-27b -o /tmp/t27.gguf --type q8_0
-    python bench/bench_kernels.py /tmp/t27.gguf [--depth 4096] [--prefill 4096] [--no-pdl]
+    python bench/bench_kernels.py /tmp/t27.gguf [--depth 4096] [--prefill 4096] [--no-pdl] [--top N]
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from torch.profiler import ProfilerActivity, profile
 import lucebox
 
 
-def profile_generation(engine: lucebox.Engine, prompt: list[int], label: str, **kw) -> None:
+def profile_generation(engine: lucebox.Engine, prompt: list[int], label: str, top: int, **kw) -> None:
     engine.session().generate(prompt, max_tokens=8, **kw)  # warm-up: graphs built, kernels loaded
     s = engine.session()
     s.append(prompt[:-1])
@@ -37,10 +37,10 @@ def profile_generation(engine: lucebox.Engine, prompt: list[int], label: str, **
         r = s.generate(prompt[-1:], max_tokens=33, **kw)
         torch.cuda.synchronize()
     steps = (r.stats.spec or {}).get("steps", 0) or r.stats.n_generated
-    print_kernels(prof, label, steps, r.stats.decode_seconds)
+    print_kernels(prof, label, steps, r.stats.decode_seconds, top)
 
 
-def print_kernels(prof, label: str, steps: int, wall_seconds: float | None) -> None:
+def print_kernels(prof, label: str, steps: int, wall_seconds: float | None, top: int) -> None:
     agg: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0])
     for ev in prof.events():
         if ev.device_type == torch.autograd.DeviceType.CUDA:
@@ -60,7 +60,7 @@ def print_kernels(prof, label: str, steps: int, wall_seconds: float | None) -> N
         groups[kernel_group(name)][1] += n
     print("  by kind: " + "; ".join(f"{g} {us / 1e3 / steps:.2f} ms ({n / steps:.0f}x)"
                                     for g, (us, n) in sorted(groups.items(), key=lambda x: -x[1][0])))
-    for name, (us, n) in sorted(agg.items(), key=lambda x: -x[1][0])[:22]:
+    for name, (us, n) in sorted(agg.items(), key=lambda x: -x[1][0])[:top]:
         print(f"  {us / 1e3 / steps:7.3f} ms/step {n / steps:6.1f}x  {us / max(1, n):8.1f} us  {name[:100]}")
 
 
@@ -77,14 +77,14 @@ def kernel_group(name: str) -> str:
     return next((kind for frag, kind in KERNEL_KINDS if frag in name), "small ops")
 
 
-def profile_prefill(engine: lucebox.Engine, prompt: list[int]) -> None:
+def profile_prefill(engine: lucebox.Engine, prompt: list[int], top: int) -> None:
     engine.session().append(prompt)  # warm-up
     s = engine.session()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         s.append(prompt)
         torch.cuda.synchronize()
-    print_kernels(prof, f"prefill of {len(prompt)} tokens", 1, None)
+    print_kernels(prof, f"prefill of {len(prompt)} tokens", 1, None, top)
 
 
 def main() -> int:
@@ -97,6 +97,7 @@ def main() -> int:
                     help="also profile the prefill of a prompt of this many tokens (one step)")
     ap.add_argument("--no-pdl", action="store_true",
                     help="programmatic dependent launches off (GGML_CUDA_PDL=0): each kernel's own time")
+    ap.add_argument("--top", type=int, default=22, help="kernels listed per phase, the most expensive first")
     args = ap.parse_args()
     if args.no_pdl:
         os.environ["GGML_CUDA_PDL"] = "0"  # read at the first launch, after this
@@ -107,10 +108,10 @@ def main() -> int:
     engine = lucebox.Engine(args.model, ctx=max(args.depth, args.prefill) + 64, device="cuda:0")
     rng = np.random.default_rng(0)
     prompt = [int(x) for x in rng.integers(10, engine.hparams.n_vocab, args.depth)]
-    profile_generation(engine, prompt, "plain decode")
-    profile_generation(engine, prompt, "16-token verify (forced, all rejected)", propose=lambda c, last, n: [0] * n)
+    profile_generation(engine, prompt, "plain decode", args.top)
+    profile_generation(engine, prompt, "16-token verify (forced, all rejected)", args.top, propose=lambda c, last, n: [0] * n)
     if args.prefill:
-        profile_prefill(engine, [int(x) for x in rng.integers(10, engine.hparams.n_vocab, args.prefill)])
+        profile_prefill(engine, [int(x) for x in rng.integers(10, engine.hparams.n_vocab, args.prefill)], args.top)
     return 0
 
 

@@ -58,24 +58,39 @@ constexpr int64_t k_fattn_piece_keys = 128;
 // 7.07): 64 would serve long-context speculation better, but would take plain decoding of Q8_0 at
 // depth 4096 under 1.5x llama.cpp (issue 9's bar; 1.50x at 16). Decode steps at 16 with verifies at
 // 64 would take both, but ggml's MMA kernel rescales its softmax every 64 keys at widths 8 / 16 and
-// every 32 at 32 / 64, so the two widths round a column differently (patch 0008 would have to give
-// them one key batch, and a test show the bits equal).
+// every 32 at 32 / 64, so the two widths round a column differently. So a token's width follows
+// the length of its key view instead, the same in its decode step and in its verify (below).
 constexpr int64_t k_fattn_tile_cols = 16;
+// Key views of at least k_fattn_long_keys rows take k_fattn_long_tile_cols columns instead: the
+// width is then a function of the view's length, and the engine keeps a decode step and a verify of
+// one token on the same side (width_safe_tokens in engine.cpp). H200, 27B Q4_K_M, prompt 32000 (docs/
+// benchmarks.md, twenty-ninth session), the whole run at width 16 / 64: a decode step 8.34 / 8.46 ms,
+// chain AL 6 321.0 / 427.7 tok/s (a verify 2.13x / 1.54x a decode step). 0 (off) until the switch
+// itself has run on a GPU: tests/gpu/test_cuda_attention.py's long-key cases and bench_spec
+// --attention-long-keys, which also place the threshold.
+constexpr int64_t k_fattn_long_keys = 0;
+constexpr int64_t k_fattn_long_tile_cols = 64;
 
 // Flash attention of at most `rows` query rows cuts its keys at fixed rows, pieces of `piece_keys`
-// keys a CTA, with one query tile of `tile_cols` columns for every row count (ggml patch 0008), so
-// that a decode step and a verify of the same token compute the same bits; rows 0: ggml's own choice
-// by the row count (the A/B of bench_spec / bench_batch_invariance). Defaults k_fattn_fixed_rows,
-// k_fattn_piece_keys, k_fattn_tile_cols (above); applies while the kernels are enabled,
-// from the next graph captured. rows in 0..1023, piece_keys > 0, tile_cols 8, 16, 32 or 64, else
-// std::invalid_argument (check_fattn_fixed_split).
-void set_fattn_fixed_split(int64_t rows, int64_t piece_keys, int64_t tile_cols);
-inline void check_fattn_fixed_split(int64_t rows, int64_t piece_keys, int64_t tile_cols) {
-    if (rows < 0 || rows >= 1024 || piece_keys <= 0 ||
-        (tile_cols != 8 && tile_cols != 16 && tile_cols != 32 && tile_cols != 64))
-        throw std::invalid_argument("attention split: rows must be in 0..1023, piece_keys > 0 and tile_cols 8, 16, 32 "
-                                    "or 64; got " + std::to_string(rows) + ", " + std::to_string(piece_keys) + ", " +
-                                    std::to_string(tile_cols));
+// keys a CTA, with one query tile of `tile_cols` columns for every row count, `long_tile_cols` for
+// key views of at least `long_keys` rows (0: none) (ggml patch 0008), so that a decode step and a
+// verify of the same token compute the same bits; rows 0: ggml's own choice by the row count (the
+// A/B of bench_spec / bench_batch_invariance). Defaults k_fattn_* (above); applies while the kernels
+// are enabled, from the next graph captured. rows in 0..1023, piece_keys > 0, long_keys >= 0,
+// tile_cols and long_tile_cols 8, 16, 32 or 64, else std::invalid_argument (check_fattn_fixed_split).
+// A CPU build keeps long_keys too: the engine's verify blocks follow it on every backend.
+void set_fattn_fixed_split(int64_t rows, int64_t piece_keys, int64_t tile_cols, int64_t long_keys,
+                           int64_t long_tile_cols);
+// The key-view length from which the wide tile applies (0: never), as set.
+int64_t fattn_long_keys();
+inline void check_fattn_fixed_split(int64_t rows, int64_t piece_keys, int64_t tile_cols, int64_t long_keys,
+                                    int64_t long_tile_cols) {
+    auto width_ok = [](int64_t c) { return c == 8 || c == 16 || c == 32 || c == 64; };
+    if (rows < 0 || rows >= 1024 || piece_keys <= 0 || long_keys < 0 || !width_ok(tile_cols) || !width_ok(long_tile_cols))
+        throw std::invalid_argument("attention split: rows must be in 0..1023, piece_keys > 0, long_keys >= 0 and "
+                                    "tile_cols and long_tile_cols 8, 16, 32 or 64; got " + std::to_string(rows) + ", " +
+                                    std::to_string(piece_keys) + ", " + std::to_string(tile_cols) + ", " +
+                                    std::to_string(long_keys) + ", " + std::to_string(long_tile_cols));
 }
 
 // Whether Q8_0 / Q4_K product weights loaded into `buffer` are to be row-tiled (weight_tiles.h):

@@ -15,6 +15,7 @@
 #include "ggml-alloc.h"
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
+#include "cuda_kernels.h"
 #include "lucebox/errors.h"
 #include "lucebox/log.h"
 #include "lucebox/model_files.h"
@@ -38,6 +39,22 @@ using graph::MAX_GRAPH_NODES;
 constexpr uint32_t MAX_FORCED_BLOCK = 16;  // verify width available to forced proposals without a draft
 
 uint32_t pad_to(uint32_t n, uint32_t m) { return (n + m - 1) / m * m; }
+
+// Tokens (at least 1) one target forward from position n_past may hold so that each gets the
+// attention of its own decode step. CUDA's fixed-split attention (ggml patch 0008) takes its query
+// tile width from the length of the key view, min(kv_size, pad_to(n_past + T, KV_PAD)) here, wide
+// from kernels::fattn_long_keys() rows on. A decode step of the token at position q sees pad_to(q + 1),
+// long from position first_long = pad_to(long_keys, KV_PAD) - KV_PAD on, so a verify block that starts
+// below first_long must end below it too (one shorter block per session crossing it; every backend
+// keeps the rule, so a session's tokens do not depend on its device).
+uint32_t width_safe_tokens(uint32_t n_past, uint32_t kv_size) {
+    const int64_t long_keys = kernels::fattn_long_keys();
+    if (long_keys <= 0 || long_keys > int64_t(kv_size)) {
+        return UINT32_MAX;
+    }
+    const uint32_t first_long = pad_to(static_cast<uint32_t>(long_keys), KV_PAD) - KV_PAD;
+    return n_past < first_long ? first_long - n_past : UINT32_MAX;
+}
 
 using clock = std::chrono::steady_clock;
 double seconds_since(clock::time_point t) { return std::chrono::duration<double>(clock::now() - t).count(); }
@@ -1390,8 +1407,9 @@ generate_result session::generate_speculative(const std::vector<int32_t> & pendi
         }
         const auto t_step = clock::now();
         const bool speculating = !adaptive || policy.speculate();
-        // tokens verified this step: last + n-1 proposals (n < block only at the end of the context)
-        const uint32_t n = speculating ? std::min(block, room) : 1;
+        // tokens verified this step: last + n-1 proposals (n < block only at the end of the context
+        // or below the attention's width switch)
+        const uint32_t n = speculating ? std::min({block, room, width_safe_tokens(n_past(), e.kv_size)}) : 1;
         auto tp = clock::now();
         std::vector<int32_t> verified{last};
         if (!speculating) {
@@ -1494,8 +1512,10 @@ spec::commit_plan session::tree_step(int32_t last, uint32_t room, const generate
         st_->model_state.add_state_checkpoints(e.target.hparams, ggml_backend_dev_buffer_type(e.dev), e.dev);
     }
     const qwen35_state & st = st_->model_state;
-    // nodes of one verify: checkpoint slots and feature-ring rows per node, and context room
-    const uint32_t cap = std::min({st.n_checkpoints, st.ring.empty() ? st.n_checkpoints : st.ring_size, room});
+    // nodes of one verify: checkpoint slots and feature-ring rows per node, context room, and the
+    // attention's width switch
+    const uint32_t cap = std::min({st.n_checkpoints, st.ring.empty() ? st.n_checkpoints : st.ring_size, room,
+                                   width_safe_tokens(n_past(), e.kv_size)});
     const int32_t V = static_cast<int32_t>(n_vocab());
 
     auto tp = clock::now();

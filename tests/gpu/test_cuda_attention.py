@@ -4,8 +4,9 @@ their fused ops), Q8_0 weights: its logits on CUDA against the CPU, a 16-token f
 single-token steps (the same bits: lucebox's products and DeltaNet ops do not depend on the batch,
 and ggml's flash attention cuts its keys at fixed rows for up to 64 query rows, patch 0008), and
 chain speculation at forced accept lengths equal to plain greedy decoding (a tree's DeltaNet layers
-run ggml's tree kernel: equal, or parted at a near-tie). The model's attention is ggml's flash
-attention and gate ops; the other GPU tests' models have the tiny preset's attention heads of 64."""
+run ggml's tree kernel: equal, or parted at a near-tie), also across the switch to a wider query tile
+for long key views. The model's attention is ggml's flash attention and gate ops; the other GPU tests'
+models have the tiny preset's attention heads of 64."""
 from __future__ import annotations
 
 import sys
@@ -110,3 +111,32 @@ def test_speculation_matches_plain_greedy(target: str) -> None:
         # a tree's DeltaNet layers run ggml's tree kernel, not the fused step: equal, or parted at a near-tie
         got = engine.session().generate(p, max_tokens=40, propose_tree=forced_tree(ref, len(p), 4)).tokens
         _check_same_or_tie(engine, cpu, p, ref, got)
+
+
+def test_the_wide_tile_for_long_key_views(target: str) -> None:
+    # views of >= 512 keys (the decode steps from position 256 on: views are padded to 256 rows) take 64
+    # columns, shorter ones 16
+    _core.set_fattn_fixed_split(tile_cols=16, long_keys=512, long_tile_cols=64)
+    try:
+        engine = lucebox.Engine(target, ctx=1024, device="cuda")
+        cpu = lucebox.Engine(target, ctx=1024, device="cpu")
+        # a batch from position 250 sees 512 keys: its rows from 256 on are the steps' bits; its rows
+        # below 256 are the wide tile's and the steps' the narrow one's, so some differ (the switch is real)
+        rng = np.random.default_rng(6)
+        p = [int(x) for x in rng.integers(0, 1000, 250)]
+        nxt = [int(x) for x in rng.integers(0, 1000, 16)]
+        batch, steps = _batch_and_steps(engine, p, nxt)
+        equal = [bool(np.array_equal(batch[i], steps[i])) for i in range(16)]
+        print(f"across the switch: rows bit-equal {equal}, max abs diff {np.abs(batch - steps).max():.4g}")
+        assert all(equal[6:]) and not all(equal[:6])
+        # speculation keeps each verify on one side of position 256: the tokens of plain decoding
+        for n_prompt in (240, 250, 300):
+            p = [30 + i % 900 for i in range(n_prompt)]
+            ref = engine.generate(p, max_tokens=40).tokens
+            for k in (0, 5, None):
+                got = engine.session().generate(p, max_tokens=40, propose=forced(ref, len(p), k)).tokens
+                assert got == ref, f"prompt {n_prompt}, accept {k}"
+            got = engine.session().generate(p, max_tokens=40, propose_tree=forced_tree(ref, len(p), 4)).tokens
+            _check_same_or_tie(engine, cpu, p, ref, got)
+    finally:
+        _core.set_fattn_fixed_split()

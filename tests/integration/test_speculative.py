@@ -190,6 +190,43 @@ def test_context_end_during_speculation(pair: tuple[str, str]) -> None:
     assert spec.finish_reason == plain.finish_reason == "context"
 
 
+def test_verify_blocks_stop_at_the_attention_width_switch(pair: tuple[str, str]) -> None:
+    # CUDA's attention takes another query tile width for key views of >= long_keys rows (ggml patch
+    # 0008); views are padded to 256 rows, so with long_keys 600 the decode steps from position 512 on
+    # see long views. A verify from below 512 must end below it, on every backend (here the CPU).
+    from lucebox import _core
+    from forcing import forced_tree
+    target, _ = pair
+    engine = lucebox.Engine(target, ctx=1024, device="cpu")
+    p = [int(x) for x in np.random.default_rng(8).integers(0, 1000, 505)]
+    ref = engine.generate(p, max_tokens=40).tokens
+
+    def run(tree: bool) -> tuple[list[int], list[tuple[int, int]]]:
+        asked: list[tuple[int, int]] = []  # (tokens before the step, proposals asked for)
+        inner = forced_tree(ref, len(p), 4) if tree else forced(ref, len(p), None)
+
+        def propose(context: list[int], last: int, n: int):
+            asked.append((len(context), n))
+            return inner(context, last, n)
+
+        kw = dict(propose_tree=propose) if tree else dict(propose=propose)
+        return engine.session().generate(p, max_tokens=40, **kw).tokens, asked
+
+    chain, asked = run(False)  # the default: no switch, full blocks
+    assert chain == ref and asked[0] == (505, BLOCK - 1)
+    free_tree_cap = run(True)[1][0][1]
+    _core.set_fattn_fixed_split(long_keys=600)
+    try:
+        chain, asked = run(False)
+        tree, tree_asked = run(True)
+    finally:
+        _core.set_fattn_fixed_split()
+    assert chain == ref and tree == ref
+    # positions 505..511 (the last token and 6 proposals), then full blocks from 512 on
+    assert asked[0] == (505, 6) and asked[1] == (512, BLOCK - 1), asked[:3]
+    assert tree_asked[0] == (505, 6) and free_tree_cap > 6, (tree_asked[:2], free_tree_cap)
+
+
 def _target_dist(engine: lucebox.Engine, context: list[int], temperature: float, top_k: int) -> dict[int, float]:
     """The target's sampling distribution after `context` (top_k, then temperature)."""
     row = engine.session().eval(context)[-1].astype(np.float64)

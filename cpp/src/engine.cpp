@@ -45,8 +45,8 @@ uint32_t pad_to(uint32_t n, uint32_t m) { return (n + m - 1) / m * m; }
 // tile width from the length of the key view, min(kv_size, pad_to(n_past + T, KV_PAD)) here, wide
 // from kernels::fattn_long_keys() rows on. A decode step of the token at position q sees pad_to(q + 1),
 // long from position first_long = pad_to(long_keys, KV_PAD) - KV_PAD on, so a verify block that starts
-// below first_long must end below it too (one shorter block per session crossing it; every backend
-// keeps the rule, so a session's tokens do not depend on its device).
+// below first_long must end below it too (only blocks that would reach past it are shortened; every
+// backend keeps the rule, so a session's tokens do not depend on its device).
 uint32_t width_safe_tokens(uint32_t n_past, uint32_t kv_size) {
     const int64_t long_keys = kernels::fattn_long_keys();
     if (long_keys <= 0 || long_keys > int64_t(kv_size)) {

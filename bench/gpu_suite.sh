@@ -3,7 +3,8 @@
 # llama-bench anchor (bench/llama_anchor) in the background meanwhile, runs the GPU CTest cases and
 # tests/gpu, writes the qwen3.6-27b synthetic target in Q8_0 (with its draft) and Q4_K_M, then
 # bench_spec.py and bench_target.py on each: every number issue 9's bars name, in one run with the
-# anchor. About 14 minutes on one H200 with 16 cores (build 5 min, tests 3.5 min, benches 5 min).
+# anchor. About 13 minutes on one H200 with 16 cores (twenty-ninth session: 753 s; build 4 min, tests
+# 5.5 min, benches 3 min).
 #
 # Usage: bash bench/gpu_suite.sh OUT_DIR [REPS]
 #   OUT_DIR   logs: build.log, ctest.log, pytest_gpu.log, spec.log, target.log (Q8_0),

@@ -54,7 +54,7 @@ def main() -> int:
                          "fixed split (A/B comparison)")
     ap.add_argument("--attention-tile", type=int, choices=(8, 16, 32, 64),
                     help="the fixed split's query tile width in columns (default: cuda_kernels.h; A/B of patch 0008's cost)")
-    ap.add_argument("--attention-piece", type=int, help="the fixed split's keys a CTA (default 128)")
+    ap.add_argument("--attention-piece", type=int, help="the fixed split's keys a CTA, a divisor of 256 (default 128)")
     ap.add_argument("--attention-long-keys", type=int,
                     help="key views of at least this many rows take 64 columns (0: none; default: cuda_kernels.h)")
     ap.add_argument("--tree-budgets", default="", help="tree sizes whose verify cost to measure (e.g. 22,64)")

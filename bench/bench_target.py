@@ -156,7 +156,7 @@ def main() -> int:
                     help="load the weights in ggml's layout, not row-tiled (A/B comparison of the tiles)")
     ap.add_argument("--attention-tile", type=int, choices=(8, 16, 32, 64),
                     help="the CUDA attention's fixed query tile width in columns (patch 0008; default: cuda_kernels.h)")
-    ap.add_argument("--attention-piece", type=int, help="the CUDA attention's fixed split: keys a CTA")
+    ap.add_argument("--attention-piece", type=int, help="the CUDA attention's fixed split: keys a CTA, a divisor of 256")
     ap.add_argument("--attention-long-keys", type=int,
                     help="key views of at least this many rows take 64 columns (0: none; default: cuda_kernels.h)")
     ap.add_argument("--json", help="write the results here")

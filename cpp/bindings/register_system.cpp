@@ -43,8 +43,8 @@ void register_system(py::module_ & m) {
           "same bits; rows 0: ggml's choice by the row count. Key views of at least `long_keys` rows (0: none) "
           "take `long_tile_cols` columns instead, and every engine's speculative steps keep a decode step and a "
           "verify of one token on the same side of that length (on every backend; the width itself is "
-          "CUDA's). Set it before creating an Engine; for A/B benchmarks. rows in 0..1023, piece_keys > 0, "
-          "long_keys >= 0, tile_cols and long_tile_cols 8, 16, 32 or 64 (ValueError otherwise).");
+          "CUDA's). Set it before creating an Engine; for A/B benchmarks. rows in 0..1023, piece_keys a divisor "
+          "of 256, long_keys >= 0, tile_cols and long_tile_cols 8, 16, 32 or 64 (ValueError otherwise).");
 
     m.def("set_weight_tiles", &kernels::set_weight_tiles_enabled, py::arg("enabled"),
           "Whether Q8_0 / Q4_K product weights load row-tiled on a CUDA device (default True; the layout "

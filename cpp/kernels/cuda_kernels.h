@@ -63,12 +63,15 @@ constexpr int64_t k_fattn_piece_keys = 128;
 constexpr int64_t k_fattn_tile_cols = 16;
 // Key views of at least k_fattn_long_keys rows take k_fattn_long_tile_cols columns instead: the
 // width is then a function of the view's length, and the engine keeps a decode step and a verify of
-// one token on the same side (width_safe_tokens in engine.cpp). H200, 27B Q4_K_M, prompt 32000 (docs/
-// benchmarks.md, twenty-ninth session), the whole run at width 16 / 64: a decode step 8.34 / 8.46 ms,
-// chain AL 6 321.0 / 427.7 tok/s (a verify 2.13x / 1.54x a decode step). 0 (off) until the switch
-// itself has run on a GPU: tests/gpu/test_cuda_attention.py's long-key cases and bench_spec
-// --attention-long-keys, which also place the threshold.
-constexpr int64_t k_fattn_long_keys = 0;
+// one token on the same side (width_safe_tokens in engine.cpp). H200, 27B Q4_K_M, one run (docs/
+// benchmarks.md, thirtieth session), width 16 throughout / 64 from 768 keys: decode step, chain AL 6:
+//   prompt  1024: 6.67 / 6.86 ms, 577.1 / 561.8 tok/s   (the wide tile loses both)
+//   prompt  4096: 6.89 / 7.09 ms, 528.6 / 557.2 tok/s   (Q8_0: 9.16 / 9.25 ms, 458.6 / 489.6)
+//   prompt  8192: 6.99 / 7.03 ms, 484.4 / 537.5 tok/s   (Q8_0: 9.22 / 9.32 ms, 437.8 / 478.2)
+//   prompt 32000: 8.22 / 8.32 ms, 326.3 / 435.8 tok/s
+// so it starts at 4096 keys (decode steps from position 3840 on), where speculation gains 5-7 % for
+// 1-3 % of a plain decode step.
+constexpr int64_t k_fattn_long_keys = 4096;
 constexpr int64_t k_fattn_long_tile_cols = 64;
 
 // Flash attention of at most `rows` query rows cuts its keys at fixed rows, pieces of `piece_keys`
@@ -76,7 +79,7 @@ constexpr int64_t k_fattn_long_tile_cols = 64;
 // key views of at least `long_keys` rows (0: none) (ggml patch 0008), so that a decode step and a
 // verify of the same token compute the same bits; rows 0: ggml's own choice by the row count (the
 // A/B of bench_spec / bench_batch_invariance). Defaults k_fattn_* (above); applies while the kernels
-// are enabled, from the next graph captured. rows in 0..1023, piece_keys > 0, long_keys >= 0,
+// are enabled, from the next graph captured. rows in 0..1023, piece_keys a divisor of 256, long_keys >= 0,
 // tile_cols and long_tile_cols 8, 16, 32 or 64, else std::invalid_argument (check_fattn_fixed_split).
 // A CPU build keeps long_keys too: the engine's verify blocks follow it on every backend.
 void set_fattn_fixed_split(int64_t rows, int64_t piece_keys, int64_t tile_cols, int64_t long_keys,
@@ -86,9 +89,13 @@ int64_t fattn_long_keys();
 inline void check_fattn_fixed_split(int64_t rows, int64_t piece_keys, int64_t tile_cols, int64_t long_keys,
                                     int64_t long_tile_cols) {
     auto width_ok = [](int64_t c) { return c == 8 || c == 16 || c == 32 || c == 64; };
-    if (rows < 0 || rows >= 1024 || piece_keys <= 0 || long_keys < 0 || !width_ok(tile_cols) || !width_ok(long_tile_cols))
-        throw std::invalid_argument("attention split: rows must be in 0..1023, piece_keys > 0, long_keys >= 0 and "
-                                    "tile_cols and long_tile_cols 8, 16, 32 or 64; got " + std::to_string(rows) + ", " +
+    // pieces divide 256, the row granularity of the engine's cache views, so every view is whole pieces
+    // and a piece's cuts fall on the same rows in a decode step's view and in a verify's (a longer piece,
+    // 512 say, would divide only every other view, and patch 0008 then cuts at its KV tiles instead)
+    const bool piece_ok = piece_keys > 0 && piece_keys <= 256 && 256 % piece_keys == 0;
+    if (rows < 0 || rows >= 1024 || !piece_ok || long_keys < 0 || !width_ok(tile_cols) || !width_ok(long_tile_cols))
+        throw std::invalid_argument("attention split: rows must be in 0..1023, piece_keys a divisor of 256, long_keys "
+                                    ">= 0 and tile_cols and long_tile_cols 8, 16, 32 or 64; got " + std::to_string(rows) + ", " +
                                     std::to_string(piece_keys) + ", " + std::to_string(tile_cols) + ", " +
                                     std::to_string(long_keys) + ", " + std::to_string(long_tile_cols));
 }

@@ -5,11 +5,13 @@
 # token tests among them), writes the qwen3.6-27b synthetic target in Q4_K_M, then bench_spec.py at each
 # prompt length three times: the defaults, the narrow tile throughout (--attention-long-keys 0), and
 # 256-key pieces (--attention-piece 256). bench_spec's greedy identity check ("verify-path greedy vs plain
-# decode") covers every run, those whose generation crosses the switch among them. About 20 minutes on
-# one H200 with the default lengths.
+# decode") covers every run, those whose generation crosses the switch among them. Last, the kernels of
+# a decode step and a verify at the longest prompt (bench_kernels.py --no-pdl: the attention and its
+# fixup kernel's share). About 22 minutes on one H200 with the default lengths.
 #
 # Usage: bash bench/long_context_suite.sh OUT_DIR [PROMPTS]
-#   OUT_DIR    logs: build.log, pytest_attention.log, spec_p<PROMPT>_<RUN>.log (RUN: default, narrow, piece256)
+#   OUT_DIR    logs: build.log, pytest_attention.log, spec_p<PROMPT>_<RUN>.log (RUN: default, narrow, piece256),
+#              kernels_p<PROMPT>.log
 #   PROMPTS    comma-separated prompt lengths (default 256,4096,8192,32000)
 #   CUDA architectures: LUCEBOX_CUDA_ARCHS (default 90a). Offline machines: LUCEBOX_GGML_SOURCE (the
 #   archive or an extracted tree, see README.md); the builds go to $TMPDIR (default /tmp).
@@ -31,4 +33,7 @@ for prompt in ${PROMPTS//,/ }; do
             --ctx "$ctx" ${RUNS[$run]} 2>&1 | tee "$OUT/spec_p${prompt}_${run}.log" | tail -5
     done
 done
+longest=$(tr , '\n' <<< "$PROMPTS" | sort -n | tail -1)
+echo "== kernels at prompt $longest"
+python3 bench/bench_kernels.py "$TMP/t27q4.gguf" --depth "$longest" --no-pdl --top 12 2>&1 | tee "$OUT/kernels_p$longest.log" | tail -40
 echo "total: $(( $(date +%s) - t0 )) s"

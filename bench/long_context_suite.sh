@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # The attention's fixed split at long contexts (cuda_kernels.h: k_fattn_long_keys, the key-view length
 # from which the query tile is wide, and k_fattn_piece_keys, the keys a CTA) on one GPU: builds lucebox
-# for CUDA with its C++ tests, runs tests/gpu/test_cuda_attention.py (the width switch's bit-equality and
-# token tests among them), writes the qwen3.6-27b synthetic target in Q4_K_M, then bench_spec.py at each
-# prompt length three times: the defaults, the narrow tile throughout (--attention-long-keys 0), and
-# 256-key pieces (--attention-piece 256). bench_spec's greedy identity check ("verify-path greedy vs plain
-# decode") covers every run, those whose generation crosses the switch among them. Last, the kernels of
-# a decode step and a verify at the longest prompt (bench_kernels.py --no-pdl: the attention and its
-# fixup kernel's share). About 22 minutes on one H200 with the default lengths.
+# for CUDA with its C++ tests, runs tests/gpu (the attention's bit-equality and width-switch tests among
+# them: patch 0008 changes ggml's attention code for every caller), writes the qwen3.6-27b synthetic
+# target in Q4_K_M, then bench_spec.py at each prompt length three times: the defaults, the narrow tile
+# throughout (--attention-long-keys 0), and 256-key pieces (--attention-piece 256). bench_spec's greedy
+# identity check ("verify-path greedy vs plain decode") covers every run, those whose generation crosses
+# the switch among them. Last, the kernels of a decode step and a verify at the longest prompt
+# (bench_kernels.py --no-pdl: the attention and its fixup kernel's share). About 25 minutes on one H200
+# with the default lengths.
 #
 # Usage: bash bench/long_context_suite.sh OUT_DIR [PROMPTS]
-#   OUT_DIR    logs: build.log, pytest_attention.log, spec_p<PROMPT>_<RUN>.log (RUN: default, narrow, piece256),
+#   OUT_DIR    logs: build.log, pytest_gpu.log, spec_p<PROMPT>_<RUN>.log (RUN: default, narrow, piece256),
 #              kernels_p<PROMPT>.log
 #   PROMPTS    comma-separated prompt lengths (default 256,4096,8192,32000)
 #   CUDA architectures: LUCEBOX_CUDA_ARCHS (default 90a). Offline machines: LUCEBOX_GGML_SOURCE (the
@@ -20,7 +21,7 @@ OUT="${1:?usage: bash bench/long_context_suite.sh OUT_DIR [PROMPTS]}"
 PROMPTS="${2:-256,4096,8192,32000}"
 source "$(dirname "$0")/suite_build.sh"
 ( lucebox synth qwen3.6-27b -o "$TMP/t27q4.gguf" --type q4_k_m > "$OUT/synth.log" 2>&1; echo $? > "$TMP/synth.done" ) &
-python3 -m pytest tests/gpu/test_cuda_attention.py -q -p no:cacheprovider 2>&1 | tee "$OUT/pytest_attention.log" | tail -3
+python3 -m pytest tests/gpu -q -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu.log" | tail -3
 wait
 [ "$(cat "$TMP/synth.done" 2>/dev/null)" = 0 ] || { echo "synth failed: $OUT/synth.log"; exit 1; }
 declare -A RUNS=([default]="" [narrow]="--attention-long-keys 0" [piece256]="--attention-piece 256")

@@ -36,5 +36,6 @@ for prompt in ${PROMPTS//,/ }; do
 done
 longest=$(tr , '\n' <<< "$PROMPTS" | sort -n | tail -1)
 echo "== kernels at prompt $longest"
-python3 bench/bench_kernels.py "$TMP/t27q4.gguf" --depth "$longest" --no-pdl --top 12 2>&1 | tee "$OUT/kernels_p$longest.log" | tail -40
+python3 bench/bench_kernels.py "$TMP/t27q4.gguf" --depth "$longest" --no-pdl --top 12 2>&1 \
+    | tee "$OUT/kernels_p$longest.log" | tail -40
 echo "total: $(( $(date +%s) - t0 )) s"

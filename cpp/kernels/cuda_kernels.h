@@ -46,7 +46,10 @@ constexpr int64_t k_fattn_fixed_rows = 64;
 // more cost fixup memory and traffic at long contexts (a piece's partial sums: 64 columns x the head
 // size in floats). H200, 27B, prompt 256 (docs/benchmarks.md, twenty-third session): a decode step
 // against ggml's own split, Q4_K_M 7.11 / 6.77 ms with 256-key pieces, 7.14 / 6.87 with 128 (Q8_0
-// 9.29 / 9.02): the piece length hardly moves the cost; the query tile width does (below).
+// 9.29 / 9.02): the piece length hardly moves the cost; the query tile width does (below). At prompt
+// 32000 it does (thirtieth session, Q4_K_M, wide tile): a decode step 8.55 / 7.97 ms with 128 / 256-key
+// pieces, chain AL 6 407.3 / 464.3 tok/s, one run each; 128 stays until every length is measured in one
+// run (bench/long_context_suite.sh). Pieces divide 256 (check_fattn_fixed_split).
 constexpr int64_t k_fattn_piece_keys = 128;
 // and its query tile: 16 columns (2 queries of the 27B's 6 heads a KV head, padded to 8), so a decode
 // step computes 8 of 16 columns and a 16-token verify reads each key 8 times (from L2). H200, 27B,
@@ -79,8 +82,8 @@ constexpr int64_t k_fattn_long_tile_cols = 64;
 // key views of at least `long_keys` rows (0: none) (ggml patch 0008), so that a decode step and a
 // verify of the same token compute the same bits; rows 0: ggml's own choice by the row count (the
 // A/B of bench_spec / bench_batch_invariance). Defaults k_fattn_* (above); applies while the kernels
-// are enabled, from the next graph captured. rows in 0..1023, piece_keys a divisor of 256, long_keys >= 0,
-// tile_cols and long_tile_cols 8, 16, 32 or 64, else std::invalid_argument (check_fattn_fixed_split).
+// are enabled, from the next graph captured. rows in 0..1023, piece_keys a divisor of 256, long_keys
+// >= 0, tile_cols and long_tile_cols 8, 16, 32 or 64, else std::invalid_argument (check_fattn_fixed_split).
 // A CPU build keeps long_keys too: the engine's verify blocks follow it on every backend.
 void set_fattn_fixed_split(int64_t rows, int64_t piece_keys, int64_t tile_cols, int64_t long_keys,
                            int64_t long_tile_cols);
@@ -95,9 +98,10 @@ inline void check_fattn_fixed_split(int64_t rows, int64_t piece_keys, int64_t ti
     const bool piece_ok = piece_keys > 0 && piece_keys <= 256 && 256 % piece_keys == 0;
     if (rows < 0 || rows >= 1024 || !piece_ok || long_keys < 0 || !width_ok(tile_cols) || !width_ok(long_tile_cols))
         throw std::invalid_argument("attention split: rows must be in 0..1023, piece_keys a divisor of 256, long_keys "
-                                    ">= 0 and tile_cols and long_tile_cols 8, 16, 32 or 64; got " + std::to_string(rows) + ", " +
-                                    std::to_string(piece_keys) + ", " + std::to_string(tile_cols) + ", " +
-                                    std::to_string(long_keys) + ", " + std::to_string(long_tile_cols));
+                                    ">= 0 and tile_cols and long_tile_cols 8, 16, 32 or 64; got " +
+                                    std::to_string(rows) + ", " + std::to_string(piece_keys) + ", " +
+                                    std::to_string(tile_cols) + ", " + std::to_string(long_keys) + ", " +
+                                    std::to_string(long_tile_cols));
 }
 
 // Whether Q8_0 / Q4_K product weights loaded into `buffer` are to be row-tiled (weight_tiles.h):

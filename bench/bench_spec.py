@@ -102,7 +102,7 @@ def main() -> int:
     for al in [int(x) for x in args.accept.split(",")]:
         corrupt = None if al >= 16 else al - 1
 
-        def propose(context: list[int], last: int, n: int) -> list[int]:
+        def propose(context: np.ndarray, last: int, n: int) -> list[int]:
             start = len(context) - len(prompt) + 1
             out = [reference[start + i] if start + i < len(reference) else 0 for i in range(n)]
             if corrupt is not None and corrupt < n:
@@ -141,7 +141,8 @@ def main() -> int:
         print(f"real draft: {med(tps)} tok/s, {statistics.median(x[1] for x in times):.2f} ms per full step "
               f"({statistics.median(x[1] for x in times) / step_ms:.2f}x a decode step), AL {times[0][2]:.2f}")
     for budget in [int(x) for x in args.tree_budgets.split(",") if x]:
-        def propose_tree(context: list[int], last: int, max_nodes: int, budget: int = budget) -> tuple[list[int], list[int]]:
+        def propose_tree(context: np.ndarray, last: int, max_nodes: int,
+                         budget: int = budget) -> tuple[list[int], list[int]]:
             n = min(budget, max_nodes)
             # node i+1's parent: breadth-first, 8 children per node (0 = the root)
             return [1] * n, [i // 8 for i in range(n)]

@@ -179,9 +179,9 @@ class Session:
     def generate(self, prompt: list[int], max_tokens: int, sampling: SamplingParams, stop_tokens: list[int],
                  on_token: Callable[[int], bool | None] | None = None,
                  on_prefill: Callable[[int, int], None] | None = None,
-                 propose: Callable[[list[int], int, int], list[int]] | None = None, block_size: int = 0,
+                 propose: Callable[[npt.NDArray[np.int32], int, int], list[int]] | None = None, block_size: int = 0,
                  phase_timings: bool = False,
-                 propose_tree: Callable[[list[int], int, int], tuple[list[int], list[int]]] | None = None,
+                 propose_tree: Callable[[npt.NDArray[np.int32], int, int], tuple[list[int], list[int]]] | None = None,
                  ) -> GenerateResult: ...
     def reset(self) -> None: ...
     def draft_proposals(self, last: int) -> list[int]: ...

@@ -20,8 +20,11 @@ from lucebox.errors import ConfigError
 from lucebox.tokenizer import Tokenizer
 
 Prompt = Union[str, Sequence[int], Sequence[dict]]
-# Forced-tree test hook: (context, last token, max nodes) -> (tokens, parents) of the non-root nodes.
-ProposeTree = Callable[[list[int], int, int], tuple[list[int], list[int]]]
+# The proposal test hooks. Their context is the session's tokens so far, a read-only int32 array.
+# Forced chain: (context, last token, n) -> n proposals.
+Propose = Callable[[np.ndarray, int, int], list[int]]
+# Forced tree: (context, last token, max nodes) -> (tokens, parents) of the non-root nodes.
+ProposeTree = Callable[[np.ndarray, int, int], tuple[list[int], list[int]]]
 
 
 @dataclass
@@ -261,7 +264,7 @@ class Session:
              emit: Callable[[str, list[int]], None],
              cancelled: Callable[[], bool] = lambda: False,
              prefill_progress: Callable[[int, int], None] | None = None,
-             propose: Callable[[list[int], int, int], list[int]] | None = None, block_size: int = 0,
+             propose: Propose | None = None, block_size: int = 0,
              phase_timings: bool = False, propose_tree: ProposeTree | None = None) -> tuple[Any, str, list[int]]:
         """Runs the C++ generation; `emit(text, ids)` receives decoded pieces. Returns the core
         result, the full text (cut at a stop string) and the kept token ids."""
@@ -319,13 +322,14 @@ class Session:
 
     def generate(self, prompt: Prompt = (), *, max_tokens: int = 256, stop: str | Sequence[str] | None = None,
                  prefill_progress: Callable[[int, int], None] | None = None,
-                 propose: Callable[[list[int], int, int], list[int]] | None = None, block_size: int = 0,
+                 propose: Propose | None = None, block_size: int = 0,
                  phase_timings: bool = False, propose_tree: ProposeTree | None = None,
                  **sampling: Any) -> GenerationResult:
         """Append `prompt` (text, messages or ids) and generate up to max_tokens tokens.
         prefill_progress(done, total) is called after each prefill micro-batch. `propose(context,
-        last, n)` (tests) replaces the draft's proposals with n forced token ids, verify width
-        `block_size` (default 16); `propose_tree(context, last, max_nodes)` (tests) replaces the
+        last, n)` (tests; context: the session's tokens, a read-only int32 array) replaces the
+        draft's proposals with n forced token ids, verify width `block_size` (default 16);
+        `propose_tree(context, last, max_nodes)` (tests, the same context) replaces the
         draft's tree: it returns (tokens, parents) of at most max_nodes non-root nodes, node i+1
         with parent parents[i] in [0, i] (0 = the root), verified as with spec="tree";
         phase_timings measures draft/verify/commit time."""

@@ -49,7 +49,7 @@ def test_logits_with_the_ops_match_cpu(target128: str) -> None:
 
 def _forced(reference: list[int], prompt_len: int, corrupt_at: int | None):
     # the known continuation, its proposal corrupt_at changed: exactly corrupt_at accepted a step
-    def propose(context: list[int], last: int, n: int) -> list[int]:
+    def propose(context: np.ndarray, last: int, n: int) -> list[int]:
         start = len(context) - prompt_len + 1
         out = [reference[start + i] if start + i < len(reference) else 0 for i in range(n)]
         if corrupt_at is not None and corrupt_at < n:

@@ -55,7 +55,7 @@ def test_forced_proposals_on_cuda(pair: tuple[str, str], corrupt_at: int | None)
         p = [int(x) for x in rng.integers(0, 1000, 40)]
         ref = engine.generate(p, max_tokens=48).tokens
 
-        def propose(context: list[int], last: int, n: int) -> list[int]:
+        def propose(context: np.ndarray, last: int, n: int) -> list[int]:
             start = len(context) - len(p) + 1
             out = [ref[start + i] if start + i < len(ref) else 0 for i in range(n)]
             if corrupt_at is not None and corrupt_at < n:

@@ -3,13 +3,16 @@ from __future__ import annotations
 
 from typing import Callable
 
+import numpy as np
 
-def forced(reference: list[int], prompt_len: int, corrupt_at: int | None) -> Callable[[list[int], int, int], list[int]]:
+
+def forced(reference: list[int], prompt_len: int,
+           corrupt_at: int | None) -> Callable[[np.ndarray, int, int], list[int]]:
     """Proposals = the known greedy continuation `reference` of a prompt of `prompt_len` tokens,
     with the proposal at index `corrupt_at` changed (to another id below 1000), so exactly
     `corrupt_at` proposals are accepted per step (all of them when None)."""
 
-    def propose(context: list[int], last: int, n: int) -> list[int]:
+    def propose(context: np.ndarray, last: int, n: int) -> list[int]:
         start = len(context) - prompt_len + 1  # index in `reference` of the token after `last`
         out = [reference[start + i] if start + i < len(reference) else 0 for i in range(n)]
         if corrupt_at is not None and corrupt_at < n:
@@ -20,13 +23,13 @@ def forced(reference: list[int], prompt_len: int, corrupt_at: int | None) -> Cal
 
 
 def forced_tree(reference: list[int], prompt_len: int, accept: int
-                ) -> Callable[[list[int], int, int], tuple[list[int], list[int]]]:
+                ) -> Callable[[np.ndarray, int, int], tuple[list[int], list[int]]]:
     """A tree whose right path (the known greedy continuation) is `accept` deep and is never the
     first child: at each depth the on-path node gets a wrong first child (the spine), then a decoy
     (the right token under the previous depth's wrong node), then the right child. Nodes are in
     breadth-first order, so a right node's parent is never the row before it."""
 
-    def propose(context: list[int], last: int, max_nodes: int) -> tuple[list[int], list[int]]:
+    def propose(context: np.ndarray, last: int, max_nodes: int) -> tuple[list[int], list[int]]:
         start = len(context) - prompt_len + 1  # index in `reference` of the token after `last`
 
         def nxt(i: int) -> int:

@@ -205,7 +205,7 @@ def test_verify_blocks_stop_at_the_attention_width_switch(pair: tuple[str, str])
         asked: list[tuple[int, int]] = []  # (tokens before the step, proposals asked for)
         inner = forced_tree(ref, len(p), 4) if tree else forced(ref, len(p), None)
 
-        def propose(context: list[int], last: int, n: int):
+        def propose(context: np.ndarray, last: int, n: int):
             asked.append((len(context), n))
             return inner(context, last, n)
 
@@ -248,7 +248,7 @@ def test_speculative_sampling_is_distribution_exact(pair: tuple[str, str], propo
     p2 = {t1: _target_dist(engine, prompt + [t1], temperature, top_k) for t1 in p1}
     exact = {(a, b): p1[a] * p2[a][b] for a in p1 for b in p2[a]}
 
-    def propose(context: list[int], last: int, n: int) -> list[int]:
+    def propose(context: np.ndarray, last: int, n: int) -> list[int]:
         ranked = sorted(p2[last], key=lambda t: -p2[last][t]) if last in p2 else [0]
         return [ranked[min(proposal_rank, len(ranked) - 1)]] * n
 
@@ -305,6 +305,30 @@ def test_bad_proposals_are_rejected_cleanly(pair: tuple[str, str]) -> None:
         engine.session().generate([1, 2, 3], max_tokens=8, propose=lambda c, l, n: [10**6] * n)
     with pytest.raises(lucebox.ConfigError, match="expected"):
         engine.session().generate([1, 2, 3], max_tokens=8, propose=lambda c, l, n: [1])
+
+
+def test_the_proposal_hook_sees_the_session_tokens(pair: tuple[str, str]) -> None:
+    # propose(context, last, n): context is the session's tokens so far (prompt and kept tokens, not
+    # `last`), a read-only int32 array
+    target, _ = pair
+    engine = lucebox.Engine(target, ctx=256, device="cpu")
+    seen: list[np.ndarray] = []
+
+    def propose(context: np.ndarray, last: int, n: int) -> list[int]:
+        seen.append(context)
+        return [0] * n
+
+    prompt = [5, 6, 7, 8]
+    out = engine.session().generate(prompt, max_tokens=6, propose=propose).tokens
+    assert len(seen) >= 2
+    for ctx in seen:
+        assert ctx.dtype == np.int32 and not ctx.flags.writeable
+        with pytest.raises(ValueError):
+            ctx[0] = 1
+    generated = prompt + out
+    for ctx in seen:
+        assert ctx.tolist() == generated[:len(ctx)]
+    assert sorted({len(c) for c in seen}) == [len(c) for c in seen]  # it grows step by step
 
 
 def test_speculative_output_equals_upstream_greedy(tmp_path: "pytest.TempPathFactory") -> None:

@@ -199,8 +199,8 @@ def test_tree_sampling_is_distribution_exact(pair: tuple[str, str], penalties: b
         r = sorted(d, key=lambda t: -d[t])
         return r + [(r[-1] + 1 + i) % 1000 for i in range(4)]  # ranks past the kept set: outside it
 
-    def propose_tree(context: list[int], last: int, max_nodes: int) -> tuple[list[int], list[int]]:
-        done = tuple(context[len(prompt):]) + (last,)  # the sampled tokens so far
+    def propose_tree(context: np.ndarray, last: int, max_nodes: int) -> tuple[list[int], list[int]]:
+        done = tuple(context[len(prompt):].tolist()) + (last,)  # the sampled tokens so far
         r0 = ranked(done)
         tokens = [r0[1], r0[0], r0[3]]  # nodes 1, 2, 3 under the root
         parents = [0, 0, 0]
@@ -230,13 +230,13 @@ def test_tree_sampling_is_distribution_exact(pair: tuple[str, str], penalties: b
 
 
 def random_tree(reference: list[int], prompt_len: int, seed: int, budget: int = BUDGET
-                ) -> Callable[[list[int], int, int], tuple[list[int], list[int]]]:
+                ) -> Callable[[np.ndarray, int, int], tuple[list[int], list[int]]]:
     """Trees of a new random shape at every step: a right path (the known greedy continuation) of
     random length whose nodes sit at random batch rows, among decoys hung under random nodes (a
     decoy under a right node is never the right token), so each commit moves other rows."""
     rng = np.random.default_rng(seed)
 
-    def propose(context: list[int], last: int, max_nodes: int) -> tuple[list[int], list[int]]:
+    def propose(context: np.ndarray, last: int, max_nodes: int) -> tuple[list[int], list[int]]:
         start = len(context) - prompt_len + 1
 
         def nxt(i: int) -> int:

@@ -460,6 +460,7 @@ struct chain_commit_cache : own_graph_memory {
 
 struct session::state {
     graph_cache target_graph;
+    std::vector<ggml_fp16_t> mask_staging;  // set_qwen35_inputs' host staging of the attention mask
     tree_commit_cache tree_commit;
     chain_commit_cache chain_commit;
     draft_block_cache draft_block;
@@ -631,7 +632,8 @@ std::vector<float> session::run_target(const int32_t * tokens, uint32_t T, bool 
         cache.meta_epoch = e.meta_epoch;
     }
 
-    set_qwen35_inputs(g, hp, tokens, n_past, T, n_kv, st.ring_size, tree ? &tree->parents : nullptr);
+    set_qwen35_inputs(g, hp, tokens, n_past, T, n_kv, st.ring_size, tree ? &tree->parents : nullptr,
+                      st_->mask_staging);
     if (cache.cand.extra_ids != nullptr) {  // the same ids for every row, padded with the first
         std::vector<int32_t> ids(size_t(n_extra) * n_out, cands->extra_ids[0]);
         for (uint32_t r = 0; r < n_out; ++r) {

@@ -127,6 +127,7 @@ struct layer_split_session {
     std::vector<ggml_tensor *> mirror;    // per capture index: the ring's copy on the draft device (or null)
     tensor_store mirror_store;
     uint32_t ring_size = 0;
+    std::vector<ggml_fp16_t> mask_staging;  // set_qwen35_inputs' host staging of the attention mask
     ~layer_split_session();
 };
 

@@ -770,7 +770,8 @@ qwen35_graph build_qwen35_graph(ggml_context * ctx, const qwen35_hparams & hp, c
 }
 
 void set_qwen35_inputs(const qwen35_graph & g, const qwen35_hparams & hp, const int32_t * tokens, uint32_t n_past,
-                       uint32_t T, uint32_t n_kv, uint32_t ring_size, const std::vector<int32_t> * parents) {
+                       uint32_t T, uint32_t n_kv, uint32_t ring_size, const std::vector<int32_t> * parents,
+                       std::vector<ggml_fp16_t> & staging) {
     const qwen35_inputs & in = g.in;
     if (in.tokens != nullptr) {
         ggml_backend_tensor_set(in.tokens, tokens, 0, sizeof(int32_t) * T);
@@ -782,24 +783,33 @@ void set_qwen35_inputs(const qwen35_graph & g, const qwen35_hparams & hp, const 
         }
         std::vector<int32_t> pos(4 * size_t(T), 0);
         std::vector<int64_t> rows(T);
-        const ggml_fp16_t zero = ggml_fp32_to_fp16(0.0f);
-        std::vector<ggml_fp16_t> mask(size_t(n_kv) * T, ggml_fp32_to_fp16(-INFINITY));
+        const ggml_fp16_t zero = ggml_fp32_to_fp16(0.0f), hidden = ggml_fp32_to_fp16(-INFINITY);
+        const size_t n_mask = size_t(n_kv) * T;
+        if (staging.capacity() > 4 * n_mask && staging.capacity() > (size_t(8) << 20)) {
+            std::vector<ggml_fp16_t>().swap(staging);  // (a long prefill's mask, not kept for decoding)
+        }
+        if (staging.capacity() < n_mask) {
+            staging.reserve(n_mask + n_mask / 4);  // (room for the next few, longer prefill batches)
+        }
+        staging.resize(n_mask);
         for (uint32_t i = 0; i < T; ++i) {
             pos[i] = pos[T + i] = pos[2 * T + i] = static_cast<int32_t>(n_past + uint32_t(depth[i]));
             rows[i] = n_past + i;  // K/V rows in batch order (a tree commit compacts the kept path)
-            ggml_fp16_t * row = mask.data() + size_t(i) * n_kv;
+            ggml_fp16_t * row = staging.data() + size_t(i) * n_kv;
             if (parents == nullptr) {
                 std::fill_n(row, n_past + i + 1, zero);  // causal
+                std::fill(row + n_past + i + 1, row + n_kv, hidden);
                 continue;
             }
             std::fill_n(row, n_past, zero);
+            std::fill(row + n_past, row + n_kv, hidden);
             for (int32_t j = int32_t(i); j >= 0; j = (*parents)[size_t(j)]) {
                 row[n_past + uint32_t(j)] = zero;  // the node and its ancestors
             }
         }
         ggml_backend_tensor_set(in.pos, pos.data(), 0, sizeof(int32_t) * pos.size());
         ggml_backend_tensor_set(in.kv_rows, rows.data(), 0, sizeof(int64_t) * T);
-        ggml_backend_tensor_set(in.kq_mask, mask.data(), 0, sizeof(ggml_fp16_t) * mask.size());
+        ggml_backend_tensor_set(in.kq_mask, staging.data(), 0, sizeof(ggml_fp16_t) * n_mask);
     }
     if (in.parents != nullptr) {
         ggml_backend_tensor_set(in.parents, parents->data(), 0, sizeof(int32_t) * T);

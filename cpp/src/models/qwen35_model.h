@@ -177,8 +177,13 @@ ggml_cgraph * build_qwen35_backup_graph(ggml_context * ctx, const qwen35_hparams
 // ancestors and itself), feature-ring rows (mod ring_size), the last output row, and for a tree
 // its parents and conv-window table. parents: null for a chain, else a tree in batch order
 // (parents[0] = -1, parents[i] < i).
+// staging: host memory the mask is written in before its upload, kept by the caller from step to
+// step, so that a step writes into pages already mapped, in one pass (bench/probes/mask_staging.cpp,
+// [32768, 16] on the 2-core CI machine: 0.2-0.4 ms fresh, 0.03 kept); let go of once far larger than
+// a step needs (after a long prefill).
 void set_qwen35_inputs(const qwen35_graph & g, const qwen35_hparams & hp, const int32_t * tokens, uint32_t n_past,
-                       uint32_t T, uint32_t n_kv, uint32_t ring_size, const std::vector<int32_t> * parents);
+                       uint32_t T, uint32_t n_kv, uint32_t ring_size, const std::vector<int32_t> * parents,
+                       std::vector<ggml_fp16_t> & staging);
 
 // Reads what a computed target graph returns, from `g`'s output tensors (n_out rows of logits
 // and argmaxes, n_out = g.logits->ne[1]): all rows' logits ([T, V] row-major) when all_logits;

@@ -393,6 +393,7 @@ struct graph_cache : kept_graph {
 // varies with the accepted length and is built per step.
 struct draft_block_cache : kept_graph {
     dflash_graph graph;
+    std::vector<ggml_fp16_t> mask_staging;  // dflash_block_mask's output, kept from step to step
 };
 
 // Metadata memory, context and allocator of graphs a session builds once and keeps (own allocator:
@@ -809,13 +810,14 @@ std::vector<int32_t> session::run_draft(int32_t last, uint32_t block, spec::draf
         ggml_backend_tensor_set(g.in.block_pos, pos.data(), 0, sizeof(int32_t) * block);
         ggml_backend_tensor_set(g.in.block_kv_rows, rows.data(), 0, sizeof(int64_t) * block);
         // context rows [0, n_past) then the block (models/dflash_model.h: dflash_block_mask)
+        std::vector<ggml_fp16_t> & mask = cache.mask_staging;
         if (g.in.kq_mask != nullptr) {
-            const auto mask = dflash_block_mask(dh, /*swa=*/false, n_past, block, n_kv);
+            dflash_block_mask(dh, /*swa=*/false, n_past, block, n_kv, mask);
             ggml_backend_tensor_set(g.in.kq_mask, mask.data(), 0, sizeof(ggml_fp16_t) * mask.size());
         }
         if (g.in.kq_mask_swa != nullptr) {
-            const auto swa = dflash_block_mask(dh, /*swa=*/true, n_past, block, n_kv);
-            ggml_backend_tensor_set(g.in.kq_mask_swa, swa.data(), 0, sizeof(ggml_fp16_t) * swa.size());
+            dflash_block_mask(dh, /*swa=*/true, n_past, block, n_kv, mask);
+            ggml_backend_tensor_set(g.in.kq_mask_swa, mask.data(), 0, sizeof(ggml_fp16_t) * mask.size());
         }
     }
     e.compute(e.sched_draft, g.gf, "the draft forward pass");

@@ -35,12 +35,19 @@ std::string row(const std::vector<ggml_fp16_t> & mask, uint32_t n_kv, uint32_t i
     return s;
 }
 
+std::vector<ggml_fp16_t> block_mask(const dflash_hparams & hp, bool swa, uint32_t n_past, uint32_t block,
+                                    uint32_t n_kv) {
+    std::vector<ggml_fp16_t> m;
+    dflash_block_mask(hp, swa, n_past, block, n_kv, m);
+    return m;
+}
+
 }  // namespace
 
 TEST_CASE(full_layers_see_everything_bidirectional) {
     for (dflash_schema s : {dflash_schema::upstream, dflash_schema::lucebox}) {
         const dflash_hparams hp = draft(s, 2);
-        const auto m = dflash_block_mask(hp, false, 5, 3, 10);  // 5 context rows, block of 3, 2 padding
+        const auto m = block_mask(hp, false, 5, 3, 10);  // 5 context rows, block of 3, 2 padding
         for (uint32_t i = 0; i < 3; ++i) {
             CHECK(row(m, 10, i) == "........xx");
         }
@@ -50,7 +57,7 @@ TEST_CASE(full_layers_see_everything_bidirectional) {
 TEST_CASE(upstream_causal_flag) {
     dflash_hparams hp = draft(dflash_schema::upstream, 0);
     hp.causal = true;
-    const auto m = dflash_block_mask(hp, false, 5, 3, 10);
+    const auto m = block_mask(hp, false, 5, 3, 10);
     CHECK(row(m, 10, 0) == "......xxxx");
     CHECK(row(m, 10, 1) == ".......xxx");
     CHECK(row(m, 10, 2) == "........xx");
@@ -60,7 +67,7 @@ TEST_CASE(upstream_swa_is_per_query_and_bidirectional) {
     // key k visible to the block row at q when q - k < n_swa (block rows too)
     const dflash_hparams hp = draft(dflash_schema::upstream, 3);
     CHECK(hp.swa_kind == dflash_swa_kind::per_query);
-    const auto m = dflash_block_mask(hp, true, 5, 3, 10);
+    const auto m = block_mask(hp, true, 5, 3, 10);
     CHECK(row(m, 10, 0) == "xxx.....xx");  // q = 5: context 3, 4
     CHECK(row(m, 10, 1) == "xxxx....xx");  // q = 6: context 4
     CHECK(row(m, 10, 2) == "xxxxx...xx");  // q = 7: no context
@@ -70,12 +77,12 @@ TEST_CASE(lucebox_swa_is_last_context_and_causal) {
     // every block row sees the last n_swa context rows; the block is causal
     const dflash_hparams hp = draft(dflash_schema::lucebox, 3);
     CHECK(hp.swa_kind == dflash_swa_kind::last_context);
-    const auto m = dflash_block_mask(hp, true, 5, 3, 10);
+    const auto m = block_mask(hp, true, 5, 3, 10);
     CHECK(row(m, 10, 0) == "xx....xxxx");
     CHECK(row(m, 10, 1) == "xx.....xxx");
     CHECK(row(m, 10, 2) == "xx......xx");
     // a window wider than the context: the whole context, still causal in the block
-    const auto w = dflash_block_mask(draft(dflash_schema::lucebox, 100), true, 5, 3, 10);
+    const auto w = block_mask(draft(dflash_schema::lucebox, 100), true, 5, 3, 10);
     CHECK(row(w, 10, 0) == "......xxxx");
     CHECK(row(w, 10, 2) == "........xx");
 }
@@ -109,3 +116,15 @@ TEST_CASE(schema_names_and_deferred_ids) {
 }
 
 TEST_MAIN()
+
+TEST_CASE(a_kept_mask_vector_is_overwritten_whole) {
+    // the engine keeps one vector from step to step: a longer, stale mask in it leaves nothing behind
+    const dflash_hparams hp = draft(dflash_schema::lucebox, 3);
+    std::vector<ggml_fp16_t> m(64, ggml_fp32_to_fp16(0.0f));
+    dflash_block_mask(hp, false, 2, 3, 8, m);
+    CHECK(m.size() == 24u);
+    CHECK(m == block_mask(hp, false, 2, 3, 8));
+    dflash_block_mask(hp, true, 5, 3, 10, m);  // longer again, the SWA mask
+    CHECK(m == block_mask(hp, true, 5, 3, 10));
+    CHECK(row(m, 10, 0) == "xx....xxxx");
+}

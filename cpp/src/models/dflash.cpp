@@ -488,10 +488,10 @@ dflash_state dflash_state::allocate(const dflash_hparams & hp, uint32_t kv_size,
     return s;
 }
 
-std::vector<ggml_fp16_t> dflash_block_mask(const dflash_hparams & hp, bool swa, uint32_t n_past, uint32_t block,
-                                           uint32_t n_kv) {
+void dflash_block_mask(const dflash_hparams & hp, bool swa, uint32_t n_past, uint32_t block, uint32_t n_kv,
+                       std::vector<ggml_fp16_t> & mask) {
     const ggml_fp16_t zero = ggml_fp32_to_fp16(0.0f), ninf = ggml_fp32_to_fp16(-INFINITY);
-    std::vector<ggml_fp16_t> mask(size_t(n_kv) * block, ninf);
+    mask.assign(size_t(n_kv) * block, ninf);
     const uint32_t window = swa ? hp.n_swa : 0;
     const bool last_context = window > 0 && hp.swa_kind == dflash_swa_kind::last_context;
     const bool causal = hp.causal || last_context;
@@ -510,7 +510,6 @@ std::vector<ggml_fp16_t> dflash_block_mask(const dflash_hparams & hp, bool swa, 
             std::fill(row + n_past, row + block_end, zero);
         }
     }
-    return mask;
 }
 
 dflash_graph build_dflash_graph(ggml_context * ctx, const dflash_hparams & hp, const dflash_weights & w,

@@ -68,8 +68,10 @@ struct dflash_inputs {
 // key is visible and -inf elsewhere. Keys [0, n_past) are context, [n_past, n_past + block) the
 // block, the rest padding. Full layers see the whole context; SWA layers the window of hp.swa_kind.
 // The block is bidirectional unless hp.causal, or unless the layer is SWA of kind last_context.
-std::vector<ggml_fp16_t> dflash_block_mask(const dflash_hparams & hp, bool swa, uint32_t n_past, uint32_t block,
-                                           uint32_t n_kv);
+// Written into `mask` (resized): a vector the caller keeps from step to step, so that a step writes
+// into pages already mapped (bench/probes/mask_staging.cpp); whatever it held before is overwritten.
+void dflash_block_mask(const dflash_hparams & hp, bool swa, uint32_t n_past, uint32_t block, uint32_t n_kv,
+                       std::vector<ggml_fp16_t> & mask);
 
 struct dflash_graph {
     ggml_cgraph * gf = nullptr;

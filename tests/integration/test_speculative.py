@@ -212,7 +212,7 @@ def test_verify_blocks_stop_at_the_attention_width_switch(pair: tuple[str, str])
         kw = dict(propose_tree=propose) if tree else dict(propose=propose)
         return engine.session().generate(p, max_tokens=40, **kw).tokens, asked
 
-    chain, asked = run(False)  # the default: no switch, full blocks
+    chain, asked = run(False)  # the default switch (4096 keys) is past this 1024-token context: full blocks
     assert chain == ref and asked[0] == (505, BLOCK - 1)
     free_tree_cap = run(True)[1][0][1]
     _core.set_fattn_fixed_split(long_keys=600)

@@ -54,9 +54,11 @@ def main() -> int:
                          "fixed split (A/B comparison)")
     ap.add_argument("--attention-tile", type=int, choices=(8, 16, 32, 64),
                     help="the fixed split's query tile width in columns (default: cuda_kernels.h; A/B of patch 0008's cost)")
-    ap.add_argument("--attention-piece", type=int, help="the fixed split's keys a CTA, a divisor of 256 (default 128)")
+    ap.add_argument("--attention-piece", type=int, help="the fixed split's keys a CTA, a divisor of 256 (default: cuda_kernels.h)")
     ap.add_argument("--attention-long-keys", type=int,
-                    help="key views of at least this many rows take 64 columns (0: none; default: cuda_kernels.h)")
+                    help="key views of at least this many rows take 64 columns and the long pieces (0: none; default: cuda_kernels.h)")
+    ap.add_argument("--attention-long-piece", type=int,
+                    help="keys a CTA in long key views, a divisor of 1024 (default: cuda_kernels.h)")
     ap.add_argument("--tree-budgets", default="", help="tree sizes whose verify cost to measure (e.g. 22,64)")
     args = ap.parse_args()
     from lucebox import _core as core
@@ -64,7 +66,8 @@ def main() -> int:
     if args.ggml_kernels:
         core.set_own_cuda_kernels(False)
     split = {k: v for k, v in dict(piece_keys=args.attention_piece, tile_cols=args.attention_tile,
-                                   long_keys=args.attention_long_keys).items() if v is not None}
+                                   long_keys=args.attention_long_keys,
+                                   long_piece_keys=args.attention_long_piece).items() if v is not None}
     if args.ggml_attention_split:
         split["rows"] = 0
     core.set_fattn_fixed_split(**split)  # what is not given: the defaults (cuda_kernels.h)

@@ -158,13 +158,17 @@ def main() -> int:
                     help="the CUDA attention's fixed query tile width in columns (patch 0008; default: cuda_kernels.h)")
     ap.add_argument("--attention-piece", type=int, help="the CUDA attention's fixed split: keys a CTA, a divisor of 256")
     ap.add_argument("--attention-long-keys", type=int,
-                    help="key views of at least this many rows take 64 columns (0: none; default: cuda_kernels.h)")
+                    help="key views of at least this many rows take 64 columns and the long pieces (0: none; default: cuda_kernels.h)")
+    ap.add_argument("--attention-long-piece", type=int,
+                    help="keys a CTA in long key views, a divisor of 1024 (default: cuda_kernels.h)")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
     if args.ggml_kernels:
         _core.set_own_cuda_kernels(False)
     _core.set_fattn_fixed_split(**{k: v for k, v in dict(piece_keys=args.attention_piece, tile_cols=args.attention_tile,
-                                                          long_keys=args.attention_long_keys).items() if v is not None})
+                                                          long_keys=args.attention_long_keys,
+                                                          long_piece_keys=args.attention_long_piece).items()
+                                   if v is not None})
     if args.untiled:
         _core.set_weight_tiles(False)
 

@@ -37,14 +37,16 @@ void register_system(py::module_ & m) {
     m.def("set_fattn_fixed_split", &kernels::set_fattn_fixed_split, py::arg("rows") = kernels::k_fattn_fixed_rows,
           py::arg("piece_keys") = kernels::k_fattn_piece_keys, py::arg("tile_cols") = kernels::k_fattn_tile_cols,
           py::arg("long_keys") = kernels::k_fattn_long_keys, py::arg("long_tile_cols") = kernels::k_fattn_long_tile_cols,
+          py::arg("long_piece_keys") = kernels::k_fattn_long_piece_keys,
           "Flash attention of at most `rows` query rows (by default a decode step and every verify) runs ggml's "
           "tensor-core kernel with one query tile of `tile_cols` columns and its keys cut at fixed rows, "
           "`piece_keys` a CTA (ggml patch 0008), so that a decode step and a verify of the same token give the "
           "same bits; rows 0: ggml's choice by the row count. Key views of at least `long_keys` rows (0: none) "
-          "take `long_tile_cols` columns instead, and every engine's speculative steps keep a decode step and a "
-          "verify of one token on the same side of that length (on every backend; the width itself is "
-          "CUDA's). Set it before creating an Engine; for A/B benchmarks. rows in 0..1023, piece_keys a divisor "
-          "of 256, long_keys >= 0, tile_cols and long_tile_cols 8, 16, 32 or 64 (ValueError otherwise).");
+          "take `long_tile_cols` columns and pieces of `long_piece_keys` instead; the engines pad those views "
+          "to 1024 rows and keep a decode step and a verify of one token on the same side of that length (on "
+          "every backend; the split itself is CUDA's). Set it before creating an Engine; for A/B benchmarks. "
+          "rows in 0..1023, piece_keys a divisor of 256, long_piece_keys a divisor of 1024, long_keys >= 0, "
+          "tile_cols and long_tile_cols 8, 16, 32 or 64 (ValueError otherwise).");
 
     m.def("set_weight_tiles", &kernels::set_weight_tiles_enabled, py::arg("enabled"),
           "Whether Q8_0 / Q4_K product weights load row-tiled on a CUDA device (default True; the layout "

@@ -47,9 +47,8 @@ constexpr int64_t k_fattn_fixed_rows = 64;
 // size in floats). H200, 27B, prompt 256 (docs/benchmarks.md, twenty-third session): a decode step
 // against ggml's own split, Q4_K_M 7.11 / 6.77 ms with 256-key pieces, 7.14 / 6.87 with 128 (Q8_0
 // 9.29 / 9.02): the piece length hardly moves the cost; the query tile width does (below). At prompt
-// 32000 it does (thirtieth session, Q4_K_M, wide tile): a decode step 8.55 / 7.97 ms with 128 / 256-key
-// pieces, chain AL 6 407.3 / 464.3 tok/s, one run each; 128 stays until every length is measured in one
-// run (bench/long_context_suite.sh). Pieces divide 256 (check_fattn_fixed_split).
+// 32000 it does: long views take their own pieces (k_fattn_long_piece_keys, below). Pieces divide 256
+// (check_fattn_fixed_split).
 constexpr int64_t k_fattn_piece_keys = 128;
 // and its query tile: 16 columns (2 queries of the 27B's 6 heads a KV head, padded to 8), so a decode
 // step computes 8 of 16 columns and a 16-token verify reads each key 8 times (from L2). H200, 27B,
@@ -66,7 +65,7 @@ constexpr int64_t k_fattn_piece_keys = 128;
 constexpr int64_t k_fattn_tile_cols = 16;
 // Key views of at least k_fattn_long_keys rows take k_fattn_long_tile_cols columns instead: the
 // width is then a function of the view's length, and the engine keeps a decode step and a verify of
-// one token on the same side (width_safe_tokens in engine.cpp). H200, 27B Q4_K_M, one run (docs/
+// one token on the same side (split_safe_tokens in engine.cpp). H200, 27B Q4_K_M, one run (docs/
 // benchmarks.md, thirtieth session), width 16 throughout / 64 from 768 keys: decode step, chain AL 6:
 //   prompt  1024: 6.67 / 6.86 ms, 577.1 / 561.8 tok/s   (the wide tile loses both)
 //   prompt  4096: 6.89 / 7.09 ms, 528.6 / 557.2 tok/s   (Q8_0: 9.16 / 9.25 ms, 458.6 / 489.6)
@@ -76,32 +75,51 @@ constexpr int64_t k_fattn_tile_cols = 16;
 // 1-3 % of a plain decode step.
 constexpr int64_t k_fattn_long_keys = 4096;
 constexpr int64_t k_fattn_long_tile_cols = 64;
+// Long views are padded to multiples of k_fattn_long_view_pad rows (engine.cpp: kv_view_rows) and cut
+// into pieces of k_fattn_long_piece_keys keys, a divisor of it. Short pieces cost long views: at 32000
+// keys 128-key pieces make 250 CTAs a KV head, whose partial sums ggml's fixup combines one after the
+// other (bench_kernels, Q4_K_M decode step: the attention 71 us a layer, its fixup 35 us). H200, 27B
+// Q4_K_M, one run each (docs/benchmarks.md, thirty-first session), decode step ms, chain AL 1 / AL 6
+// tok/s:
+//   128 / 256-key pieces for every view (one run): prompt 4096 6.91 / 6.98 ms, AL 6 558.5 / 570.3;
+//     prompt 8192 6.97 / 7.12 ms, 517.1 / 533.4; prompt 32000 8.28 / 7.88 ms, 439.4 / 491.0
+//   long pieces 256 / 512 / 1024 at prompt 32000 (another run): 7.74 / 7.54 / 7.85 ms, AL 1 81.4 /
+//     83.6 / 87.0, AL 6 440.1 / 494.5 / 501.6
+// so 512: the fastest decode step there and within 2 % of 1024's verify (512 at 4096-8192 keys: not yet
+// measured; bench/long_context_suite.sh compares them).
+constexpr int64_t k_fattn_long_view_pad = 1024;
+constexpr int64_t k_fattn_long_piece_keys = 512;
 
 // Flash attention of at most `rows` query rows cuts its keys at fixed rows, pieces of `piece_keys`
-// keys a CTA, with one query tile of `tile_cols` columns for every row count, `long_tile_cols` for
-// key views of at least `long_keys` rows (0: none) (ggml patch 0008), so that a decode step and a
-// verify of the same token compute the same bits; rows 0: ggml's own choice by the row count (the
-// A/B of bench_spec / bench_batch_invariance). Defaults k_fattn_* (above); applies while the kernels
-// are enabled, from the next graph captured. rows in 0..1023, piece_keys a divisor of 256, long_keys
-// >= 0, tile_cols and long_tile_cols 8, 16, 32 or 64, else std::invalid_argument (check_fattn_fixed_split).
-// A CPU build keeps long_keys too: the engine's verify blocks follow it on every backend.
+// keys a CTA, with one query tile of `tile_cols` columns for every row count; key views of at least
+// `long_keys` rows (0: none) take `long_tile_cols` columns and pieces of `long_piece_keys` (ggml patch
+// 0008), so that a decode step and a verify of the same token compute the same bits; rows 0: ggml's own
+// choice by the row count (the A/B of bench_spec / bench_batch_invariance). Defaults k_fattn_* (above);
+// applies while the kernels are enabled, from the next graph captured. rows in 0..1023, piece_keys a
+// divisor of 256, long_piece_keys a divisor of k_fattn_long_view_pad, long_keys >= 0, tile_cols and
+// long_tile_cols 8, 16, 32 or 64, else std::invalid_argument (check_fattn_fixed_split). A CPU build keeps
+// long_keys too: the engine's views and verify blocks follow it on every backend.
 void set_fattn_fixed_split(int64_t rows, int64_t piece_keys, int64_t tile_cols, int64_t long_keys,
-                           int64_t long_tile_cols);
-// The key-view length from which the wide tile applies (0: never), as set.
+                           int64_t long_tile_cols, int64_t long_piece_keys);
+// The key-view length from which the wide tile and the long pieces apply (0: never), as set.
 int64_t fattn_long_keys();
 inline void check_fattn_fixed_split(int64_t rows, int64_t piece_keys, int64_t tile_cols, int64_t long_keys,
-                                    int64_t long_tile_cols) {
+                                    int64_t long_tile_cols, int64_t long_piece_keys) {
     auto width_ok = [](int64_t c) { return c == 8 || c == 16 || c == 32 || c == 64; };
-    // pieces divide 256, the row granularity of the engine's cache views, so every view is whole pieces
-    // and a piece's cuts fall on the same rows in a decode step's view and in a verify's (a longer piece,
-    // 512 say, would divide only every other view, and patch 0008 then cuts at its KV tiles instead)
-    const bool piece_ok = piece_keys > 0 && piece_keys <= 256 && 256 % piece_keys == 0;
-    if (rows < 0 || rows >= 1024 || !piece_ok || long_keys < 0 || !width_ok(tile_cols) || !width_ok(long_tile_cols))
-        throw std::invalid_argument("attention split: rows must be in 0..1023, piece_keys a divisor of 256, long_keys "
-                                    ">= 0 and tile_cols and long_tile_cols 8, 16, 32 or 64; got " +
+    // pieces divide the row granularity of the engine's cache views (256 rows, k_fattn_long_view_pad
+    // for long views), so every view is whole pieces and a piece's cuts fall on the same rows in a decode
+    // step's view and in a verify's (a piece that did not divide a view would be cut at the kernel's KV
+    // tiles instead, patch 0008). The one view that is not whole pieces, a long view clipped at a cache
+    // size that is not a multiple of the long pad, is its own class (engine.cpp: split_safe_tokens).
+    auto divides = [](int64_t piece, int64_t pad) { return piece > 0 && piece <= pad && pad % piece == 0; };
+    if (rows < 0 || rows >= 1024 || !divides(piece_keys, 256) || !divides(long_piece_keys, k_fattn_long_view_pad) ||
+        long_keys < 0 || !width_ok(tile_cols) || !width_ok(long_tile_cols))
+        throw std::invalid_argument("attention split: rows must be in 0..1023, piece_keys a divisor of 256, "
+                                    "long_piece_keys a divisor of " + std::to_string(k_fattn_long_view_pad) +
+                                    ", long_keys >= 0 and tile_cols and long_tile_cols 8, 16, 32 or 64; got " +
                                     std::to_string(rows) + ", " + std::to_string(piece_keys) + ", " +
                                     std::to_string(tile_cols) + ", " + std::to_string(long_keys) + ", " +
-                                    std::to_string(long_tile_cols));
+                                    std::to_string(long_tile_cols) + ", " + std::to_string(long_piece_keys));
 }
 
 // Whether Q8_0 / Q4_K product weights loaded into `buffer` are to be row-tiled (weight_tiles.h):

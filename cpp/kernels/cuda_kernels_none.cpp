@@ -12,8 +12,8 @@ namespace {
 std::atomic<int64_t> g_fattn_long_keys{k_fattn_long_keys};
 }  // namespace
 void set_fattn_fixed_split(int64_t rows, int64_t piece_keys, int64_t tile_cols, int64_t long_keys,
-                           int64_t long_tile_cols) {
-    check_fattn_fixed_split(rows, piece_keys, tile_cols, long_keys, long_tile_cols);
+                           int64_t long_tile_cols, int64_t long_piece_keys) {
+    check_fattn_fixed_split(rows, piece_keys, tile_cols, long_keys, long_tile_cols, long_piece_keys);
     g_fattn_long_keys.store(long_keys);
 }
 int64_t fattn_long_keys() { return g_fattn_long_keys.load(); }

@@ -64,11 +64,13 @@ std::atomic<bool> g_tiles_enabled{true};
 std::atomic<uint64_t> g_tiles_declined{0};
 // set_fattn_fixed_split
 std::atomic<int64_t> g_fattn_rows{k_fattn_fixed_rows}, g_fattn_piece{k_fattn_piece_keys}, g_fattn_tile{k_fattn_tile_cols},
-    g_fattn_long_keys{k_fattn_long_keys}, g_fattn_long_tile{k_fattn_long_tile_cols};
+    g_fattn_long_keys{k_fattn_long_keys}, g_fattn_long_tile{k_fattn_long_tile_cols},
+    g_fattn_long_piece{k_fattn_long_piece_keys};
 
 void apply_fattn_split(bool enabled) {
     ggml_backend_cuda_set_fattn_fixed_split(enabled ? g_fattn_rows.load() : 0, g_fattn_piece.load(), g_fattn_tile.load(),
-                                            g_fattn_long_keys.load(), g_fattn_long_tile.load());
+                                            g_fattn_long_keys.load(), g_fattn_long_tile.load(),
+                                            g_fattn_long_piece.load());
 }
 
 // Whether weight w (2-D, w->ne[1] rows nb[1] apart) is row-tiled; aborts when it cuts a tiled
@@ -168,13 +170,14 @@ void set_cuda_kernels_enabled(bool enabled) {
 }
 
 void set_fattn_fixed_split(int64_t rows, int64_t piece_keys, int64_t tile_cols, int64_t long_keys,
-                           int64_t long_tile_cols) {
-    check_fattn_fixed_split(rows, piece_keys, tile_cols, long_keys, long_tile_cols);
+                           int64_t long_tile_cols, int64_t long_piece_keys) {
+    check_fattn_fixed_split(rows, piece_keys, tile_cols, long_keys, long_tile_cols, long_piece_keys);
     g_fattn_rows.store(rows);
     g_fattn_piece.store(piece_keys);
     g_fattn_tile.store(tile_cols);
     g_fattn_long_keys.store(long_keys);
     g_fattn_long_tile.store(long_tile_cols);
+    g_fattn_long_piece.store(long_piece_keys);
     if (g_installed.load()) apply_fattn_split(g_enabled.load());
 }
 

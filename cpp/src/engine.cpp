@@ -40,20 +40,43 @@ constexpr uint32_t MAX_FORCED_BLOCK = 16;  // verify width available to forced p
 
 uint32_t pad_to(uint32_t n, uint32_t m) { return (n + m - 1) / m * m; }
 
+// The target's key view for a forward whose last token sits at position end - 1: cache rows [0, n),
+// n = end padded to KV_PAD rows, or to kernels::k_fattn_long_view_pad rows once that reaches
+// kernels::fattn_long_keys() (a long view: CUDA's fixed-split attention, ggml patch 0008, then takes a
+// wider query tile and longer key pieces, both dividing the pad), clipped at kv_size (a multiple of
+// KV_PAD; of the long pad too where the cache reached long views when the engine was made). Every
+// backend takes the same views.
+uint32_t kv_view_rows(uint32_t end, uint32_t kv_size) {
+    const int64_t long_keys = kernels::fattn_long_keys();
+    const uint32_t n = pad_to(end, KV_PAD);
+    const bool is_long = long_keys > 0 && int64_t(n) >= long_keys;
+    return std::min(kv_size, is_long ? pad_to(end, static_cast<uint32_t>(kernels::k_fattn_long_view_pad)) : n);
+}
+
 // Tokens (at least 1) one target forward from position n_past may hold so that each gets the
-// attention of its own decode step. CUDA's fixed-split attention (ggml patch 0008) takes its query
-// tile width from the length of the key view, min(kv_size, pad_to(n_past + T, KV_PAD)) here, wide
-// from kernels::fattn_long_keys() rows on. A decode step of the token at position q sees pad_to(q + 1),
-// long from position first_long = pad_to(long_keys, KV_PAD) - KV_PAD on, so a verify block that starts
-// below first_long must end below it too (only blocks that would reach past it are shortened; every
-// backend keeps the rule, so a session's tokens do not depend on its device).
-uint32_t width_safe_tokens(uint32_t n_past, uint32_t kv_size) {
+// attention of its own decode step. The attention's split (query tile width, key pieces) is a
+// function of the key view: one for views below fattn_long_keys(), one for long views that are whole
+// long pads, and ggml's KV-tile cuts for the one long view that is not, a view clipped at a kv_size
+// that is not a multiple of the long pad. A decode step of the token at position q sees
+// kv_view_rows(q + 1), a verify from p kv_view_rows(p + T); the view class changes as the view's end
+// passes first_long = pad_to(long_keys, KV_PAD) - KV_PAD and, past it, clip = kv_size rounded down
+// to the long pad, so a verify block that starts below one of them must end below it too (only blocks
+// that would reach past it are shortened; every backend keeps the rule, so a session's tokens do not
+// depend on its device).
+uint32_t split_safe_tokens(uint32_t n_past, uint32_t kv_size) {
     const int64_t long_keys = kernels::fattn_long_keys();
     if (long_keys <= 0 || long_keys > int64_t(kv_size)) {
         return UINT32_MAX;
     }
     const uint32_t first_long = pad_to(static_cast<uint32_t>(long_keys), KV_PAD) - KV_PAD;
-    return n_past < first_long ? first_long - n_past : UINT32_MAX;
+    const uint32_t long_pad = static_cast<uint32_t>(kernels::k_fattn_long_view_pad);
+    const uint32_t clip = kv_size % long_pad != 0 ? kv_size / long_pad * long_pad : UINT32_MAX;
+    for (uint32_t bound : {first_long, clip}) {
+        if (n_past < bound) {
+            return bound - n_past;
+        }
+    }
+    return UINT32_MAX;
 }
 
 using clock = std::chrono::steady_clock;
@@ -207,6 +230,10 @@ struct engine::impl {
         type_k = parse_kv_type(cfg.kv_type_k);
         type_v = parse_kv_type(cfg.kv_type_v);
         kv_size = pad_to(cfg.n_ctx, KV_PAD);
+        if (const int64_t long_keys = kernels::fattn_long_keys(); long_keys > 0 && kv_size >= long_keys) {
+            // whole long pads: no long view is clipped to a length the long pieces do not divide
+            kv_size = pad_to(kv_size, static_cast<uint32_t>(kernels::k_fattn_long_view_pad));
+        }
         capture = cfg.capture_layers;
         if (!cfg.draft_path.empty()) {
             draft = std::make_unique<draft_model_file>(open_draft(cfg.draft_path));
@@ -594,7 +621,7 @@ std::vector<float> session::run_target(const int32_t * tokens, uint32_t T, bool 
     const qwen35_state & st = st_->model_state;
     const uint32_t V = hp.n_vocab;
     const uint32_t n_past = static_cast<uint32_t>(tokens_.size());
-    const uint32_t n_kv = std::min(e.kv_size, pad_to(n_past + T, KV_PAD));
+    const uint32_t n_kv = kv_view_rows(n_past + T, e.kv_size);
     const bool rows_out = all_logits || argmax_rows != nullptr || (cands != nullptr && cands->all_rows);
     const uint32_t n_out = rows_out ? T : 1;
     // candidates: top-C (at most the vocabulary) and the extra ids padded to a power of two >= 16,
@@ -1413,7 +1440,7 @@ generate_result session::generate_speculative(const std::vector<int32_t> & pendi
         const bool speculating = !adaptive || policy.speculate();
         // tokens verified this step: last + n-1 proposals (n < block only at the end of the context
         // or below the attention's width switch)
-        const uint32_t n = speculating ? std::min({block, room, width_safe_tokens(n_past(), e.kv_size)}) : 1;
+        const uint32_t n = speculating ? std::min({block, room, split_safe_tokens(n_past(), e.kv_size)}) : 1;
         auto tp = clock::now();
         std::vector<int32_t> verified{last};
         if (!speculating) {
@@ -1519,7 +1546,7 @@ spec::commit_plan session::tree_step(int32_t last, uint32_t room, const generate
     // nodes of one verify: checkpoint slots and feature-ring rows per node, context room, and the
     // attention's width switch
     const uint32_t cap = std::min({st.n_checkpoints, st.ring.empty() ? st.n_checkpoints : st.ring_size, room,
-                                   width_safe_tokens(n_past(), e.kv_size)});
+                                   split_safe_tokens(n_past(), e.kv_size)});
     const int32_t V = static_cast<int32_t>(n_vocab());
 
     auto tp = clock::now();

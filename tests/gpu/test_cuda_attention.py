@@ -140,3 +140,44 @@ def test_the_wide_tile_for_long_key_views(target: str) -> None:
             _check_same_or_tie(engine, cpu, p, ref, got)
     finally:
         _core.set_fattn_fixed_split()
+
+
+@pytest.mark.parametrize("long_piece", [256, 1024])
+def test_long_pieces_and_a_clipped_view(target: str, long_piece: int) -> None:
+    # views of >= 512 keys are long: padded to 1024 rows and cut into pieces of long_piece keys. The
+    # engine is made before the switch moves to 512, so its 2816-row cache is not whole pads: the views
+    # end at 1024, 2048, then 2816, which patch 0008 cuts at its KV tiles (32 keys for the wide tile)
+    engine = lucebox.Engine(target, ctx=2816, device="cuda")
+    cpu = lucebox.Engine(target, ctx=2816, device="cpu")
+    _core.set_fattn_fixed_split(long_keys=512, long_piece_keys=long_piece)
+    try:
+        rng = np.random.default_rng(7)
+        # a batch from 1020 sees 2048 keys, its first 4 rows' steps 1024; from 2050 every view is the clipped one
+        for n_prompt in (1020, 2050):
+            p = [int(x) for x in rng.integers(0, 1000, n_prompt)]
+            nxt = [int(x) for x in rng.integers(0, 1000, 16)]
+            batch, steps = _batch_and_steps(engine, p, nxt)
+            equal = [bool(np.array_equal(batch[i], steps[i])) for i in range(16)]
+            print(f"long piece {long_piece}, prompt {n_prompt}: {sum(equal)}/16 rows bit-equal")
+            assert np.isfinite(batch).all() and all(equal)
+        # a batch from 2040 sees the clipped view, its first 8 rows' steps 2048 keys: where the long piece
+        # does not divide 2816 the clipped view is cut at the KV tiles and those rows differ (the switch
+        # the engine's verify blocks stop at is real); 256-key pieces divide it, so the cuts are the same
+        p = [int(x) for x in rng.integers(0, 1000, 2040)]
+        nxt = [int(x) for x in rng.integers(0, 1000, 16)]
+        batch, steps = _batch_and_steps(engine, p, nxt)
+        equal = [bool(np.array_equal(batch[i], steps[i])) for i in range(16)]
+        print(f"long piece {long_piece}, across the clip: rows bit-equal {equal}")
+        assert all(equal[8:]) and all(equal[:8]) == (2816 % long_piece == 0)
+        # speculation while a long view grows (1024 to 2048 keys: the same cuts) and across the clip (a
+        # verify from below 2048 ends there): the tokens of plain decoding
+        for n_prompt in (1010, 2035):
+            p = [30 + i % 900 for i in range(n_prompt)]
+            ref = engine.generate(p, max_tokens=40).tokens
+            for k in (0, 5, None):
+                got = engine.session().generate(p, max_tokens=40, propose=forced(ref, len(p), k)).tokens
+                assert got == ref, f"prompt {n_prompt}, accept {k}"
+            got = engine.session().generate(p, max_tokens=40, propose_tree=forced_tree(ref, len(p), 4)).tokens
+            _check_same_or_tie(engine, cpu, p, ref, got)
+    finally:
+        _core.set_fattn_fixed_split()

@@ -35,7 +35,10 @@ def test_the_attention_split_settings_are_checked() -> None:
     # patch 0008 cannot take are refused in every build, not stored
     from lucebox import _core
     for bad in (dict(rows=-1), dict(rows=1024), dict(piece_keys=0), dict(piece_keys=512), dict(piece_keys=129),
-                dict(tile_cols=48), dict(tile_cols=128), dict(long_keys=-1), dict(long_tile_cols=48)):
+                dict(tile_cols=48), dict(tile_cols=128), dict(long_keys=-1), dict(long_tile_cols=48),
+                dict(long_piece_keys=0), dict(long_piece_keys=2048), dict(long_piece_keys=384)):
         with pytest.raises(ValueError, match="attention split"):
             _core.set_fattn_fixed_split(**bad)
     _core.set_fattn_fixed_split()  # the defaults
+    _core.set_fattn_fixed_split(piece_keys=256, long_piece_keys=1024)  # the longest pieces allowed
+    _core.set_fattn_fixed_split()

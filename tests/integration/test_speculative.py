@@ -227,6 +227,38 @@ def test_verify_blocks_stop_at_the_attention_width_switch(pair: tuple[str, str])
     assert tree_asked[0] == (505, 6) and free_tree_cap > 6, (tree_asked[:2], free_tree_cap)
 
 
+def test_verify_blocks_stop_where_a_long_view_is_clipped(pair: tuple[str, str]) -> None:
+    # long key views are padded to 1024 rows (cuda_kernels.h: k_fattn_long_view_pad, whole long pieces),
+    # clipped at the cache. An engine whose cache reaches long views gets whole pads; this one is made
+    # while the switch (4096 keys) is past its 1280 rows, then the switch moves to 600: a view ends at
+    # 1024 until the tokens pass it, then at 1280, which is not whole pieces (patch 0008 cuts it at its
+    # KV tiles). A verify from below 1024 ends there.
+    from lucebox import _core
+    from forcing import forced_tree
+    target, _ = pair
+    engine = lucebox.Engine(target, ctx=1280, device="cpu")
+    _core.set_fattn_fixed_split(long_keys=600)
+    try:
+        p = [int(x) for x in np.random.default_rng(10).integers(0, 1000, 1017)]
+        ref = engine.generate(p, max_tokens=40).tokens
+        asked: list[tuple[int, int]] = []
+
+        def propose(context: np.ndarray, last: int, n: int):
+            asked.append((len(context), n))
+            return inner(context, last, n)
+
+        inner = forced(ref, len(p), None)
+        chain = engine.session().generate(p, max_tokens=40, propose=propose).tokens
+        chain_asked, asked = asked, []
+        inner = forced_tree(ref, len(p), 4)
+        tree = engine.session().generate(p, max_tokens=40, propose_tree=propose).tokens
+    finally:
+        _core.set_fattn_fixed_split()
+    assert chain == ref and tree == ref
+    assert chain_asked[0] == (1017, 6) and chain_asked[1] == (1024, BLOCK - 1), chain_asked[:3]
+    assert asked[0] == (1017, 6), asked[:2]
+
+
 def _target_dist(engine: lucebox.Engine, context: list[int], temperature: float, top_k: int) -> dict[int, float]:
     """The target's sampling distribution after `context` (top_k, then temperature)."""
     row = engine.session().eval(context)[-1].astype(np.float64)

@@ -328,7 +328,7 @@ struct engine::impl {
 
     memory_plan plan() const {
         memory_request req;
-        req.n_ctx = cfg.n_ctx;
+        req.n_ctx = kv_size;  // the cache rows it allocates: the context padded (kv_view_rows)
         req.kv_type_k = type_k;
         req.kv_type_v = type_v;
         req.ubatch = cfg.n_ubatch;

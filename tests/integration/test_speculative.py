@@ -259,6 +259,24 @@ def test_verify_blocks_stop_where_a_long_view_is_clipped(pair: tuple[str, str]) 
     assert asked[0] == (1017, 6), asked[:2]
 
 
+def test_a_cache_that_reaches_long_views_is_whole_long_pads(pair: tuple[str, str]) -> None:
+    # cache rows: the context padded to 256, and to 1024 where it reaches the long views (4096 keys by
+    # default; 600 below), so that no long view is clipped to a length the long pieces do not divide
+    from lucebox import _core
+    target, _ = pair
+    per_row = lucebox.Engine(target, ctx=256, device="cpu").memory_plan()["kv_bytes_per_token"]
+
+    def rows(ctx: int) -> int:
+        return lucebox.Engine(target, ctx=ctx, device="cpu").memory_plan()["kv_bytes"] // per_row
+
+    assert [rows(c) for c in (300, 1280, 3000)] == [512, 1280, 3072]
+    _core.set_fattn_fixed_split(long_keys=600)
+    try:
+        assert [rows(c) for c in (300, 1000, 1280, 3000)] == [512, 1024, 2048, 3072]
+    finally:
+        _core.set_fattn_fixed_split()
+
+
 def _target_dist(engine: lucebox.Engine, context: list[int], temperature: float, top_k: int) -> dict[int, float]:
     """The target's sampling distribution after `context` (top_k, then temperature)."""
     row = engine.session().eval(context)[-1].astype(np.float64)

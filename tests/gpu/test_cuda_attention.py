@@ -114,8 +114,8 @@ def test_speculation_matches_plain_greedy(target: str) -> None:
 
 
 def test_the_wide_tile_for_long_key_views(target: str) -> None:
-    # views of >= 512 keys (the decode steps from position 256 on: views are padded to 256 rows) take 64
-    # columns, shorter ones 16
+    # views of >= 512 keys (the decode steps from position 256 on: views are padded to 256 rows, long
+    # ones then to 1024) take 64 columns, shorter ones 16
     _core.set_fattn_fixed_split(tile_cols=16, long_keys=512, long_tile_cols=64)
     try:
         engine = lucebox.Engine(target, ctx=1024, device="cuda")

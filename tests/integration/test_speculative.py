@@ -192,8 +192,9 @@ def test_context_end_during_speculation(pair: tuple[str, str]) -> None:
 
 def test_verify_blocks_stop_at_the_attention_width_switch(pair: tuple[str, str]) -> None:
     # CUDA's attention takes another query tile width for key views of >= long_keys rows (ggml patch
-    # 0008); views are padded to 256 rows, so with long_keys 600 the decode steps from position 512 on
-    # see long views. A verify from below 512 must end below it, on every backend (here the CPU).
+    # 0008); views are padded to 256 rows (long ones then to 1024), so with long_keys 600 the decode
+    # steps from position 512 on see long views. A verify from below 512 must end below it, on every
+    # backend (here the CPU).
     from lucebox import _core
     from forcing import forced_tree
     target, _ = pair

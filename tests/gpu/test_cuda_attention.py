@@ -113,6 +113,19 @@ def test_speculation_matches_plain_greedy(target: str) -> None:
         _check_same_or_tie(engine, cpu, p, ref, got)
 
 
+def _speculation_is_plain_greedy(engine: lucebox.Engine, cpu: lucebox.Engine, prompt_lengths: tuple[int, ...]) -> None:
+    # forced chains (accept 0, 5, all) give plain greedy decoding's tokens; a forced tree's DeltaNet layers
+    # run ggml's tree kernel: equal, or parted at a near-tie
+    for n_prompt in prompt_lengths:
+        p = [30 + i % 900 for i in range(n_prompt)]
+        ref = engine.generate(p, max_tokens=40).tokens
+        for k in (0, 5, None):
+            got = engine.session().generate(p, max_tokens=40, propose=forced(ref, len(p), k)).tokens
+            assert got == ref, f"prompt {n_prompt}, accept {k}"
+        got = engine.session().generate(p, max_tokens=40, propose_tree=forced_tree(ref, len(p), 4)).tokens
+        _check_same_or_tie(engine, cpu, p, ref, got)
+
+
 def test_the_wide_tile_for_long_key_views(target: str) -> None:
     # views of >= 512 keys (the decode steps from position 256 on: views are padded to 256 rows, long
     # ones then to 1024) take 64 columns, shorter ones 16
@@ -130,14 +143,7 @@ def test_the_wide_tile_for_long_key_views(target: str) -> None:
         print(f"across the switch: rows bit-equal {equal}, max abs diff {np.abs(batch - steps).max():.4g}")
         assert all(equal[6:]) and not all(equal[:6])
         # speculation keeps each verify on one side of position 256: the tokens of plain decoding
-        for n_prompt in (240, 250, 300):
-            p = [30 + i % 900 for i in range(n_prompt)]
-            ref = engine.generate(p, max_tokens=40).tokens
-            for k in (0, 5, None):
-                got = engine.session().generate(p, max_tokens=40, propose=forced(ref, len(p), k)).tokens
-                assert got == ref, f"prompt {n_prompt}, accept {k}"
-            got = engine.session().generate(p, max_tokens=40, propose_tree=forced_tree(ref, len(p), 4)).tokens
-            _check_same_or_tie(engine, cpu, p, ref, got)
+        _speculation_is_plain_greedy(engine, cpu, (240, 250, 300))
     finally:
         _core.set_fattn_fixed_split()
 
@@ -171,13 +177,6 @@ def test_long_pieces_and_a_clipped_view(target: str, long_piece: int) -> None:
         assert all(equal[8:]) and all(equal[:8]) == (2816 % long_piece == 0)
         # speculation while a long view grows (1024 to 2048 keys: the same cuts) and across the clip (a
         # verify from below 2048 ends there): the tokens of plain decoding
-        for n_prompt in (1010, 2035):
-            p = [30 + i % 900 for i in range(n_prompt)]
-            ref = engine.generate(p, max_tokens=40).tokens
-            for k in (0, 5, None):
-                got = engine.session().generate(p, max_tokens=40, propose=forced(ref, len(p), k)).tokens
-                assert got == ref, f"prompt {n_prompt}, accept {k}"
-            got = engine.session().generate(p, max_tokens=40, propose_tree=forced_tree(ref, len(p), 4)).tokens
-            _check_same_or_tie(engine, cpu, p, ref, got)
+        _speculation_is_plain_greedy(engine, cpu, (1010, 2035))
     finally:
         _core.set_fattn_fixed_split()

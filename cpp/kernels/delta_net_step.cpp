@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -44,7 +45,7 @@ step_params params_of(const ggml_tensor * dst) {
 
 int op_of(const ggml_tensor * node) {
     const ggml_custom_op_t fun = custom_op::function_of(node);
-    return fun == &inputs_cpu ? 1 : fun == &recurrence_cpu ? 2 : 0;
+    return fun == &inputs_cpu ? 1 : fun == &recurrence_cpu ? 2 : fun == &replay_layers_cpu ? 3 : 0;
 }
 
 shape shape_of(const ggml_tensor * dst) {
@@ -58,7 +59,7 @@ shape shape_of(const ggml_tensor * dst) {
         s.d_conv = input_operand(dst, 4)->ne[0];
     } else {
         s.T = params_of(dst).n_tokens;
-        s.Hv = dst->src[2]->ne[1];
+        s.Hv = op_of(dst) == 3 ? params_of(dst).n_v_heads : dst->src[2]->ne[1];
         s.conv_dim = (2 * s.Hk + s.Hv) * HEAD;
     }
     return s;
@@ -100,58 +101,51 @@ ggml_tensor * inputs(ggml_context * ctx, ggml_tensor * qkv, ggml_tensor * beta, 
     return out;
 }
 
-namespace {
-
-// The recurrence's checks and node: srcs [state_dst, x, s0, z, norm_w] (replay: the first three,
-// the node a view of state_dst).
-ggml_tensor * recurrence_node(ggml_context * ctx, ggml_tensor * x, int64_t x_tokens, int64_t T, ggml_tensor * z,
-                              ggml_tensor * s0, ggml_tensor * norm_w, ggml_tensor * state_dst, int64_t n_k_heads,
-                              state_out mode, float eps) {
-    const char * op = z != nullptr ? "recurrence" : "replay";
+ggml_tensor * recurrence(ggml_context * ctx, ggml_tensor * x, int64_t x_tokens, ggml_tensor * z, ggml_tensor * s0,
+                         ggml_tensor * norm_w, ggml_tensor * state_dst, int64_t n_k_heads, state_out mode, float eps) {
+    const char * op = "recurrence";
+    require(z != nullptr && norm_w != nullptr, op, "z and norm_w");
     for (const ggml_tensor * t : {x, s0, state_dst, z, norm_w})
-        require(t == nullptr || (rows_f32(t) && t->ne[2] == 1 && t->ne[3] == 1), op,
-                "F32 tensors of 2 dimensions with contiguous rows");
-    const int64_t Hv = s0->ne[1];
+        require(rows_f32(t) && t->ne[2] == 1 && t->ne[3] == 1, op, "F32 tensors of 2 dimensions with contiguous rows");
+    const int64_t Hv = s0->ne[1], T = z->ne[1];
     require(T >= 1 && x_tokens >= T, op, "x_tokens >= T >= 1");
     require(n_k_heads > 0 && Hv % n_k_heads == 0 && x->ne[0] == ((2 * n_k_heads + Hv) * HEAD + 2 * Hv) * x_tokens &&
                 ggml_is_contiguous(x),
             op, "x: the inputs op's result for x_tokens tokens");
-    require(z == nullptr || (z->ne[0] == Hv * HEAD && z->ne[1] == T), op, "z [Hv HEAD, T]");
+    require(z->ne[0] == Hv * HEAD, op, "z [Hv HEAD, T]");
     require(s0->ne[0] == HEAD * HEAD && ggml_is_contiguous(s0), op, "s0 [HEAD HEAD, Hv] contiguous");
-    require(norm_w == nullptr || (ggml_nelements(norm_w) == HEAD && ggml_is_contiguous(norm_w)), op,
-            "norm_w of HEAD values");
+    require(ggml_nelements(norm_w) == HEAD && ggml_is_contiguous(norm_w), op, "norm_w of HEAD values");
     require(state_dst->ne[0] == HEAD * HEAD * Hv && state_dst->ne[1] >= (mode == state_out::every_state ? T : 1), op,
             "state destination [HEAD HEAD Hv, slots]");
     step_params p;
     p.n_k_heads = static_cast<int32_t>(n_k_heads);
     p.state_mode = static_cast<int32_t>(mode);
-    p.outputs = z != nullptr ? 1 : 0;
     p.x_tokens = static_cast<int32_t>(x_tokens);
     p.n_tokens = static_cast<int32_t>(T);
     p.eps = eps;
-    ggml_tensor * out = nullptr;
-    if (z != nullptr) {
-        ggml_tensor * srcs[5] = {state_dst, x, s0, z, norm_w};
-        out = ggml_custom_4d(ctx, GGML_TYPE_F32, Hv * HEAD, T, 1, 1, srcs, 5, &recurrence_cpu, GGML_N_TASKS_MAX, nullptr);
-    } else {
-        ggml_tensor * srcs[2] = {x, s0};  // after state_dst, which ggml_custom_inplace makes src[0]
-        out = ggml_custom_inplace(ctx, state_dst, srcs, 2, &recurrence_cpu, GGML_N_TASKS_MAX, nullptr);
-    }
+    ggml_tensor * srcs[5] = {state_dst, x, s0, z, norm_w};
+    ggml_tensor * out =
+        ggml_custom_4d(ctx, GGML_TYPE_F32, Hv * HEAD, T, 1, 1, srcs, 5, &recurrence_cpu, GGML_N_TASKS_MAX, nullptr);
     set_params(out, p);
     return out;
 }
 
-}  // namespace
-
-ggml_tensor * recurrence(ggml_context * ctx, ggml_tensor * x, int64_t x_tokens, ggml_tensor * z, ggml_tensor * s0,
-                         ggml_tensor * norm_w, ggml_tensor * state_dst, int64_t n_k_heads, state_out mode, float eps) {
-    require(z != nullptr && norm_w != nullptr, "recurrence", "z and norm_w");
-    return recurrence_node(ctx, x, x_tokens, z->ne[1], z, s0, norm_w, state_dst, n_k_heads, mode, eps);
-}
-
-ggml_tensor * replay(ggml_context * ctx, ggml_tensor * x, int64_t x_tokens, int64_t T, ggml_tensor * s0,
-                     ggml_tensor * state_dst, int64_t n_k_heads) {
-    return recurrence_node(ctx, x, x_tokens, T, nullptr, s0, nullptr, state_dst, n_k_heads, state_out::final_state, 0.0f);
+ggml_tensor * replay_layers(ggml_context * ctx, ggml_tensor * layers, int64_t x_tokens, int64_t T, int64_t n_k_heads,
+                            int64_t n_v_heads) {
+    require(layers->type == GGML_TYPE_I64 && layers->ne[0] == 2 && layers->ne[1] >= 1 && ggml_is_contiguous(layers) &&
+                layers->ne[2] == 1 && layers->ne[3] == 1,
+            "replay_layers", "layers [2, n] I64 contiguous");
+    require(T >= 1 && x_tokens >= T && x_tokens <= MAX_TOKENS, "replay_layers", "MAX_TOKENS >= x_tokens >= T >= 1");
+    require(n_k_heads > 0 && n_v_heads % n_k_heads == 0, "replay_layers", "value heads a multiple of the key heads");
+    step_params p;
+    p.n_k_heads = static_cast<int32_t>(n_k_heads);
+    p.n_v_heads = static_cast<int32_t>(n_v_heads);
+    p.state_mode = static_cast<int32_t>(state_out::final_state);
+    p.x_tokens = static_cast<int32_t>(x_tokens);
+    p.n_tokens = static_cast<int32_t>(T);
+    ggml_tensor * out = ggml_custom_inplace(ctx, layers, nullptr, 0, &replay_layers_cpu, GGML_N_TASKS_MAX, nullptr);
+    set_params(out, p);
+    return out;
 }
 
 void inputs_cpu(ggml_tensor * dst, int ith, int nth, void *) {
@@ -205,52 +199,83 @@ void inputs_cpu(ggml_tensor * dst, int ith, int nth, void *) {
     }
 }
 
+namespace {
+
+// Value head h's recurrence over the first T tokens of x (the inputs op's result for XT tokens) from
+// the state S (HEAD HEAD floats, per column c its k indices; updated in place); after each token t,
+// o holds its HEAD outputs S^T q / sqrt(HEAD) and after_token(t) runs. The one arithmetic of the
+// recurrence and replay_layers ops on the CPU.
+template <class AfterToken>
+void head_recurrence(const float * xd, int64_t XT, int64_t T, const shape & s, int64_t h, float * S, float * o,
+                     AfterToken && after_token) {
+    const int64_t kh = h % s.Hk, C = s.conv_dim;
+    const float scale = 1.0f / std::sqrt(float(HEAD));
+    for (int64_t t = 0; t < T; ++t) {
+        const float * xt = xd + t * C;
+        const float * q = xt + kh * HEAD, * k = xt + s.key_dim + kh * HEAD, * v = xt + 2 * s.key_dim + h * HEAD;
+        const float eg = std::exp(xd[C * XT + t * s.Hv + h]), b = xd[(C + s.Hv) * XT + t * s.Hv + h];
+        for (int64_t c = 0; c < HEAD; ++c) {  // S[c][i]: column c of the state, k index i fastest
+            float * sc = &S[c * HEAD];
+            float kv = 0.0f;
+            for (int64_t i = 0; i < HEAD; ++i) kv += sc[i] * k[i];
+            const float delta = (v[c] - eg * kv) * b;
+            float attn = 0.0f;
+            for (int64_t i = 0; i < HEAD; ++i) {
+                sc[i] = eg * sc[i] + k[i] * delta;
+                attn += sc[i] * q[i];
+            }
+            o[c] = attn * scale;
+        }
+        after_token(t);
+    }
+}
+
+}  // namespace
+
 void recurrence_cpu(ggml_tensor * dst, int ith, int nth, void *) {
     if (ith == 0) g_cpu_runs.fetch_add(1, std::memory_order_relaxed);
     ggml_tensor * state_dst = dst->src[0];
     const ggml_tensor * x = dst->src[1], * s0 = dst->src[2], * z = dst->src[3], * norm_w = dst->src[4];
     const shape s = shape_of(dst);
     const step_params p = params_of(dst);
-    const int64_t T = s.T, XT = p.x_tokens, C = s.conv_dim, D = HEAD * HEAD;
+    const int64_t T = s.T, D = HEAD * HEAD;
     const state_out mode = static_cast<state_out>(p.state_mode);
-    const float scale = 1.0f / std::sqrt(float(HEAD));
     const float * xd = static_cast<const float *>(x->data);
-    float * out = p.outputs != 0 ? static_cast<float *>(dst->data) : nullptr;
+    float * out = static_cast<float *>(dst->data);
     std::vector<float> S(static_cast<size_t>(D)), o(static_cast<size_t>(HEAD));
     for (int64_t h = ith; h < s.Hv; h += nth) {
-        const int64_t kh = h % s.Hk;
         std::memcpy(S.data(), static_cast<const float *>(s0->data) + h * D, D * sizeof(float));
-        for (int64_t t = 0; t < T; ++t) {
-            const float * xt = xd + t * C;
-            const float * q = xt + kh * HEAD, * k = xt + s.key_dim + kh * HEAD, * v = xt + 2 * s.key_dim + h * HEAD;
-            const float eg = std::exp(xd[C * XT + t * s.Hv + h]), b = xd[(C + s.Hv) * XT + t * s.Hv + h];
-            for (int64_t c = 0; c < HEAD; ++c) {  // S[c][i]: column c of the state, k index i fastest
-                float * sc = &S[c * HEAD];
-                float kv = 0.0f;
-                for (int64_t i = 0; i < HEAD; ++i) kv += sc[i] * k[i];
-                const float delta = (v[c] - eg * kv) * b;
-                float attn = 0.0f;
-                for (int64_t i = 0; i < HEAD; ++i) {
-                    sc[i] = eg * sc[i] + k[i] * delta;
-                    attn += sc[i] * q[i];
-                }
-                o[c] = attn * scale;
-            }
+        head_recurrence(xd, p.x_tokens, T, s, h, S.data(), o.data(), [&](int64_t t) {
             if (mode == state_out::every_state) {
                 float * slot = reinterpret_cast<float *>(static_cast<char *>(state_dst->data) +
                                                          (T - 1 - t) * state_dst->nb[1]);
                 std::memcpy(slot + h * D, S.data(), D * sizeof(float));
             }
-            if (out == nullptr) continue;
             const float * nw = static_cast<const float *>(norm_w->data);
             float ss = 0.0f;
             for (int64_t c = 0; c < HEAD; ++c) ss += o[c] * o[c];
             const float r = 1.0f / std::sqrt(ss / float(HEAD) + p.eps);
             const float * zt = col(z, t) + h * HEAD;
             for (int64_t c = 0; c < HEAD; ++c) out[t * s.Hv * HEAD + h * HEAD + c] = o[c] * r * nw[c] * silu(zt[c]);
-        }
+        });
         if (mode == state_out::final_state)
             std::memcpy(static_cast<float *>(state_dst->data) + h * D, S.data(), D * sizeof(float));
+    }
+}
+
+void replay_layers_cpu(ggml_tensor * dst, int ith, int nth, void *) {
+    if (ith == 0) g_cpu_runs.fetch_add(1, std::memory_order_relaxed);
+    const ggml_tensor * layers = dst->src[0];
+    const int64_t * rows = static_cast<const int64_t *>(layers->data);
+    const shape s = shape_of(dst);
+    const step_params p = params_of(dst);
+    const int64_t D = HEAD * HEAD, n = layers->ne[1];
+    std::vector<float> o(static_cast<size_t>(HEAD));
+    for (int64_t u = ith; u < n * s.Hv; u += nth) {  // (layer, value head) units; a head's state in place
+        const int64_t l = u / s.Hv, h = u % s.Hv;
+        const float * x = reinterpret_cast<const float *>(static_cast<uintptr_t>(rows[2 * l]));
+        float * S = reinterpret_cast<float *>(static_cast<uintptr_t>(rows[2 * l + 1])) + h * D;
+        head_recurrence(x, p.x_tokens, s.T, s, h, S, o.data(), [](int64_t) {});
     }
 }
 

@@ -42,15 +42,18 @@ int custom_op_hook(const ggml_tensor * dst, void * stream) {
         a.T = int(s.T), a.Hk = int(s.Hk), a.Hv = int(s.Hv), a.conv_dim = int(s.conv_dim), a.d_conv = int(s.d_conv);
         a.eps = p.eps;
         err = delta_net::cuda_step::run_inputs(a, static_cast<cudaStream_t>(stream));
+    } else if (op == 3) {  // replay_layers: the layers' addresses are in the node's table (src[0])
+        delta_net::cuda_step::replay_layers_args r;
+        r.layers = static_cast<const int64_t *>(dst->src[0]->data);
+        r.x_tokens = p.x_tokens, r.T = int(s.T), r.Hk = int(s.Hk), r.Hv = int(s.Hv);
+        err = delta_net::cuda_step::run_replay_layers(r, int(dst->src[0]->ne[1]), static_cast<cudaStream_t>(stream));
     } else {
         delta_net::cuda_step::recurrence_args a;
         a.state_dst = f(dst->src[0]), a.slot_stride = floats(dst->src[0]->nb[1]), a.state_mode = p.state_mode;
         a.x = cf(dst->src[1]), a.x_tokens = p.x_tokens;
         a.s0 = cf(dst->src[2]);
-        if (p.outputs != 0) {
-            a.z = cf(dst->src[3]), a.z_stride = floats(dst->src[3]->nb[1]), a.norm_w = cf(dst->src[4]);
-            a.out = f(dst);
-        }
+        a.z = cf(dst->src[3]), a.z_stride = floats(dst->src[3]->nb[1]), a.norm_w = cf(dst->src[4]);
+        a.out = f(dst);
         a.T = int(s.T), a.Hk = int(s.Hk), a.Hv = int(s.Hv);
         a.eps = p.eps;
         err = delta_net::cuda_step::run_recurrence(a, static_cast<cudaStream_t>(stream));

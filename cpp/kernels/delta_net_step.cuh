@@ -48,7 +48,7 @@ struct recurrence_args {
     int64_t slot_stride = 0;         // floats
     int state_mode = 0;              // delta_net::state_out: 0 final state into slot 0, 1 the state after token t
                                      // into slot T-1-t, 2 none
-    float * out = nullptr;           // [T][Hv HEAD]; null: no outputs (a replay: z, norm_w unused)
+    float * out = nullptr;           // [T][Hv HEAD]; null: no outputs (replay_layers: z, norm_w unused)
     int T = 0, Hk = 0, Hv = 0;
     float eps = 0.0f;
 };
@@ -179,8 +179,9 @@ constexpr int REC_CLUSTER = 4;       // CTAs per value head where the device has
 // = (v - exp(g) kv) beta, S = exp(g) S + k delta^T, o = S^T q / sqrt(HEAD); then RMSNorm(o) *
 // norm_w * SiLU(z) per token over the head's 128 outputs (with NC CTAs: each adds its columns'
 // squares, then every CTA adds the NC partial sums in rank order from distributed shared memory).
+// (The body of recurrence_kernel and replay_layers_kernel: one arithmetic for both.)
 template <int NC>
-__global__ void __launch_bounds__(HEAD / NC / REC_COLS * 32) recurrence_kernel(recurrence_args a) {
+__device__ __forceinline__ void recurrence_body(const recurrence_args & a) {
     constexpr int WARPS = HEAD / NC / REC_COLS, COLS = HEAD / NC;
     __shared__ float4 sq[CHUNK][HEAD / 4], sk[CHUNK][HEAD / 4];
     __shared__ float sv[CHUNK][HEAD], so[CHUNK][HEAD], sg[CHUNK], sb[CHUNK], part[CHUNK];
@@ -307,6 +308,31 @@ __global__ void __launch_bounds__(HEAD / NC / REC_COLS * 32) recurrence_kernel(r
     }
 }
 
+template <int NC>
+__global__ void __launch_bounds__(HEAD / NC / REC_COLS * 32) recurrence_kernel(recurrence_args a) {
+    recurrence_body<NC>(a);
+}
+
+// replay_layers (delta_net_step.h): row i of `layers` = {x, state} addresses of one layer.
+struct replay_layers_args {
+    const int64_t * layers = nullptr;  // [n][2]
+    int x_tokens = 0, T = 0, Hk = 0, Hv = 0;
+};
+
+// Layer blockIdx.y's replay: recurrence_kernel's CTAs of a state-only run (its state in place, no
+// outputs), so each layer's state gets the bits a verify of its first T tokens leaves. The table is
+// written once, when the session's state is allocated: read before the dependency wait.
+template <int NC>
+__global__ void __launch_bounds__(HEAD / NC / REC_COLS * 32) replay_layers_kernel(replay_layers_args r) {
+    recurrence_args a;
+    a.x = reinterpret_cast<const float *>(static_cast<uintptr_t>(r.layers[2 * blockIdx.y]));
+    a.state_dst = reinterpret_cast<float *>(static_cast<uintptr_t>(r.layers[2 * blockIdx.y + 1]));
+    a.s0 = a.state_dst;
+    a.x_tokens = r.x_tokens, a.T = r.T, a.Hk = r.Hk, a.Hv = r.Hv;
+    a.state_mode = 0;  // final state into slot 0 (the state itself)
+    recurrence_body<NC>(a);
+}
+
 // Whether the kernels take these shapes (the graph builder asks before it adds the ops).
 inline bool supported(int d_conv, int conv_dim, int T) {
     return d_conv >= 2 && d_conv <= MAX_D_CONV && conv_dim % HEAD == 0 && T >= 1 && T <= MAX_TOKENS;
@@ -346,6 +372,22 @@ inline cudaError_t run_recurrence(const recurrence_args & a, cudaStream_t stream
                                         REC_CLUSTER, stream, cuda::pdl_kernel<clustered>(dev), a);
     return cuda::launch(recurrence_kernel<1>, dim3(a.Hv), dim3(HEAD / REC_COLS * 32), 0, stream,
                         cuda::pdl_kernel<recurrence_kernel<1>>(dev), a);
+}
+
+inline cudaError_t run_replay_layers(const replay_layers_args & r, int n_layers, cudaStream_t stream) {
+    if (r.T < 1 || r.T > MAX_TOKENS || r.x_tokens < r.T || r.x_tokens > MAX_TOKENS || r.Hk < 1 || n_layers < 1 ||
+        n_layers > 65535)
+        return cudaErrorInvalidValue;
+    int dev = 0;
+    const cudaError_t err = cudaGetDevice(&dev);
+    if (err != cudaSuccess) return err;
+    constexpr auto clustered = replay_layers_kernel<REC_CLUSTER>;
+    if (cuda::clusters_run<clustered>(dev))
+        return cuda::launch_in_clusters(clustered, dim3(r.Hv * REC_CLUSTER, n_layers),
+                                        dim3(HEAD / REC_CLUSTER / REC_COLS * 32), REC_CLUSTER, stream,
+                                        cuda::pdl_kernel<clustered>(dev), r);
+    return cuda::launch(replay_layers_kernel<1>, dim3(r.Hv, n_layers), dim3(HEAD / REC_COLS * 32), 0, stream,
+                        cuda::pdl_kernel<replay_layers_kernel<1>>(dev), r);
 }
 
 }  // namespace cuda_step

@@ -33,7 +33,7 @@ constexpr int64_t MAX_D_CONV = 8;
 enum class state_out : int32_t {
     final_state = 0,  // the state after the last token, into slot 0
     every_state = 1,  // the state after token t into slot T-1-t (a verify's checkpoints)
-    none = 2,         // nothing (a verify whose commit replays the kept tokens: replay())
+    none = 2,         // nothing (a verify whose commit replays the kept tokens: replay_layers())
 };
 
 // What a node carries besides its sources, after ggml's custom-op header in op_params.
@@ -42,10 +42,10 @@ struct step_params {
     int32_t window_from = 0;  // inputs: conv window values [window_from, d_conv-1+T) go to the conv destination
     int32_t kept = 0;         // inputs: 1 when the node is a view of `keep` (src[0]; its operands from src[1])
     int32_t state_mode = 0;   // recurrence: a state_out
-    int32_t outputs = 1;      // recurrence: 0 = state only (replay)
     int32_t x_tokens = 0;     // recurrence: the tokens of the inputs op's result x (>= n_tokens)
     int32_t n_tokens = 0;     // recurrence: the tokens run (x's first n_tokens)
     float eps = 0.0f;         // inputs: the L2 norm's; recurrence: the gated RMS norm's
+    int32_t n_v_heads = 0;    // replay_layers: Hv (the other ops take it from their operands)
 };
 
 // The inputs op. qkv [(2 Hk + Hv) HEAD, T], beta / alpha [Hv, T] (rows contiguous, any column
@@ -75,15 +75,21 @@ ggml_tensor * input_operand(const ggml_tensor * dst, int i);
 ggml_tensor * recurrence(ggml_context * ctx, ggml_tensor * x, int64_t x_tokens, ggml_tensor * z, ggml_tensor * s0,
                          ggml_tensor * norm_w, ggml_tensor * state_dst, int64_t n_k_heads, state_out mode, float eps);
 
-// The same recurrence over x's first T tokens for the state only (the final state into
-// state_dst's slot 0, no outputs): a chain commit after a verify that kept x (state_out::none),
-// the same bits as the verify's own state after token T-1. Returns a view of state_dst.
-ggml_tensor * replay(ggml_context * ctx, ggml_tensor * x, int64_t x_tokens, int64_t T, ggml_tensor * s0,
-                     ggml_tensor * state_dst, int64_t n_k_heads);
+// A chain commit after verifies that kept x (state_out::none): for each of n layers, the same
+// recurrence over x's first T tokens for the state only, the final state written over the state
+// the verify started from; the same bits as the verify's own state after token T-1. One node and
+// one launch for all the layers: layers [2, n] I64, in the memory of the backend that computes the
+// node, row i = {the address of layer i's x (the inputs op's result for x_tokens tokens), the
+// address of its state [HEAD HEAD, Hv] F32, contiguous}; every layer has n_k_heads key and
+// n_v_heads value heads; no two rows may share a state. The node is a view of `layers` (it writes
+// the states in place; nothing else).
+ggml_tensor * replay_layers(ggml_context * ctx, ggml_tensor * layers, int64_t x_tokens, int64_t T, int64_t n_k_heads,
+                            int64_t n_v_heads);
 
 // The CPU implementations (ggml_custom_op_t); their addresses also tell the ops apart in a graph.
 void inputs_cpu(ggml_tensor * dst, int ith, int nth, void * userdata);
 void recurrence_cpu(ggml_tensor * dst, int ith, int nth, void * userdata);
+void replay_layers_cpu(ggml_tensor * dst, int ith, int nth, void * userdata);
 
 // How many of the ops the CPU functions have run in this process (tests check the ops were used;
 // kernels::delta_net_step_runs counts the CUDA kernels').
@@ -92,7 +98,7 @@ uint64_t cpu_runs();
 // The node's step_params (dst made by inputs() or recurrence()).
 step_params params_of(const ggml_tensor * dst);
 
-// Which op a node is: 1 inputs, 2 recurrence, 0 neither.
+// Which op a node is: 1 inputs, 2 recurrence, 3 replay_layers, 0 none of them.
 int op_of(const ggml_tensor * node);
 
 // The ops' shapes, from a node's sources.

@@ -490,6 +490,7 @@ std::unique_ptr<layer_split_session> layer_split::new_session(qwen35_state & ful
         v.ssm_ckpt = parts[s].ssm_ckpt;
         v.conv_ckpt = parts[s].conv_ckpt;
         v.inputs_ckpt = parts[s].inputs_ckpt;
+        v.replay_table = parts[s].replay_table;
         v.ring = parts[s].ring;
         ss->views.push_back(std::move(v));
         ss->graphs.push_back(std::make_unique<layer_split_session::range_graph>());
@@ -497,6 +498,11 @@ std::unique_ptr<layer_split_session> layer_split::new_session(qwen35_state & ful
     full.store = std::move(parts[0].store);
     for (size_t s = 1; s < parts.size(); ++s) {
         full.more_stores.push_back(std::move(parts[s].store));
+    }
+    for (qwen35_state & p : parts) {
+        for (tensor_store & t : p.table_stores) {
+            full.table_stores.push_back(std::move(t));
+        }
     }
     ss->ring_size = full.ring_size;
     ss->mirror.assign(capture.size(), nullptr);

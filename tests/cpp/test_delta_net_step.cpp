@@ -6,6 +6,7 @@
 // builders' refusals.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <random>
 #include <tuple>
@@ -274,15 +275,16 @@ void check_batch_independent(ggml_backend_t be, const layer & l, int64_t T, uint
 }
 
 // A verify that keeps its fused inputs (written into `kept`, state_out::none) and a commit that
-// replays its first m tokens: the verify's outputs and the replayed state must be the same bits as a verify that writes
-// every token's state (its outputs, its slot T-m).
+// replays its first m tokens (replay_layers over two layers' rows: the same kept inputs, the verify's
+// state and a copy of where it started): the verify's outputs and both replayed states must be the same
+// bits as a verify that writes every token's state (its outputs, its slot T-m).
 void check_replay(ggml_backend_t be, const layer & l, int64_t T, uint32_t seed) {
     const state s0 = random_state(l, seed);
     const std::vector<float> proj = random_proj(l, T, seed + 1);
     const result every = run_ops(be, l, s0, proj, T, true);
     const int64_t C = l.conv_dim(), D = l.Hv * N * N, X = (C + 2 * l.Hv) * T;
     for (int64_t m : {int64_t(1), (T + 1) / 2, T}) {
-        ggml_init_params ip{ggml_tensor_overhead() * 40 + 2 * ggml_graph_overhead(), nullptr, true};
+        ggml_init_params ip{ggml_tensor_overhead() * 44 + 2 * ggml_graph_overhead(), nullptr, true};
         ggml_context * ctx = ggml_init(ip);
         const layer_tensors lt(ctx, l, T, 1);
         ggml_tensor * kept = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, X + 7);  // as the model's, larger than needed
@@ -294,24 +296,34 @@ void check_replay(ggml_backend_t be, const layer & l, int64_t T, uint32_t seed) 
                                            l.Hk, dn::state_out::none, EPS);
         ggml_cgraph * verify = ggml_new_graph(ctx);
         ggml_build_forward_expand(verify, out);
+        ggml_tensor * ssm2 = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, N * N, l.Hv);
+        ggml_tensor * table = ggml_new_tensor_2d(ctx, GGML_TYPE_I64, 2, 2);
         ggml_cgraph * commit = ggml_new_graph(ctx);
-        ggml_build_forward_expand(commit, dn::replay(ctx, ggml_view_1d(ctx, kept, X, 0), T, m, ssm,
-                                                     ggml_view_2d(ctx, ssm, D, 1, D * es, 0), l.Hk));
+        ggml_build_forward_expand(commit, dn::replay_layers(ctx, table, T, m, l.Hk, l.Hv));
         ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors(ctx, be);
         lt.upload(l, s0, proj);
+        ggml_backend_tensor_set(ssm2, s0.ssm.data(), 0, ggml_nbytes(ssm2));
+        const auto address = [](const ggml_tensor * t) { return int64_t(reinterpret_cast<uintptr_t>(t->data)); };
+        const int64_t rows[4] = {address(kept), address(ssm), address(kept), address(ssm2)};
+        ggml_backend_tensor_set(table, rows, 0, sizeof rows);
         CHECK(ggml_backend_graph_compute(be, verify) == GGML_STATUS_SUCCESS);
-        std::vector<float> o(ggml_nelements(out)), untouched(ggml_nelements(ssm)), replayed(ggml_nelements(ssm));
+        std::vector<float> o(ggml_nelements(out)), untouched(ggml_nelements(ssm)), replayed(ggml_nelements(ssm)),
+            replayed2(ggml_nelements(ssm2));
         ggml_backend_tensor_get(out, o.data(), 0, ggml_nbytes(out));
         ggml_backend_tensor_get(ssm, untouched.data(), 0, ggml_nbytes(ssm));
         CHECK(ggml_backend_graph_compute(be, commit) == GGML_STATUS_SUCCESS);
         ggml_backend_tensor_get(ssm, replayed.data(), 0, ggml_nbytes(ssm));
+        ggml_backend_tensor_get(ssm2, replayed2.data(), 0, ggml_nbytes(ssm2));
         const std::vector<float> want(every.ssm.begin() + (T - m) * D, every.ssm.begin() + (T - m + 1) * D);
-        const size_t out_differ = bits_differ(o, every.out), state_differ = bits_differ(replayed, want);
-        std::printf("  T %lld, replay of %lld: %zu outputs, %zu state values differ from the verify that keeps every state\n",
-                    (long long) T, (long long) m, out_differ, state_differ);
+        const size_t out_differ = bits_differ(o, every.out), state_differ = bits_differ(replayed, want),
+                     state2_differ = bits_differ(replayed2, want);
+        std::printf("  T %lld, replay of %lld: %zu outputs, %zu and %zu state values differ from the verify that keeps "
+                    "every state\n",
+                    (long long) T, (long long) m, out_differ, state_differ, state2_differ);
         CHECK(untouched == s0.ssm);  // the verify itself writes no state
         CHECK(out_differ == 0);
         CHECK(state_differ == 0);
+        CHECK(state2_differ == 0);
         ggml_backend_buffer_free(buf);
         ggml_free(ctx);
     }
@@ -387,8 +399,13 @@ TEST_CASE(builders_refuse_bad_shapes) {
     CHECK_THROWS(dn::recurrence(ctx, x, T + 1, f32(Hv * N, T + 1), s, nw, dst, Hk, fin, EPS), error, "x:");
     CHECK_THROWS(dn::recurrence(ctx, x, T - 1, z, s, nw, dst, Hk, fin, EPS), error, "x_tokens >= T");
     CHECK_THROWS(dn::recurrence(ctx, x, T, f32(Hv * N + 1, T), s, nw, dst, Hk, fin, EPS), error, "z [");
-    CHECK(dn::replay(ctx, x, T, 2, s, dst, Hk) != nullptr);
-    CHECK_THROWS(dn::replay(ctx, x, T, T + 1, s, dst, Hk), error, "x_tokens >= T");
+    ggml_tensor * table = ggml_new_tensor_2d(ctx, GGML_TYPE_I64, 2, 3);
+    CHECK(dn::replay_layers(ctx, table, T, 2, Hk, Hv) != nullptr);
+    CHECK_THROWS(dn::replay_layers(ctx, f32(2, 3), T, 2, Hk, Hv), error, "I64");
+    CHECK_THROWS(dn::replay_layers(ctx, ggml_new_tensor_2d(ctx, GGML_TYPE_I64, 3, 3), T, 2, Hk, Hv), error, "[2, n]");
+    CHECK_THROWS(dn::replay_layers(ctx, table, T, T + 1, Hk, Hv), error, "x_tokens >= T");
+    CHECK_THROWS(dn::replay_layers(ctx, table, dn::MAX_TOKENS + 1, 2, Hk, Hv), error, "MAX_TOKENS");
+    CHECK_THROWS(dn::replay_layers(ctx, table, T, 2, 2, 3), error, "multiple of the key heads");
     ggml_free(ctx);
 }
 

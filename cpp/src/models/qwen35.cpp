@@ -425,6 +425,20 @@ qwen35_state qwen35_state::allocate(const qwen35_hparams & hp, uint32_t kv_size,
         }
     }, "the sequence state (KV cache, recurrent state, feature ring)");
     s.store.clear();
+    std::vector<int64_t> rows;  // the replay table (replay_layers): {x, state} addresses a layer
+    for (uint32_t il = 0; il < hp.n_layer; ++il) {
+        if (s.inputs_ckpt[il] != nullptr) {
+            rows.push_back(static_cast<int64_t>(reinterpret_cast<uintptr_t>(s.inputs_ckpt[il]->data)));
+            rows.push_back(static_cast<int64_t>(reinterpret_cast<uintptr_t>(s.ssm[il]->data)));
+        }
+    }
+    if (!rows.empty()) {
+        s.table_stores.push_back(tensor_store::allocate(buft, dev, 1, [&](ggml_context * ctx) {
+            s.replay_table = ggml_new_tensor_2d(ctx, GGML_TYPE_I64, 2, int64_t(rows.size() / 2));
+            ggml_set_name(s.replay_table, "replay_table");
+        }, "the DeltaNet replay table"));
+        ggml_backend_tensor_set(s.replay_table, rows.data(), 0, rows.size() * sizeof(int64_t));
+    }
     return s;
 }
 
@@ -866,17 +880,16 @@ ggml_cgraph * build_qwen35_commit_graph(ggml_context * ctx, const qwen35_hparams
     // nodes per DeltaNet layer: the ssm copy (view, reshape, cpy), the conv copy (view, view, cpy)
     ggml_cgraph * gf = ggml_new_graph_custom(ctx, 6 * size_t(hp.n_layer) + 16, false);
     const int64_t D = int64_t(hp.ssm_d_state) * hp.ssm_d_state * hp.ssm_n_v_heads;
+    bool replays = false;
     for (uint32_t il = 0; il < hp.n_layer; ++il) {
         if (!hp.is_recurrent[il] || st.ssm[il] == nullptr) {
             continue;
         }
         if (replays_commit(true, st.inputs_ckpt[il], n_verified)) {
             // the kept tokens' recurrence again from the state before the verify (the same bits as the
-            // verify's state after token last_kept: the ops' results do not depend on the batch)
-            ggml_tensor * x = ggml_view_1d(ctx, st.inputs_ckpt[il], int64_t(hp.fused_inputs_dim()) * n_verified, 0);
-            ggml_build_forward_expand(gf, delta_net::replay(ctx, x, n_verified, int64_t(last_kept) + 1, st.ssm[il],
-                                                            ggml_view_2d(ctx, st.ssm[il], D, 1, D * sizeof(float), 0),
-                                                            hp.ssm_n_k_heads));
+            // verify's state after token last_kept: the ops' results do not depend on the batch), for
+            // every such layer in one node (replay_layers, below)
+            replays = true;
         } else {
             ggml_tensor * ck = st.ssm_ckpt[il];
             if (ck == nullptr) {
@@ -890,6 +903,13 @@ ggml_cgraph * build_qwen35_commit_graph(ggml_context * ctx, const qwen35_hparams
         ggml_tensor * win = ggml_view_2d(ctx, cc, hp.ssm_d_conv - 1, hp.conv_dim(), cc->nb[1],
                                          (last_kept + 1) * ggml_element_size(cc));
         ggml_build_forward_expand(gf, graph::copy_by_kernel(ctx, win, st.conv[il]));
+    }
+    if (replays) {
+        if (st.replay_table == nullptr) {
+            throw error("internal: a commit replays layers of a state without its replay table");
+        }
+        ggml_build_forward_expand(gf, delta_net::replay_layers(ctx, st.replay_table, n_verified, int64_t(last_kept) + 1,
+                                                               hp.ssm_n_k_heads, hp.ssm_n_v_heads));
     }
     return gf;
 }
@@ -1094,6 +1114,7 @@ ggml_cgraph * build_qwen35_backup_graph(ggml_context * ctx, const qwen35_hparams
     // nodes per DeltaNet layer: the ssm copy (view, reshape, cpy), the conv copy (view, view, cpy)
     ggml_cgraph * gf = ggml_new_graph_custom(ctx, 6 * size_t(hp.n_layer) + 16, false);
     const int64_t D = int64_t(hp.ssm_d_state) * hp.ssm_d_state * hp.ssm_n_v_heads;
+    bool replays = false;
     for (uint32_t il = 0; il < hp.n_layer; ++il) {
         if (!hp.is_recurrent[il] || st.ssm[il] == nullptr) {
             continue;

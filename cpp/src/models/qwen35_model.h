@@ -77,13 +77,19 @@ struct qwen35_state {
     // which the commit re-runs for the kept tokens instead of copying a state; only for layers whose
     // steps run the fused ops (qwen35_fused_layers), else null
     std::vector<ggml_tensor *> inputs_ckpt;
+    // [2, n] I64, for a commit's one delta_net::replay_layers node: row i = {inputs_ckpt, ssm} addresses
+    // of the i-th layer with inputs_ckpt (layer order), written when allocated; null without such
+    // layers. A layer split's full state has none: each range's view has its own.
+    ggml_tensor * replay_table = nullptr;
     uint32_t n_checkpoints = 0;
     tensor_store store;
     // A layer split's state spans one store per device: the others (store holds the first); and
     // the state checkpoints add_state_checkpoints allocated later.
     std::vector<tensor_store> more_stores;
+    // the replay tables' memory (a layer split's: every range's), which clear() leaves as it is
+    std::vector<tensor_store> table_stores;
 
-    void clear();  // zero every store
+    void clear();  // zero every store but table_stores
 
     // The DeltaNet layers with a state but no ssm_ckpt (allocated without them); none: a verify may
     // keep whole states.

@@ -71,6 +71,7 @@ def main() -> int:
     if args.ggml_attention_split:
         split["rows"] = 0
     core.set_fattn_fixed_split(**split)  # what is not given: the defaults (cuda_kernels.h)
+    print(f"attention split: {split or 'the defaults'} (cuda_kernels.h has the defaults)")
 
     placement = dict(device=args.device, devices=[d for d in args.devices.split(",") if d], split=args.split)
     engine = lucebox.Engine(args.model, args.draft, ctx=args.ctx, spec="chain" if args.draft else "off",

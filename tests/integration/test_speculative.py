@@ -260,6 +260,30 @@ def test_verify_blocks_stop_where_a_long_view_is_clipped(pair: tuple[str, str]) 
     assert asked[0] == (1017, 6), asked[:2]
 
 
+def test_a_clipped_view_right_after_the_switch(pair: tuple[str, str]) -> None:
+    # a 3840-row cache made before the switch moves to 3800 keys: views up to 3584 rows are short, every
+    # longer one is the clipped 3840 (not whole long pads), so the one bound is the switch at 3584
+    from lucebox import _core
+    target, _ = pair
+    engine = lucebox.Engine(target, ctx=3840, device="cpu")
+    _core.set_fattn_fixed_split(long_keys=3800)
+    try:
+        p = [int(x) for x in np.random.default_rng(10).integers(0, 1000, 3577)]
+        ref = engine.generate(p, max_tokens=40).tokens
+        asked: list[tuple[int, int]] = []
+        inner = forced(ref, len(p), None)
+
+        def propose(context: np.ndarray, last: int, n: int):
+            asked.append((len(context), n))
+            return inner(context, last, n)
+
+        chain = engine.session().generate(p, max_tokens=40, propose=propose).tokens
+    finally:
+        _core.set_fattn_fixed_split()
+    assert chain == ref
+    assert asked[0] == (3577, 6) and asked[1] == (3584, BLOCK - 1), asked[:3]
+
+
 def test_a_cache_that_reaches_long_views_is_whole_long_pads(pair: tuple[str, str]) -> None:
     # cache rows: the context padded to 256, and to 1024 where it reaches the long views (4096 keys by
     # default; 600 below), so that no long view is clipped to a length the long pieces do not divide

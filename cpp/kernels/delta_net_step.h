@@ -95,7 +95,7 @@ void replay_layers_cpu(ggml_tensor * dst, int ith, int nth, void * userdata);
 // kernels::delta_net_step_runs counts the CUDA kernels').
 uint64_t cpu_runs();
 
-// The node's step_params (dst made by inputs() or recurrence()).
+// The node's step_params (dst made by inputs(), recurrence() or replay_layers()).
 step_params params_of(const ggml_tensor * dst);
 
 // Which op a node is: 1 inputs, 2 recurrence, 3 replay_layers, 0 none of them.

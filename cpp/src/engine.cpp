@@ -1439,7 +1439,7 @@ generate_result session::generate_speculative(const std::vector<int32_t> & pendi
         const auto t_step = clock::now();
         const bool speculating = !adaptive || policy.speculate();
         // tokens verified this step: last + n-1 proposals (n < block only at the end of the context
-        // or below the attention's width switch)
+        // or where the attention's split changes: split_safe_tokens)
         const uint32_t n = speculating ? std::min({block, room, split_safe_tokens(n_past(), e.kv_size)}) : 1;
         auto tp = clock::now();
         std::vector<int32_t> verified{last};
@@ -1543,8 +1543,8 @@ spec::commit_plan session::tree_step(int32_t last, uint32_t room, const generate
         st_->model_state.add_state_checkpoints(e.target.hparams, ggml_backend_dev_buffer_type(e.dev), e.dev);
     }
     const qwen35_state & st = st_->model_state;
-    // nodes of one verify: checkpoint slots and feature-ring rows per node, context room, and the
-    // attention's width switch
+    // nodes of one verify: checkpoint slots and feature-ring rows per node, context room, and where
+    // the attention's split changes
     const uint32_t cap = std::min({st.n_checkpoints, st.ring.empty() ? st.n_checkpoints : st.ring_size, room,
                                    split_safe_tokens(n_past(), e.kv_size)});
     const int32_t V = static_cast<int32_t>(n_vocab());

@@ -115,8 +115,6 @@ TEST_CASE(schema_names_and_deferred_ids) {
     CHECK_THROWS(own.validate(), config_error, "no embedding or LM head");
 }
 
-TEST_MAIN()
-
 TEST_CASE(a_kept_mask_vector_is_overwritten_whole) {
     // the engine keeps one vector from step to step: a longer, stale mask in it leaves nothing behind
     const dflash_hparams hp = draft(dflash_schema::lucebox, 3);
@@ -128,3 +126,5 @@ TEST_CASE(a_kept_mask_vector_is_overwritten_whole) {
     CHECK(m == block_mask(hp, true, 5, 3, 10));
     CHECK(row(m, 10, 0) == "xx....xxxx");
 }
+
+TEST_MAIN()

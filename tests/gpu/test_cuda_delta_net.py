@@ -18,8 +18,8 @@ from lucebox import _core, synth
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
+from forcing import forced, forced_tree  # noqa: E402
 from test_cuda_speculative import _check_same_or_tie  # noqa: E402
-from test_tree import forced_tree  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -47,24 +47,13 @@ def test_logits_with_the_ops_match_cpu(target128: str) -> None:
     assert diff <= MAX_ABS
 
 
-def _forced(reference: list[int], prompt_len: int, corrupt_at: int | None):
-    # the known continuation, its proposal corrupt_at changed: exactly corrupt_at accepted a step
-    def propose(context: np.ndarray, last: int, n: int) -> list[int]:
-        start = len(context) - prompt_len + 1
-        out = [reference[start + i] if start + i < len(reference) else 0 for i in range(n)]
-        if corrupt_at is not None and corrupt_at < n:
-            out[corrupt_at] = (out[corrupt_at] + 1) % 1000
-        return out
-    return propose
-
-
 def test_replayed_commits_equal_plain_greedy_on_gpu(target128: str) -> None:
     engine = lucebox.Engine(target128, ctx=512, device="cuda")
     cpu = lucebox.Engine(target128, ctx=512, device="cpu")
     p = list(range(30, 75))
     ref = engine.generate(p, max_tokens=40).tokens
     for k in (0, 1, 5, BLOCK - 2, None):
-        got = engine.session().generate(p, max_tokens=40, propose=_forced(ref, len(p), k)).tokens
+        got = engine.session().generate(p, max_tokens=40, propose=forced(ref, len(p), k)).tokens
         common = next((i for i, (a, b) in enumerate(zip(ref, got)) if a != b), len(ref))
         print(f"corrupt_at={k}: {common} of {len(ref)} tokens as plain decoding")
         if common < len(ref):
@@ -84,7 +73,7 @@ def test_a_tree_in_a_chain_session_adds_its_state_checkpoints_on_gpu(target128: 
     ref = engine.generate(p, max_tokens=32).tokens
     s = engine.session()
     before = s.state_nbytes
-    _check_same_or_tie(engine, cpu, p, ref, s.generate(p, max_tokens=32, propose=_forced(ref, len(p), 5)).tokens)
+    _check_same_or_tie(engine, cpu, p, ref, s.generate(p, max_tokens=32, propose=forced(ref, len(p), 5)).tokens)
     assert s.state_nbytes == before  # chain verifies: the fused inputs only
     s.reset()
     _check_same_or_tie(engine, cpu, p, ref, s.generate(p, max_tokens=32, propose_tree=forced_tree(ref, len(p), 4)).tokens)

@@ -2,10 +2,16 @@
 with the real tiny draft and with forced proposals (accept lengths 0, 5 and full)."""
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 import lucebox
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
+from forcing import forced  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -54,15 +60,7 @@ def test_forced_proposals_on_cuda(pair: tuple[str, str], corrupt_at: int | None)
     for _ in range(5):
         p = [int(x) for x in rng.integers(0, 1000, 40)]
         ref = engine.generate(p, max_tokens=48).tokens
-
-        def propose(context: np.ndarray, last: int, n: int) -> list[int]:
-            start = len(context) - len(p) + 1
-            out = [ref[start + i] if start + i < len(ref) else 0 for i in range(n)]
-            if corrupt_at is not None and corrupt_at < n:
-                out[corrupt_at] = (out[corrupt_at] + 1) % 1000
-            return out
-
-        got = engine.session().generate(p, max_tokens=48, propose=propose)
+        got = engine.session().generate(p, max_tokens=48, propose=forced(ref, len(p), corrupt_at))
         _check_same_or_tie(engine, cpu, p, ref, got.tokens)
 
 

@@ -10,7 +10,7 @@ import pytest
 
 import lucebox
 from lucebox import synth
-from forcing import forced
+from forcing import forced, forced_tree
 
 BLOCK = 16
 N_PROMPTS = 20
@@ -190,28 +190,34 @@ def test_context_end_during_speculation(pair: tuple[str, str]) -> None:
     assert spec.finish_reason == plain.finish_reason == "context"
 
 
+def _blocks_asked(engine: lucebox.Engine, prompt: list[int], ref: list[int],
+                  tree: bool) -> tuple[list[int], list[tuple[int, int]]]:
+    """A generation with forced proposals (the whole known continuation `ref`; a tree 4 deep) and what
+    each step asked for: (tokens before the step, proposals asked for)."""
+    asked: list[tuple[int, int]] = []
+    inner = forced_tree(ref, len(prompt), 4) if tree else forced(ref, len(prompt), None)
+
+    def propose(context: np.ndarray, last: int, n: int):
+        asked.append((len(context), n))
+        return inner(context, last, n)
+
+    kw = dict(propose_tree=propose) if tree else dict(propose=propose)
+    return engine.session().generate(prompt, max_tokens=40, **kw).tokens, asked
+
+
 def test_verify_blocks_stop_at_the_attention_width_switch(pair: tuple[str, str]) -> None:
     # CUDA's attention takes another query tile width for key views of >= long_keys rows (ggml patch
     # 0008); views are padded to 256 rows (long ones then to 1024), so with long_keys 600 the decode
     # steps from position 512 on see long views. A verify from below 512 must end below it, on every
     # backend (here the CPU).
     from lucebox import _core
-    from forcing import forced_tree
     target, _ = pair
     engine = lucebox.Engine(target, ctx=1024, device="cpu")
     p = [int(x) for x in np.random.default_rng(8).integers(0, 1000, 505)]
     ref = engine.generate(p, max_tokens=40).tokens
 
     def run(tree: bool) -> tuple[list[int], list[tuple[int, int]]]:
-        asked: list[tuple[int, int]] = []  # (tokens before the step, proposals asked for)
-        inner = forced_tree(ref, len(p), 4) if tree else forced(ref, len(p), None)
-
-        def propose(context: np.ndarray, last: int, n: int):
-            asked.append((len(context), n))
-            return inner(context, last, n)
-
-        kw = dict(propose_tree=propose) if tree else dict(propose=propose)
-        return engine.session().generate(p, max_tokens=40, **kw).tokens, asked
+        return _blocks_asked(engine, p, ref, tree)
 
     chain, asked = run(False)  # the default switch (4096 keys) is past this 1024-token context: full blocks
     assert chain == ref and asked[0] == (505, BLOCK - 1)
@@ -228,60 +234,36 @@ def test_verify_blocks_stop_at_the_attention_width_switch(pair: tuple[str, str])
     assert tree_asked[0] == (505, 6) and free_tree_cap > 6, (tree_asked[:2], free_tree_cap)
 
 
-def test_verify_blocks_stop_where_a_long_view_is_clipped(pair: tuple[str, str]) -> None:
-    # long key views are padded to 1024 rows (cuda_kernels.h: k_fattn_long_view_pad, whole long pieces),
-    # clipped at the cache. An engine whose cache reaches long views gets whole pads; this one is made
-    # while the switch (4096 keys) is past its 1280 rows, then the switch moves to 600: a view ends at
-    # 1024 until the tokens pass it, then at 1280, which is not whole pieces (patch 0008 cuts it at its
-    # KV tiles). A verify from below 1024 ends there.
+# (ctx, long_keys, prompt, bound). Long key views are padded to 1024 rows (cuda_kernels.h:
+# k_fattn_long_view_pad, whole long pieces), clipped at the cache. An engine whose cache reaches long
+# views gets whole pads; these are made while the switch (4096 keys) is past their caches, then it
+# moves to long_keys.
+# - 1280 rows, switch at 600: a view ends at 1024 until the tokens pass it, then at 1280, which is not
+#   whole pieces (patch 0008 cuts it at its KV tiles). A verify from below 1024 ends there.
+# - 3840 rows, switch at 3800: views up to 3584 rows are short, every longer one is the clipped 3840,
+#   so the one bound is the switch at 3584.
+CLIPPED_VIEWS = [(1280, 600, 1017, 1024), (3840, 3800, 3577, 3584)]
+
+
+@pytest.mark.parametrize("ctx,long_keys,n_prompt,bound", CLIPPED_VIEWS)
+def test_verify_blocks_stop_where_a_long_view_is_clipped(pair: tuple[str, str], ctx: int, long_keys: int,
+                                                         n_prompt: int, bound: int) -> None:
     from lucebox import _core
-    from forcing import forced_tree
     target, _ = pair
-    engine = lucebox.Engine(target, ctx=1280, device="cpu")
-    _core.set_fattn_fixed_split(long_keys=600)
+    engine = lucebox.Engine(target, ctx=ctx, device="cpu")
+    _core.set_fattn_fixed_split(long_keys=long_keys)
     try:
-        p = [int(x) for x in np.random.default_rng(10).integers(0, 1000, 1017)]
+        p = [int(x) for x in np.random.default_rng(10).integers(0, 1000, n_prompt)]
         ref = engine.generate(p, max_tokens=40).tokens
-        asked: list[tuple[int, int]] = []
-
-        def propose(context: np.ndarray, last: int, n: int):
-            asked.append((len(context), n))
-            return inner(context, last, n)
-
-        inner = forced(ref, len(p), None)
-        chain = engine.session().generate(p, max_tokens=40, propose=propose).tokens
-        chain_asked, asked = asked, []
-        inner = forced_tree(ref, len(p), 4)
-        tree = engine.session().generate(p, max_tokens=40, propose_tree=propose).tokens
+        chain, chain_asked = _blocks_asked(engine, p, ref, tree=False)
+        tree, asked = _blocks_asked(engine, p, ref, tree=True)
     finally:
         _core.set_fattn_fixed_split()
     assert chain == ref and tree == ref
-    assert chain_asked[0] == (1017, 6) and chain_asked[1] == (1024, BLOCK - 1), chain_asked[:3]
-    assert asked[0] == (1017, 6), asked[:2]
-
-
-def test_a_clipped_view_right_after_the_switch(pair: tuple[str, str]) -> None:
-    # a 3840-row cache made before the switch moves to 3800 keys: views up to 3584 rows are short, every
-    # longer one is the clipped 3840 (not whole long pads), so the one bound is the switch at 3584
-    from lucebox import _core
-    target, _ = pair
-    engine = lucebox.Engine(target, ctx=3840, device="cpu")
-    _core.set_fattn_fixed_split(long_keys=3800)
-    try:
-        p = [int(x) for x in np.random.default_rng(10).integers(0, 1000, 3577)]
-        ref = engine.generate(p, max_tokens=40).tokens
-        asked: list[tuple[int, int]] = []
-        inner = forced(ref, len(p), None)
-
-        def propose(context: np.ndarray, last: int, n: int):
-            asked.append((len(context), n))
-            return inner(context, last, n)
-
-        chain = engine.session().generate(p, max_tokens=40, propose=propose).tokens
-    finally:
-        _core.set_fattn_fixed_split()
-    assert chain == ref
-    assert asked[0] == (3577, 6) and asked[1] == (3584, BLOCK - 1), asked[:3]
+    # the last token and 6 proposals up to the bound, then full blocks
+    assert bound - n_prompt == 7
+    assert chain_asked[0] == (n_prompt, 6) and chain_asked[1] == (bound, BLOCK - 1), chain_asked[:3]
+    assert asked[0] == (n_prompt, 6), asked[:2]
 
 
 def test_a_cache_that_reaches_long_views_is_whole_long_pads(pair: tuple[str, str]) -> None:

@@ -60,6 +60,7 @@ shape shape_of(const ggml_tensor * dst) {
     } else {
         s.T = params_of(dst).n_tokens;
         s.Hv = op_of(dst) == 3 ? params_of(dst).n_v_heads : dst->src[2]->ne[1];
+        s.d_conv = op_of(dst) == 3 ? params_of(dst).d_conv : 0;
         s.conv_dim = (2 * s.Hk + s.Hv) * HEAD;
     }
     return s;
@@ -131,18 +132,24 @@ ggml_tensor * recurrence(ggml_context * ctx, ggml_tensor * x, int64_t x_tokens, 
 }
 
 ggml_tensor * replay_layers(ggml_context * ctx, ggml_tensor * layers, int64_t x_tokens, int64_t T, int64_t n_k_heads,
-                            int64_t n_v_heads) {
-    require(layers->type == GGML_TYPE_I64 && layers->ne[0] == 2 && layers->ne[1] >= 1 && ggml_is_contiguous(layers) &&
-                layers->ne[2] == 1 && layers->ne[3] == 1,
-            "replay_layers", "layers [2, n] I64 contiguous");
-    require(T >= 1 && x_tokens >= T && x_tokens <= MAX_TOKENS, "replay_layers", "MAX_TOKENS >= x_tokens >= T >= 1");
-    require(n_k_heads > 0 && n_v_heads % n_k_heads == 0, "replay_layers", "value heads a multiple of the key heads");
+                            int64_t n_v_heads, int64_t d_conv, int64_t conv_src_stride) {
+    const char * op = "replay_layers";
+    require(layers->type == GGML_TYPE_I64 && layers->ne[0] == REPLAY_COLUMNS && layers->ne[1] >= 1 &&
+                ggml_is_contiguous(layers) && layers->ne[2] == 1 && layers->ne[3] == 1,
+            op, "layers [4, n] I64 contiguous");
+    require(T >= 1 && x_tokens >= T && x_tokens <= MAX_TOKENS, op, "MAX_TOKENS >= x_tokens >= T >= 1");
+    require(n_k_heads > 0 && n_v_heads % n_k_heads == 0, op, "value heads a multiple of the key heads");
+    require(d_conv >= 2 && d_conv <= MAX_D_CONV, op, "2 <= d_conv <= MAX_D_CONV");
+    require(conv_src_stride >= d_conv - 1 + x_tokens && conv_src_stride <= INT32_MAX, op,
+            "a conv window source holds d_conv-1+x_tokens values a channel");
     step_params p;
     p.n_k_heads = static_cast<int32_t>(n_k_heads);
     p.n_v_heads = static_cast<int32_t>(n_v_heads);
     p.state_mode = static_cast<int32_t>(state_out::final_state);
     p.x_tokens = static_cast<int32_t>(x_tokens);
     p.n_tokens = static_cast<int32_t>(T);
+    p.d_conv = static_cast<int32_t>(d_conv);
+    p.conv_src_stride = static_cast<int32_t>(conv_src_stride);
     ggml_tensor * out = ggml_custom_inplace(ctx, layers, nullptr, 0, &replay_layers_cpu, GGML_N_TASKS_MAX, nullptr);
     set_params(out, p);
     return out;
@@ -271,11 +278,19 @@ void replay_layers_cpu(ggml_tensor * dst, int ith, int nth, void *) {
     const step_params p = params_of(dst);
     const int64_t D = HEAD * HEAD, n = layers->ne[1];
     std::vector<float> o(static_cast<size_t>(HEAD));
+    const auto address = [&](int64_t l, int64_t column) {
+        return reinterpret_cast<float *>(static_cast<uintptr_t>(rows[REPLAY_COLUMNS * l + column]));
+    };
     for (int64_t u = ith; u < n * s.Hv; u += nth) {  // (layer, value head) units; a head's state in place
         const int64_t l = u / s.Hv, h = u % s.Hv;
-        const float * x = reinterpret_cast<const float *>(static_cast<uintptr_t>(rows[2 * l]));
-        float * S = reinterpret_cast<float *>(static_cast<uintptr_t>(rows[2 * l + 1])) + h * D;
-        head_recurrence(x, p.x_tokens, s.T, s, h, S, o.data(), [](int64_t) {});
+        head_recurrence(address(l, 0), p.x_tokens, s.T, s, h, address(l, 1) + h * D, o.data(), [](int64_t) {});
+    }
+    const int64_t W = p.d_conv - 1;
+    for (int64_t l = ith; l < n; l += nth) {  // the conv windows after the T kept tokens
+        const float * src = address(l, 2);
+        float * conv = address(l, 3);
+        for (int64_t c = 0; c < s.conv_dim; ++c)
+            std::memcpy(conv + c * W, src + c * p.conv_src_stride + s.T, W * sizeof(float));
     }
 }
 

@@ -22,12 +22,14 @@ int64_t floats(size_t bytes) { return int64_t(bytes / sizeof(float)); }
 const float * cf(const ggml_tensor * t) { return static_cast<const float *>(t->data); }
 float * f(const ggml_tensor * t) { return static_cast<float *>(t->data); }
 
+static_assert(delta_net::REPLAY_COLUMNS == 4, "replay_layers_kernel reads rows of 4 addresses");
+
 int custom_op_hook(const ggml_tensor * dst, void * stream) {
     const int op = delta_net::op_of(dst);
     if (op == 0) return 0;  // not a node of lucebox's
     const delta_net::shape s = delta_net::shape_of(dst);
     const delta_net::step_params p = delta_net::params_of(dst);
-    if (!delta_net::cuda_step::supported(op == 1 ? int(s.d_conv) : 2, int(s.conv_dim), int(s.T))) return 0;
+    if (!delta_net::cuda_step::supported(op == 2 ? 2 : int(s.d_conv), int(s.conv_dim), int(s.T))) return 0;
     if (stream == nullptr) return 1;  // supports_op
     cudaError_t err = cudaSuccess;
     if (op == 1) {
@@ -45,7 +47,8 @@ int custom_op_hook(const ggml_tensor * dst, void * stream) {
     } else if (op == 3) {  // replay_layers: the layers' addresses are in the node's table (src[0])
         delta_net::cuda_step::replay_layers_args r;
         r.layers = static_cast<const int64_t *>(dst->src[0]->data);
-        r.x_tokens = p.x_tokens, r.T = int(s.T), r.Hk = int(s.Hk), r.Hv = int(s.Hv);
+        r.x_tokens = p.x_tokens, r.T = int(s.T), r.Hk = int(s.Hk), r.Hv = int(s.Hv), r.d_conv = p.d_conv;
+        r.conv_src_stride = p.conv_src_stride;
         err = delta_net::cuda_step::run_replay_layers(r, int(dst->src[0]->ne[1]), static_cast<cudaStream_t>(stream));
     } else {
         delta_net::cuda_step::recurrence_args a;

@@ -313,24 +313,34 @@ __global__ void __launch_bounds__(HEAD / NC / REC_COLS * 32) recurrence_kernel(r
     recurrence_body<NC>(a);
 }
 
-// replay_layers (delta_net_step.h): row i of `layers` = {x, state} addresses of one layer.
+// replay_layers (delta_net_step.h): row i of `layers` = {x, state, conv window source, conv state}
+// addresses of one layer.
 struct replay_layers_args {
-    const int64_t * layers = nullptr;  // [n][2]
-    int x_tokens = 0, T = 0, Hk = 0, Hv = 0;
+    const int64_t * layers = nullptr;  // [n][4]
+    int x_tokens = 0, T = 0, Hk = 0, Hv = 0, d_conv = 0;
+    int64_t conv_src_stride = 0;  // floats
 };
 
 // Layer blockIdx.y's replay: recurrence_kernel's CTAs of a state-only run (its state in place, no
-// outputs), so each layer's state gets the bits a verify of its first T tokens leaves. The table is
-// written once, when the session's state is allocated: read before the dependency wait.
+// outputs), so each layer's state gets the bits a verify of its first T tokens leaves; then the
+// layer's CTAs copy its conv window after those tokens (source values [T, T + d_conv - 1) of each
+// channel) into its conv state, a value a thread. The table is written once, when the session's
+// state is allocated: read before the dependency wait.
 template <int NC>
 __global__ void __launch_bounds__(HEAD / NC / REC_COLS * 32) replay_layers_kernel(replay_layers_args r) {
+    const int64_t * row = r.layers + 4 * blockIdx.y;
     recurrence_args a;
-    a.x = reinterpret_cast<const float *>(static_cast<uintptr_t>(r.layers[2 * blockIdx.y]));
-    a.state_dst = reinterpret_cast<float *>(static_cast<uintptr_t>(r.layers[2 * blockIdx.y + 1]));
+    a.x = reinterpret_cast<const float *>(static_cast<uintptr_t>(row[0]));
+    a.state_dst = reinterpret_cast<float *>(static_cast<uintptr_t>(row[1]));
     a.s0 = a.state_dst;
     a.x_tokens = r.x_tokens, a.T = r.T, a.Hk = r.Hk, a.Hv = r.Hv;
     a.state_mode = 0;  // final state into slot 0 (the state itself)
-    recurrence_body<NC>(a);
+    recurrence_body<NC>(a);  // (waits for the verify that wrote x and the conv source)
+    const float * src = reinterpret_cast<const float *>(static_cast<uintptr_t>(row[2]));
+    float * conv = reinterpret_cast<float *>(static_cast<uintptr_t>(row[3]));
+    const int W = r.d_conv - 1, n = (2 * r.Hk + r.Hv) * HEAD * W;
+    for (int e = blockIdx.x * blockDim.x + threadIdx.x; e < n; e += gridDim.x * blockDim.x)
+        conv[e] = src[int64_t(e / W) * r.conv_src_stride + r.T + e % W];
 }
 
 // Whether the kernels take these shapes (the graph builder asks before it adds the ops).
@@ -376,7 +386,7 @@ inline cudaError_t run_recurrence(const recurrence_args & a, cudaStream_t stream
 
 inline cudaError_t run_replay_layers(const replay_layers_args & r, int n_layers, cudaStream_t stream) {
     if (r.T < 1 || r.T > MAX_TOKENS || r.x_tokens < r.T || r.x_tokens > MAX_TOKENS || r.Hk < 1 || n_layers < 1 ||
-        n_layers > 65535)
+        n_layers > 65535 || r.d_conv < 2 || r.d_conv > MAX_D_CONV || r.conv_src_stride < r.d_conv - 1 + r.x_tokens)
         return cudaErrorInvalidValue;
     int dev = 0;
     const cudaError_t err = cudaGetDevice(&dev);

@@ -46,6 +46,8 @@ struct step_params {
     int32_t n_tokens = 0;     // recurrence: the tokens run (x's first n_tokens)
     float eps = 0.0f;         // inputs: the L2 norm's; recurrence: the gated RMS norm's
     int32_t n_v_heads = 0;    // replay_layers: Hv (the other ops take it from their operands)
+    int32_t d_conv = 0;       // replay_layers: the conv's length (a carried window holds d_conv-1 values)
+    int32_t conv_src_stride = 0;  // replay_layers: floats from one channel's window source to the next
 };
 
 // The inputs op. qkv [(2 Hk + Hv) HEAD, T], beta / alpha [Hv, T] (rows contiguous, any column
@@ -77,14 +79,21 @@ ggml_tensor * recurrence(ggml_context * ctx, ggml_tensor * x, int64_t x_tokens, 
 
 // A chain commit after verifies that kept x (state_out::none): for each of n layers, the same
 // recurrence over x's first T tokens for the state only, the final state written over the state
-// the verify started from; the same bits as the verify's own state after token T-1. One node and
-// one launch for all the layers: layers [2, n] I64, in the memory of the backend that computes the
-// node, row i = {the address of layer i's x (the inputs op's result for x_tokens tokens), the
-// address of its state [HEAD HEAD, Hv] F32, contiguous}; every layer has n_k_heads key and
-// n_v_heads value heads; no two rows may share a state. The node is a view of `layers` (it writes
-// the states in place; nothing else).
+// the verify started from (the same bits as the verify's own state after token T-1), and the conv
+// window after those T tokens copied into the layer's conv state. One node and one launch for all
+// the layers: layers [REPLAY_COLUMNS, n] I64, in the memory of the backend that computes the node,
+// row i = the addresses of layer i's
+//   0: x, the inputs op's result for x_tokens tokens;
+//   1: state [HEAD HEAD, Hv] F32, contiguous;
+//   2: conv window source: channel c's d_conv-1+x_tokens values (the carried window, then the
+//      verify's tokens: a verify's conv checkpoint) at c * conv_src_stride floats;
+//   3: conv state [d_conv-1, conv_dim] F32, contiguous: receives each channel's source values
+//      [T, T + d_conv - 1).
+// Every layer has n_k_heads key and n_v_heads value heads; no two rows may share a state or a conv
+// state. The node is a view of `layers` (it writes the states in place; nothing else).
+constexpr int64_t REPLAY_COLUMNS = 4;
 ggml_tensor * replay_layers(ggml_context * ctx, ggml_tensor * layers, int64_t x_tokens, int64_t T, int64_t n_k_heads,
-                            int64_t n_v_heads);
+                            int64_t n_v_heads, int64_t d_conv, int64_t conv_src_stride);
 
 // The CPU implementations (ggml_custom_op_t); their addresses also tell the ops apart in a graph.
 void inputs_cpu(ggml_tensor * dst, int ith, int nth, void * userdata);

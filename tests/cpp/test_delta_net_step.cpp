@@ -274,19 +274,21 @@ void check_batch_independent(ggml_backend_t be, const layer & l, int64_t T, uint
     CHECK(window_differ == 0);
 }
 
-// A verify that keeps its fused inputs (written into `kept`, state_out::none) and a commit that
-// replays its first m tokens (replay_layers over two layers' rows: the same kept inputs, the verify's
-// state and a copy of where it started): the verify's outputs and both replayed states must be the same
-// bits as a verify that writes every token's state (its outputs, its slot T-m).
+// A verify that keeps its fused inputs (written into `kept`, state_out::none) and its conv windows (a
+// checkpoint with two spare columns, as the model's is wider than T), and a commit that replays its
+// first m tokens (replay_layers over two layers' rows: the same kept inputs and window source, the
+// verify's state and a copy of where it started, two conv states): the verify's outputs and both
+// replayed states must be the same bits as a verify that writes every token's state (its outputs, its
+// slot T-m), and both conv states that verify's window values [m, m + d_conv - 1).
 void check_replay(ggml_backend_t be, const layer & l, int64_t T, uint32_t seed) {
     const state s0 = random_state(l, seed);
     const std::vector<float> proj = random_proj(l, T, seed + 1);
     const result every = run_ops(be, l, s0, proj, T, true);
     const int64_t C = l.conv_dim(), D = l.Hv * N * N, X = (C + 2 * l.Hv) * T;
     for (int64_t m : {int64_t(1), (T + 1) / 2, T}) {
-        ggml_init_params ip{ggml_tensor_overhead() * 44 + 2 * ggml_graph_overhead(), nullptr, true};
+        ggml_init_params ip{ggml_tensor_overhead() * 48 + 2 * ggml_graph_overhead(), nullptr, true};
         ggml_context * ctx = ggml_init(ip);
-        const layer_tensors lt(ctx, l, T, 1);
+        const layer_tensors lt(ctx, l, T, T + 2);
         ggml_tensor * kept = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, X + 7);  // as the model's, larger than needed
         const size_t es = sizeof(float);
         ggml_tensor * xin = dn::inputs(ctx, lt.qkv, lt.beta, lt.alpha, lt.conv, lt.conv_w, lt.dt_bias, lt.a,
@@ -297,14 +299,17 @@ void check_replay(ggml_backend_t be, const layer & l, int64_t T, uint32_t seed) 
         ggml_cgraph * verify = ggml_new_graph(ctx);
         ggml_build_forward_expand(verify, out);
         ggml_tensor * ssm2 = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, N * N, l.Hv);
-        ggml_tensor * table = ggml_new_tensor_2d(ctx, GGML_TYPE_I64, 2, 2);
+        ggml_tensor * conv2 = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, l.d_conv - 1, C);
+        ggml_tensor * table = ggml_new_tensor_2d(ctx, GGML_TYPE_I64, dn::REPLAY_COLUMNS, 2);
         ggml_cgraph * commit = ggml_new_graph(ctx);
-        ggml_build_forward_expand(commit, dn::replay_layers(ctx, table, T, m, l.Hk, l.Hv));
+        const int64_t W = lt.conv_ckpt->ne[0];  // d_conv-1 + T + 2
+        ggml_build_forward_expand(commit, dn::replay_layers(ctx, table, T, m, l.Hk, l.Hv, l.d_conv, W));
         ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors(ctx, be);
         lt.upload(l, s0, proj);
         ggml_backend_tensor_set(ssm2, s0.ssm.data(), 0, ggml_nbytes(ssm2));
         const auto address = [](const ggml_tensor * t) { return int64_t(reinterpret_cast<uintptr_t>(t->data)); };
-        const int64_t rows[4] = {address(kept), address(ssm), address(kept), address(ssm2)};
+        const int64_t rows[8] = {address(kept), address(ssm),  address(lt.conv_ckpt), address(lt.conv),
+                                 address(kept), address(ssm2), address(lt.conv_ckpt), address(conv2)};
         ggml_backend_tensor_set(table, rows, 0, sizeof rows);
         CHECK(ggml_backend_graph_compute(be, verify) == GGML_STATUS_SUCCESS);
         std::vector<float> o(ggml_nelements(out)), untouched(ggml_nelements(ssm)), replayed(ggml_nelements(ssm)),
@@ -314,6 +319,12 @@ void check_replay(ggml_backend_t be, const layer & l, int64_t T, uint32_t seed) 
         CHECK(ggml_backend_graph_compute(be, commit) == GGML_STATUS_SUCCESS);
         ggml_backend_tensor_get(ssm, replayed.data(), 0, ggml_nbytes(ssm));
         ggml_backend_tensor_get(ssm2, replayed2.data(), 0, ggml_nbytes(ssm2));
+        std::vector<float> window(ggml_nelements(conv2)), window2(ggml_nelements(conv2)), want_window;
+        ggml_backend_tensor_get(lt.conv, window.data(), 0, ggml_nbytes(conv2));
+        ggml_backend_tensor_get(conv2, window2.data(), 0, ggml_nbytes(conv2));
+        const int64_t every_w = l.d_conv - 1 + T;  // run_ops' window columns
+        for (int64_t c = 0; c < C; ++c)
+            for (int64_t i = 0; i < l.d_conv - 1; ++i) want_window.push_back(every.conv[c * every_w + m + i]);
         const std::vector<float> want(every.ssm.begin() + (T - m) * D, every.ssm.begin() + (T - m + 1) * D);
         const size_t out_differ = bits_differ(o, every.out), state_differ = bits_differ(replayed, want),
                      state2_differ = bits_differ(replayed2, want);
@@ -324,6 +335,8 @@ void check_replay(ggml_backend_t be, const layer & l, int64_t T, uint32_t seed) 
         CHECK(out_differ == 0);
         CHECK(state_differ == 0);
         CHECK(state2_differ == 0);
+        CHECK(bits_differ(window, want_window) == 0);
+        CHECK(bits_differ(window2, want_window) == 0);
         ggml_backend_buffer_free(buf);
         ggml_free(ctx);
     }
@@ -399,13 +412,20 @@ TEST_CASE(builders_refuse_bad_shapes) {
     CHECK_THROWS(dn::recurrence(ctx, x, T + 1, f32(Hv * N, T + 1), s, nw, dst, Hk, fin, EPS), error, "x:");
     CHECK_THROWS(dn::recurrence(ctx, x, T - 1, z, s, nw, dst, Hk, fin, EPS), error, "x_tokens >= T");
     CHECK_THROWS(dn::recurrence(ctx, x, T, f32(Hv * N + 1, T), s, nw, dst, Hk, fin, EPS), error, "z [");
-    ggml_tensor * table = ggml_new_tensor_2d(ctx, GGML_TYPE_I64, 2, 3);
-    CHECK(dn::replay_layers(ctx, table, T, 2, Hk, Hv) != nullptr);
-    CHECK_THROWS(dn::replay_layers(ctx, f32(2, 3), T, 2, Hk, Hv), error, "I64");
-    CHECK_THROWS(dn::replay_layers(ctx, ggml_new_tensor_2d(ctx, GGML_TYPE_I64, 3, 3), T, 2, Hk, Hv), error, "[2, n]");
-    CHECK_THROWS(dn::replay_layers(ctx, table, T, T + 1, Hk, Hv), error, "x_tokens >= T");
-    CHECK_THROWS(dn::replay_layers(ctx, table, dn::MAX_TOKENS + 1, 2, Hk, Hv), error, "MAX_TOKENS");
-    CHECK_THROWS(dn::replay_layers(ctx, table, T, 2, 2, 3), error, "multiple of the key heads");
+    ggml_tensor * table = ggml_new_tensor_2d(ctx, GGML_TYPE_I64, 4, 3);
+    const int64_t dc = 4, cs = dc - 1 + T;  // the conv's length, the narrowest window source
+    CHECK(dn::replay_layers(ctx, table, T, 2, Hk, Hv, dc, cs) != nullptr);
+    CHECK_THROWS(dn::replay_layers(ctx, ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 4, 3), T, 2, Hk, Hv, dc, cs), error,
+                 "I64");
+    CHECK_THROWS(dn::replay_layers(ctx, ggml_new_tensor_2d(ctx, GGML_TYPE_I64, 2, 3), T, 2, Hk, Hv, dc, cs), error,
+                 "[4, n]");
+    CHECK_THROWS(dn::replay_layers(ctx, table, T, T + 1, Hk, Hv, dc, cs), error, "x_tokens >= T");
+    CHECK_THROWS(dn::replay_layers(ctx, table, dn::MAX_TOKENS + 1, 2, Hk, Hv, dc, dc - 1 + dn::MAX_TOKENS + 1), error,
+                 "MAX_TOKENS");
+    CHECK_THROWS(dn::replay_layers(ctx, table, T, 2, 2, 3, dc, cs), error, "multiple of the key heads");
+    CHECK_THROWS(dn::replay_layers(ctx, table, T, 2, Hk, Hv, dn::MAX_D_CONV + 1, cs + dn::MAX_D_CONV), error,
+                 "d_conv <= MAX_D_CONV");
+    CHECK_THROWS(dn::replay_layers(ctx, table, T, 2, Hk, Hv, dc, cs - 1), error, "d_conv-1+x_tokens values");
     ggml_free(ctx);
 }
 

@@ -425,16 +425,17 @@ qwen35_state qwen35_state::allocate(const qwen35_hparams & hp, uint32_t kv_size,
         }
     }, "the sequence state (KV cache, recurrent state, feature ring)");
     s.store.clear();
-    std::vector<int64_t> rows;  // the replay table (replay_layers): {x, state} addresses a layer
+    std::vector<int64_t> rows;  // the replay table (replay_layers): {x, state, conv source, conv} addresses a layer
     for (uint32_t il = 0; il < hp.n_layer; ++il) {
         if (s.inputs_ckpt[il] != nullptr) {
-            rows.push_back(static_cast<int64_t>(reinterpret_cast<uintptr_t>(s.inputs_ckpt[il]->data)));
-            rows.push_back(static_cast<int64_t>(reinterpret_cast<uintptr_t>(s.ssm[il]->data)));
+            for (const ggml_tensor * t : {s.inputs_ckpt[il], s.ssm[il], s.conv_ckpt[il], s.conv[il]})
+                rows.push_back(static_cast<int64_t>(reinterpret_cast<uintptr_t>(t->data)));
         }
     }
     if (!rows.empty()) {
         s.table_stores.push_back(tensor_store::allocate(buft, dev, 1, [&](ggml_context * ctx) {
-            s.replay_table = ggml_new_tensor_2d(ctx, GGML_TYPE_I64, 2, int64_t(rows.size() / 2));
+            s.replay_table = ggml_new_tensor_2d(ctx, GGML_TYPE_I64, kernels::delta_net::REPLAY_COLUMNS,
+                                                int64_t(rows.size()) / kernels::delta_net::REPLAY_COLUMNS);
             ggml_set_name(s.replay_table, "replay_table");
         }, "the DeltaNet replay table"));
         ggml_backend_tensor_set(s.replay_table, rows.data(), 0, rows.size() * sizeof(int64_t));
@@ -877,7 +878,8 @@ ggml_cgraph * build_qwen35_commit_graph(ggml_context * ctx, const qwen35_hparams
     if (last_kept >= n_verified || n_verified > st.n_checkpoints) {
         throw error("internal: commit of token " + std::to_string(last_kept) + " of " + std::to_string(n_verified));
     }
-    // nodes per DeltaNet layer: the ssm copy (view, reshape, cpy), the conv copy (view, view, cpy)
+    // nodes per DeltaNet layer that does not replay: the ssm copy (view, reshape, cpy), the conv copy
+    // (view, view, cpy); the replaying layers' one node
     ggml_cgraph * gf = ggml_new_graph_custom(ctx, 6 * size_t(hp.n_layer) + 16, false);
     const int64_t D = int64_t(hp.ssm_d_state) * hp.ssm_d_state * hp.ssm_n_v_heads;
     bool replays = false;
@@ -887,18 +889,18 @@ ggml_cgraph * build_qwen35_commit_graph(ggml_context * ctx, const qwen35_hparams
         }
         if (replays_commit(true, st.inputs_ckpt[il], n_verified)) {
             // the kept tokens' recurrence again from the state before the verify (the same bits as the
-            // verify's state after token last_kept: the ops' results do not depend on the batch), for
-            // every such layer in one node (replay_layers, below)
+            // verify's state after token last_kept: the ops' results do not depend on the batch) and
+            // the conv window after them, for every such layer in one node (replay_layers, below)
             replays = true;
-        } else {
-            ggml_tensor * ck = st.ssm_ckpt[il];
-            if (ck == nullptr) {
-                throw error("internal: commit of layer " + std::to_string(il) + " without its state checkpoints");
-            }
-            const size_t slot = n_verified - 1 - last_kept;
-            ggml_tensor * src = ggml_view_1d(ctx, ck, D, slot * ck->nb[1]);
-            ggml_build_forward_expand(gf, ggml_cpy(ctx, src, ggml_reshape_1d(ctx, st.ssm[il], D)));
+            continue;
         }
+        ggml_tensor * ck = st.ssm_ckpt[il];
+        if (ck == nullptr) {
+            throw error("internal: commit of layer " + std::to_string(il) + " without its state checkpoints");
+        }
+        const size_t slot = n_verified - 1 - last_kept;
+        ggml_tensor * src = ggml_view_1d(ctx, ck, D, slot * ck->nb[1]);
+        ggml_build_forward_expand(gf, ggml_cpy(ctx, src, ggml_reshape_1d(ctx, st.ssm[il], D)));
         ggml_tensor * cc = st.conv_ckpt[il];
         ggml_tensor * win = ggml_view_2d(ctx, cc, hp.ssm_d_conv - 1, hp.conv_dim(), cc->nb[1],
                                          (last_kept + 1) * ggml_element_size(cc));
@@ -908,8 +910,10 @@ ggml_cgraph * build_qwen35_commit_graph(ggml_context * ctx, const qwen35_hparams
         if (st.replay_table == nullptr) {
             throw error("internal: a commit replays layers of a state without its replay table");
         }
+        // (every conv checkpoint of the state: [d_conv-1 + n_checkpoints, conv_dim])
         ggml_build_forward_expand(gf, delta_net::replay_layers(ctx, st.replay_table, n_verified, int64_t(last_kept) + 1,
-                                                               hp.ssm_n_k_heads, hp.ssm_n_v_heads));
+                                                               hp.ssm_n_k_heads, hp.ssm_n_v_heads, hp.ssm_d_conv,
+                                                               int64_t(hp.ssm_d_conv) - 1 + st.n_checkpoints));
     }
     return gf;
 }

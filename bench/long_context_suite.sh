@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The attention's fixed split at long contexts (cuda_kernels.h: k_fattn_long_keys, the key-view length
 # from which the query tile is wide and the pieces long, and k_fattn_long_piece_keys, the keys a CTA in
-# those views) on one GPU: builds lucebox for CUDA with its C++ tests, runs tests/gpu (the attention's
+# those views) on one GPU: builds lucebox for CUDA with its C++ tests, runs their GPU cases (ctest -R
+# _gpu_: the DeltaNet step and commit kernels against the CPU ops' bits among them), then tests/gpu (the attention's
 # bit-equality and switch tests among them: patch 0008 changes ggml's attention code for every caller),
 # writes the qwen3.6-27b synthetic target in Q4_K_M, then bench_spec.py at each prompt length four
 # times: the defaults, the narrow tile and short pieces throughout (--attention-long-keys 0), and long
@@ -12,7 +13,7 @@
 # lengths.
 #
 # Usage: bash bench/long_context_suite.sh OUT_DIR [PROMPTS]
-#   OUT_DIR    logs: build.log, pytest_gpu.log, spec_p<PROMPT>_<RUN>.log (RUN: default, narrow, long256,
+#   OUT_DIR    logs: build.log, ctest_gpu.log, pytest_gpu.log, spec_p<PROMPT>_<RUN>.log (RUN: default, narrow, long256,
 #              long1024), kernels_p<PROMPT>.log
 #   PROMPTS    comma-separated prompt lengths (default 256,4096,8192,32000)
 #   CUDA architectures: LUCEBOX_CUDA_ARCHS (default 90a). Offline machines: LUCEBOX_GGML_SOURCE (the
@@ -22,6 +23,8 @@ OUT="${1:?usage: bash bench/long_context_suite.sh OUT_DIR [PROMPTS]}"
 PROMPTS="${2:-256,4096,8192,32000}"
 source "$(dirname "$0")/suite_build.sh"
 ( lucebox synth qwen3.6-27b -o "$TMP/t27q4.gguf" --type q4_k_m > "$OUT/synth.log" 2>&1; echo $? > "$TMP/synth.done" ) &
+ctest --test-dir "$TMP/lucebox-cuda" -R _gpu_ --output-on-failure > "$OUT/ctest_gpu.log" 2>&1
+tail -1 "$OUT/ctest_gpu.log"
 python3 -m pytest tests/gpu -q -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu.log" | tail -3
 wait
 [ "$(cat "$TMP/synth.done" 2>/dev/null)" = 0 ] || { echo "synth failed: $OUT/synth.log"; exit 1; }

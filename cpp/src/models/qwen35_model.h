@@ -77,9 +77,10 @@ struct qwen35_state {
     // which the commit re-runs for the kept tokens instead of copying a state; only for layers whose
     // steps run the fused ops (qwen35_fused_layers), else null
     std::vector<ggml_tensor *> inputs_ckpt;
-    // [4, n] I64, for a commit's one delta_net::replay_layers node: row i = {inputs_ckpt, ssm, conv_ckpt, conv} addresses
-    // of the i-th layer with inputs_ckpt (layer order), written when allocated; null without such
-    // layers. A layer split's full state has none: each range's view has its own.
+    // [4, n] I64, for a commit's one delta_net::replay_layers node: row i = {inputs_ckpt, ssm,
+    // conv_ckpt, conv} addresses of the i-th layer with inputs_ckpt (layer order), written when
+    // allocated; null without such layers. A layer split's full state has none: each range's view has
+    // its own.
     ggml_tensor * replay_table = nullptr;
     uint32_t n_checkpoints = 0;
     tensor_store store;

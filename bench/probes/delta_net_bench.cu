@@ -2,8 +2,10 @@
 // Qwen3.6-27B DeltaNet shape (16 key heads, 48 value heads of 128) for a decode step (1 token) and
 // verifies (2..64 tokens): us a layer, and what each token after the first adds. Also prints a hash
 // of one layer's outputs and final state for each T and can write T = 16's (DIR), so that two builds
-// of a change can be compared. Correctness is tests/cpp/test_delta_net_step.cpp; this only times
-// (random inputs, unit-norm q and k).
+// of a change can be compared; then the replay_layers kernel (a chain commit of all 48 layers in one
+// launch) for T kept tokens: us a layer, and whether its state is the recurrence's final state to the
+// bit. Correctness is tests/cpp/test_delta_net_step.cpp; this only times (random inputs, unit-norm q and
+// k).
 // Standalone (no ggml); on the GPU machine:
 //     nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Icpp/kernels -Itests/cpp \
 //          -o /tmp/gdn bench/probes/delta_net_bench.cu && /tmp/gdn [DIR: writes T = 16's results there]
@@ -140,6 +142,48 @@ int main(int argc, char ** argv) {
         std::printf("%4d %10.2f %14.3f   %016llx\n", T, us, T > 1 ? (us - us1) / (T - 1) : 0.0, (unsigned long long) h);
         CHECK_CUDA(cudaGraphExecDestroy(exec));
         CHECK_CUDA(cudaGraphDestroy(graph));
+    }
+
+    // replay_layers: a chain commit of the 48 layers in one launch (each state in place, each conv
+    // window copied from one shared source). Its state for T must be the recurrence's final state
+    // for T to the bit (layer 0 from s0); the timing's launches run on from whatever state is left.
+    constexpr int D_CONV = 4, SRC_STRIDE = D_CONV - 1 + MAX_T, WINDOW = CONV * (D_CONV - 1);
+    float *conv_src, *conv;
+    int64_t * table;
+    CHECK_CUDA(cudaMalloc(&conv_src, size_t(CONV) * SRC_STRIDE * 4));
+    CHECK_CUDA(cudaMalloc(&conv, size_t(WINDOW) * LAYERS * 4));
+    CHECK_CUDA(cudaMalloc(&table, 4 * LAYERS * sizeof(int64_t)));
+    CHECK_CUDA(cudaMemset(conv_src, 0, size_t(CONV) * SRC_STRIDE * 4));
+    std::vector<int64_t> rows;
+    for (int l = 0; l < LAYERS; ++l)
+        for (const float * p : {static_cast<const float *>(x), static_cast<const float *>(dst + l * state),
+                                static_cast<const float *>(conv_src), static_cast<const float *>(conv + l * WINDOW)})
+            rows.push_back(int64_t(reinterpret_cast<uintptr_t>(p)));
+    CHECK_CUDA(cudaMemcpy(table, rows.data(), rows.size() * sizeof(int64_t), cudaMemcpyHostToDevice));
+    ds::replay_layers_args r;
+    r.layers = table;
+    r.x_tokens = MAX_T, r.Hk = HK, r.Hv = HV, r.d_conv = D_CONV, r.conv_src_stride = SRC_STRIDE;
+    std::printf("replay_layers kernel, %d layers in one launch\n", LAYERS);
+    std::printf("%4s %10s %26s\n", "T", "us/layer", "state = recurrence's (bits)");
+    for (int T : {1, 2, 4, 6, 8, 16}) {
+        r.T = T;
+        std::vector<float> want(state), got(state);
+        CHECK_CUDA(ds::run_recurrence(args(T, 0), stream));
+        CHECK_CUDA(cudaMemcpyAsync(want.data(), dst, state * 4, cudaMemcpyDeviceToHost, stream));
+        CHECK_CUDA(cudaMemcpyAsync(dst, s0, state * 4, cudaMemcpyDeviceToDevice, stream));
+        CHECK_CUDA(ds::run_replay_layers(r, 1, stream));
+        CHECK_CUDA(cudaMemcpyAsync(got.data(), dst, state * 4, cudaMemcpyDeviceToHost, stream));
+        CHECK_CUDA(cudaStreamSynchronize(stream));
+        const bool same = std::memcmp(want.data(), got.data(), state * 4) == 0;
+        for (int w = 0; w < 3; ++w) CHECK_CUDA(ds::run_replay_layers(r, LAYERS, stream));
+        constexpr int REPS = 20;
+        CHECK_CUDA(cudaEventRecord(e0, stream));
+        for (int i = 0; i < REPS; ++i) CHECK_CUDA(ds::run_replay_layers(r, LAYERS, stream));
+        CHECK_CUDA(cudaEventRecord(e1, stream));
+        CHECK_CUDA(cudaEventSynchronize(e1));
+        float ms = 0.0f;
+        CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
+        std::printf("%4d %10.2f %26s\n", T, 1000.0 * ms / (REPS * LAYERS), same ? "yes" : "NO");
     }
     return 0;
 }

@@ -90,7 +90,8 @@ ggml_tensor * recurrence(ggml_context * ctx, ggml_tensor * x, int64_t x_tokens, 
 //   3: conv state [d_conv-1, conv_dim] F32, contiguous: receives each channel's source values
 //      [T, T + d_conv - 1).
 // Every layer has n_k_heads key and n_v_heads value heads; no two rows may share a state or a conv
-// state. The node is a view of `layers` (it writes the states in place; nothing else).
+// state. The node is a view of `layers` (it writes the states and conv states in place; nothing
+// else).
 constexpr int64_t REPLAY_COLUMNS = 4;
 ggml_tensor * replay_layers(ggml_context * ctx, ggml_tensor * layers, int64_t x_tokens, int64_t T, int64_t n_k_heads,
                             int64_t n_v_heads, int64_t d_conv, int64_t conv_src_stride);

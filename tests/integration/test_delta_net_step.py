@@ -55,6 +55,28 @@ def test_replayed_commits_equal_plain_greedy(target128: str) -> None:
             assert got.stats.spec["fast_rollbacks"] == got.stats.spec["steps"]
 
 
+@pytest.mark.parametrize("shape", [
+    dict(ssm_d_conv=2),  # a one-value window
+    dict(ssm_d_conv=6, ssm_n_k_heads=2, ssm_n_v_heads=4, n_layer=6,
+         recurrent_layers=(True, False, True, True, True, False)),
+], ids=["conv2", "conv6_two_key_heads_six_layers"])
+def test_replayed_commits_equal_plain_greedy_at_other_shapes(tmp_path: Path, shape: dict) -> None:
+    # the commit's one replay_layers node also carries each layer's conv window, d_conv-1 values a
+    # channel from a checkpoint d_conv-1+16 wide: other conv lengths, head counts and layer patterns
+    # than the preset's still equal plain greedy decoding at every accept length
+    path = tmp_path / "target.gguf"
+    synth.write_target(str(path), "tiny", type="f32", seed=4, overrides={**HEAD128, **shape})
+    engine = lucebox.Engine(str(path), ctx=256, device="cpu")
+    p = [int(x) for x in np.random.default_rng(5).integers(0, 1000, 23)]
+    before = _core.delta_net_step_runs()
+    ref = engine.generate(p, max_tokens=36).tokens
+    assert _core.delta_net_step_runs() > before
+    for k in (0, 2, BLOCK - 3, None):
+        got = engine.session().generate(p, max_tokens=36, propose=forced(ref, len(p), k))
+        assert got.tokens == ref, f"corrupt_at={k}"
+        assert got.stats.spec["fast_rollbacks"] == got.stats.spec["steps"]
+
+
 def test_a_conv_longer_than_the_ops_take_runs_ggml_ops(tmp_path: Path) -> None:
     # conv kernel 9 > MAX_D_CONV (8): ggml's ops, and speculation still equals plain greedy decoding
     path = tmp_path / "conv9.gguf"

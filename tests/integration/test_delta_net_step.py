@@ -119,3 +119,22 @@ def test_chain_sessions_hold_no_state_checkpoints_until_a_tree(target128: str) -
     s.reset()
     assert s.generate(p, max_tokens=40, propose_tree=forced_tree(ref, len(p), 2)).tokens == ref
     assert s.state_nbytes == before + added
+
+
+def test_restored_sessions_replay_their_own_states(target128: str) -> None:
+    # a commit's replay_layers node writes through the addresses in the session's replay table: a
+    # snapshot restored into another session (from host or device memory), or into the same session
+    # after more steps, continues with chain speculation exactly as plain greedy decoding
+    engine = lucebox.Engine(target128, ctx=256, device="cpu")
+    p = [int(x) for x in np.random.default_rng(2).integers(0, 1000, 30)]
+    ref = engine.generate(p, max_tokens=50).tokens
+    s = engine.session()
+    first = s.generate(p, max_tokens=20, propose=forced(ref, len(p), 5)).tokens
+    snap = s.snapshot("host")
+    for copy in (snap, engine.copy_snapshot(snap, "device")):
+        other = engine.session()
+        other.restore(copy)
+        assert first + other.generate([], max_tokens=30, propose=forced(ref, len(p), 3)).tokens == ref
+    s.generate([], max_tokens=10, propose=forced(ref, len(p), 7))
+    s.restore(snap)
+    assert first + s.generate([], max_tokens=30, propose=forced(ref, len(p), 2)).tokens == ref

@@ -2,8 +2,9 @@
 preset's DeltaNet heads are 32 wide, so these tests use heads of 128 (the ops' size, every real
 qwen35 GGUF's): the forward agrees with upstream llama.cpp with the ops in use (short batches and
 decode steps), and chain speculation with every accept length equals plain greedy decoding (the
-verify keeps the ops' inputs, the commit re-runs the kept tokens), without memory for whole
-DeltaNet states until a tree asks for them."""
+verify keeps the ops' inputs, the commit re-runs the kept tokens and copies the conv windows in one
+node), at other conv lengths and layer patterns, after snapshot restores and on a layer split's
+ranges, without memory for whole DeltaNet states until a tree asks for them."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -138,3 +139,27 @@ def test_restored_sessions_replay_their_own_states(target128: str) -> None:
     s.generate([], max_tokens=10, propose=forced(ref, len(p), 7))
     s.restore(snap)
     assert first + s.generate([], max_tokens=30, propose=forced(ref, len(p), 2)).tokens == ref
+
+
+@pytest.mark.parametrize("pattern,devices,proportions", [
+    (None, ["cpu:0", "cpu:1"], ()),
+    # the middle range holds attention layers only: no replay table there
+    ((True, True, False, False, True, True), ["cpu:0", "cpu:1", "cpu:2"], (1.0, 1.0, 1.0)),
+], ids=["two_ranges", "a_range_without_deltanet"])
+def test_layer_split_replays_each_range(tmp_path: Path, pattern: tuple[bool, ...] | None, devices: list[str],
+                                        proportions: tuple[float, ...]) -> None:
+    # a layer split's ranges each commit their own fused layers through their own replay table: chain
+    # speculation at every accept length equals one device's plain greedy decoding
+    path = tmp_path / "target.gguf"
+    shape = {} if pattern is None else dict(n_layer=len(pattern), recurrent_layers=pattern)
+    synth.write_target(str(path), "tiny", type="f32", seed=3, overrides={**HEAD128, **shape})
+    single = lucebox.Engine(str(path), ctx=256, device="cpu")
+    split = lucebox.Engine(str(path), ctx=256, devices=devices, split="layer", layer_proportions=proportions)
+    p = [int(x) for x in np.random.default_rng(8).integers(0, 1000, 26)]
+    ref = single.generate(p, max_tokens=36).tokens
+    for k in (0, 4, None):
+        before = _core.delta_net_step_runs()
+        got = split.session().generate(p, max_tokens=36, propose=forced(ref, len(p), k))
+        assert got.tokens == ref, f"corrupt_at={k}"
+        assert _core.delta_net_step_runs() > before
+        assert got.stats.spec["fast_rollbacks"] == got.stats.spec["steps"]

@@ -223,6 +223,28 @@ def test_rollback_every_accept_length(files: dict[str, str], rollback: str) -> N
                 assert s["replays"] > 0
 
 
+def test_deltanet_heads_of_128_run_ggml_ops_and_stay_lossless(tmp_path: Any) -> None:
+    """Every real qwen35 GGUF's DeltaNet heads are 128 wide, the size of lucebox's fused step ops.
+    Those ops are not for split weights: a tensor split runs ggml's ops with whole-state checkpoints,
+    and plain and speculative decoding still equal one device's (which runs the fused ops)."""
+    path = str(tmp_path / "h128.gguf")
+    synth.write_target(path, "tiny", type="f32", seed=3,
+                       overrides=dict(ssm_d_state=128, ssm_n_k_heads=2, ssm_n_v_heads=4, n_head_kv=2, n_head=4))
+    single = lucebox.Engine(path, ctx=256, device="cpu")
+    tensor = tensor_engine(path, TWO, ctx=256)
+    p = prompts(1, seed=8)[0]
+    before = _core.delta_net_step_runs()
+    ref = single.generate(p, max_tokens=36).tokens
+    assert _core.delta_net_step_runs() > before
+    before = _core.delta_net_step_runs()
+    assert tensor.generate(p, max_tokens=36).tokens == ref
+    for k in (0, 4, None):
+        got = tensor.session().generate(p, max_tokens=36, propose=forced(ref, len(p), k))
+        assert got.tokens == ref, k
+        assert got.stats.spec["fast_rollbacks"] == got.stats.spec["steps"] > 0
+    assert _core.delta_net_step_runs() == before
+
+
 # ------------------------------------------------------------------------------------------------
 # snapshots and sessions
 # ------------------------------------------------------------------------------------------------

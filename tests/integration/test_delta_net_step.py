@@ -58,9 +58,10 @@ def test_replayed_commits_equal_plain_greedy(target128: str) -> None:
 
 @pytest.mark.parametrize("shape", [
     dict(ssm_d_conv=2),  # a one-value window
-    dict(ssm_d_conv=6, ssm_n_k_heads=2, ssm_n_v_heads=4, n_layer=6,
+    dict(ssm_d_conv=6, ssm_n_k_heads=2, ssm_n_v_heads=6, n_layer=6,  # three value heads a key head, as the 27B
          recurrent_layers=(True, False, True, True, True, False)),
-], ids=["conv2", "conv6_two_key_heads_six_layers"])
+    dict(ssm_d_conv=8),  # the longest conv the fused ops take (MAX_D_CONV)
+], ids=["conv2", "conv6_three_value_heads_a_key_head_six_layers", "conv8"])
 def test_replayed_commits_equal_plain_greedy_at_other_shapes(tmp_path: Path, shape: dict) -> None:
     # the commit's one replay_layers node also carries each layer's conv window, d_conv-1 values a
     # channel from a checkpoint d_conv-1+16 wide: other conv lengths, head counts and layer patterns

@@ -882,7 +882,7 @@ ggml_cgraph * build_qwen35_commit_graph(ggml_context * ctx, const qwen35_hparams
     // (view, view, cpy); the replaying layers' one node
     ggml_cgraph * gf = ggml_new_graph_custom(ctx, 6 * size_t(hp.n_layer) + 16, false);
     const int64_t D = int64_t(hp.ssm_d_state) * hp.ssm_d_state * hp.ssm_n_v_heads;
-    bool replays = false;
+    int64_t replay_conv_stride = 0;  // floats between channels of the replaying layers' conv checkpoints
     for (uint32_t il = 0; il < hp.n_layer; ++il) {
         if (!hp.is_recurrent[il] || st.ssm[il] == nullptr) {
             continue;
@@ -891,7 +891,7 @@ ggml_cgraph * build_qwen35_commit_graph(ggml_context * ctx, const qwen35_hparams
             // the kept tokens' recurrence again from the state before the verify (the same bits as the
             // verify's state after token last_kept: the ops' results do not depend on the batch) and
             // the conv window after them, for every such layer in one node (replay_layers, below)
-            replays = true;
+            replay_conv_stride = int64_t(st.conv_ckpt[il]->nb[1] / ggml_element_size(st.conv_ckpt[il]));
             continue;
         }
         ggml_tensor * ck = st.ssm_ckpt[il];
@@ -906,14 +906,13 @@ ggml_cgraph * build_qwen35_commit_graph(ggml_context * ctx, const qwen35_hparams
                                          (last_kept + 1) * ggml_element_size(cc));
         ggml_build_forward_expand(gf, graph::copy_by_kernel(ctx, win, st.conv[il]));
     }
-    if (replays) {
+    if (replay_conv_stride > 0) {
         if (st.replay_table == nullptr) {
             throw error("internal: a commit replays layers of a state without its replay table");
         }
-        // (every conv checkpoint of the state: [d_conv-1 + n_checkpoints, conv_dim])
         ggml_build_forward_expand(gf, delta_net::replay_layers(ctx, st.replay_table, n_verified, int64_t(last_kept) + 1,
                                                                hp.ssm_n_k_heads, hp.ssm_n_v_heads, hp.ssm_d_conv,
-                                                               int64_t(hp.ssm_d_conv) - 1 + st.n_checkpoints));
+                                                               replay_conv_stride));
     }
     return gf;
 }

@@ -8,7 +8,13 @@
 // k).
 // Standalone (no ggml); on the GPU machine:
 //     nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Icpp/kernels -Itests/cpp \
-//          -o /tmp/gdn bench/probes/delta_net_bench.cu && /tmp/gdn [DIR: writes T = 16's results there]
+//          -o /tmp/gdn bench/probes/delta_net_bench.cu && /tmp/gdn [--once] [DIR: writes T = 16's results there]
+// --once: no timing, each kernel launched once (recurrence T = 1 and 16, replay_layers T = 6 for one
+// layer, then for 48; the recurrence at T = 6 as well, for the bit check), for Nsight Compute
+// (build with -lineinfo):
+//     ncu --clock-control none --warp-sampling-interval 0 -k regex:"recurrence_kernel|replay_layers" \
+//         --set full --import-source yes -o /tmp/gdn /tmp/gdn --once
+//     ncu -i /tmp/gdn.ncu-rep --page source --print-source sass --csv > /tmp/gdn_sass.csv
 // 48 launches (48 layers' own states) are captured into one CUDA graph, as ggml runs a step.
 #include "cuda_check.h"
 #include "delta_net_step.cuh"
@@ -43,7 +49,8 @@ uint64_t hash_of(const std::vector<float> & v) {
 }  // namespace
 
 int main(int argc, char ** argv) {
-    const char * dump = argc > 1 ? argv[1] : nullptr;  // a directory: T = 16's out and state as raw floats
+    const bool once = argc > 1 && std::string(argv[1]) == "--once";
+    const char * dump = argc > 1 + once ? argv[1 + once] : nullptr;  // a directory: T = 16's out and state as raw floats
     std::mt19937 rng(3);
     std::normal_distribution<float> nd(0.0f, 1.0f);
     std::uniform_real_distribution<float> ud(0.0f, 1.0f);
@@ -107,6 +114,7 @@ int main(int argc, char ** argv) {
     std::printf("%4s %10s %14s %18s\n", "T", "us/layer", "us/extra token", "hash (out, state)");
     double us1 = 0.0;
     for (int T : {1, 2, 4, 8, 16, 32, 64}) {
+        if (once && T != 1 && T != 16) continue;
         // one layer's results, for the hash
         CHECK_CUDA(ds::run_recurrence(args(T, 0), stream));
         CHECK_CUDA(cudaStreamSynchronize(stream));
@@ -121,6 +129,10 @@ int main(int argc, char ** argv) {
                 if (f == nullptr || std::fwrite(v->data(), 4, v->size(), f) != v->size()) std::exit(1);
                 std::fclose(f);
             }
+        }
+        if (once) {
+            std::printf("%4d %10s %14s   %016llx\n", T, "-", "-", (unsigned long long) h);
+            continue;
         }
 
         cudaGraph_t graph;
@@ -166,6 +178,7 @@ int main(int argc, char ** argv) {
     std::printf("replay_layers kernel, %d layers in one launch\n", LAYERS);
     std::printf("%4s %10s %26s\n", "T", "us/layer", "state = recurrence's (bits)");
     for (int T : {1, 2, 4, 6, 8, 16}) {
+        if (once && T != 6) continue;
         r.T = T;
         std::vector<float> want(state), got(state);
         CHECK_CUDA(ds::run_recurrence(args(T, 0), stream));
@@ -175,6 +188,12 @@ int main(int argc, char ** argv) {
         CHECK_CUDA(cudaMemcpyAsync(got.data(), dst, state * 4, cudaMemcpyDeviceToHost, stream));
         CHECK_CUDA(cudaStreamSynchronize(stream));
         const bool same = std::memcmp(want.data(), got.data(), state * 4) == 0;
+        if (once) {
+            CHECK_CUDA(ds::run_replay_layers(r, LAYERS, stream));
+            CHECK_CUDA(cudaStreamSynchronize(stream));
+            std::printf("%4d %10s %26s\n", T, "-", same ? "yes" : "NO");
+            continue;
+        }
         for (int w = 0; w < 3; ++w) CHECK_CUDA(ds::run_replay_layers(r, LAYERS, stream));
         constexpr int REPS = 20;
         CHECK_CUDA(cudaEventRecord(e0, stream));

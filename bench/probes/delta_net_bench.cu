@@ -8,7 +8,10 @@
 // k).
 // Standalone (no ggml); on the GPU machine:
 //     nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Icpp/kernels -Itests/cpp \
-//          -o /tmp/gdn bench/probes/delta_net_bench.cu && /tmp/gdn [--once] [DIR: writes T = 16's results there]
+//          -o /tmp/gdn bench/probes/delta_net_bench.cu && /tmp/gdn [--once] [--heads HK:HV] [DIR]
+// DIR: T = 16's results are written there. --heads: key and value heads (default the 27B's 16:48;
+// with 4 CTAs a value head, 48 of them put two CTAs on 60 of the H200's 132 multiprocessors, 33 or
+// fewer one each at most).
 // --once: no timing, each kernel launched once (recurrence T = 1 and 16, replay_layers T = 6 for one
 // layer, then for 48; the recurrence at T = 6 as well, for the bit check), for Nsight Compute
 // (build with -lineinfo):
@@ -32,8 +35,7 @@ namespace ds = lucebox::kernels::delta_net::cuda_step;
 
 namespace {
 
-constexpr int HEAD = ds::HEAD, HK = 16, HV = 48, LAYERS = 48, MAX_T = ds::MAX_TOKENS;
-constexpr int CONV = (2 * HK + HV) * HEAD;
+constexpr int HEAD = ds::HEAD, LAYERS = 48, MAX_T = ds::MAX_TOKENS;
 
 // FNV-1a over the bits of n floats
 uint64_t hash_of(const std::vector<float> & v) {
@@ -49,8 +51,23 @@ uint64_t hash_of(const std::vector<float> & v) {
 }  // namespace
 
 int main(int argc, char ** argv) {
-    const bool once = argc > 1 && std::string(argv[1]) == "--once";
-    const char * dump = argc > 1 + once ? argv[1 + once] : nullptr;  // a directory: T = 16's out and state as raw floats
+    bool once = false;
+    const char * dump = nullptr;  // a directory: T = 16's out and state as raw floats
+    int HK = 16, HV = 48;         // key and value heads (the 27B's; --heads HK:HV for others)
+    for (int i = 1; i < argc; ++i) {
+        const std::string arg = argv[i];
+        if (arg == "--once") {
+            once = true;
+        } else if (arg == "--heads" && i + 1 < argc) {
+            if (std::sscanf(argv[++i], "%d:%d", &HK, &HV) != 2 || HK < 1 || HV < 1 || HV > 1024) {
+                std::fprintf(stderr, "--heads takes HK:HV (key and value heads), got '%s'\n", argv[i]);
+                return 2;
+            }
+        } else {
+            dump = argv[i];
+        }
+    }
+    const int CONV = (2 * HK + HV) * HEAD;
     std::mt19937 rng(3);
     std::normal_distribution<float> nd(0.0f, 1.0f);
     std::uniform_real_distribution<float> ud(0.0f, 1.0f);
@@ -159,7 +176,8 @@ int main(int argc, char ** argv) {
     // replay_layers: a chain commit of the 48 layers in one launch (each state in place, each conv
     // window copied from one shared source). Its state for T must be the recurrence's final state
     // for T to the bit (layer 0 from s0); the timing's launches run on from whatever state is left.
-    constexpr int D_CONV = 4, SRC_STRIDE = D_CONV - 1 + MAX_T, WINDOW = CONV * (D_CONV - 1);
+    constexpr int D_CONV = 4, SRC_STRIDE = D_CONV - 1 + MAX_T;
+    const int WINDOW = CONV * (D_CONV - 1);
     float *conv_src, *conv;
     int64_t * table;
     CHECK_CUDA(cudaMalloc(&conv_src, size_t(CONV) * SRC_STRIDE * 4));

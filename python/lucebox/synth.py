@@ -17,8 +17,12 @@ shapes: ~28.7 GB at q8_0, and a 1.8 GB draft). Every shape field can be overridd
 Tensor types (``type=``): f32, f16, bf16, q8_0, q4_0, q4_k, q5_k, q6_k and q4_k_m. Matrices and
 embeddings get the type; norms, vectors and the conv kernel are always F32. A matrix whose row
 length (ggml ``ne[0]``) is not a multiple of the type's block size falls back to q8_0, else f16,
-else f32; fallbacks are listed in the returned summary. ``q4_k_m`` approximates llama.cpp's
-Q4_K_M mix: Q6_K for ``output.weight``, ``ffn_down`` and ``attn_v``, Q4_K elsewhere.
+else f32; fallbacks are listed in the returned summary. ``q4_k_m`` is the mix that llama.cpp's
+quantizer (the pinned version, ``LLAMA_FTYPE_MOSTLY_Q4_K_M``) writes for these tensors: Q6_K for
+``output.weight`` (``token_embd.weight`` where the head is tied), for the i-th of the n ``attn_v``
+and ``attn_qkv`` matrices (one kind, counted in file order) and for the i-th of the n ``ffn_down``
+where llama.cpp's `use_more_bits` holds (i < n/8, i >= 7n/8, or (i - n/8) % 3 == 2); Q4_K
+elsewhere. tests/integration/test_synth_mix.py checks it against llama.cpp's quantizer.
 
 Values are deterministic for a seed (each tensor has its own generator seeded from the seed and a
 CRC32 of its name): matrices ~ N(0, 1/sqrt(ne[0])), embeddings ~ N(0, 1), norm gains
@@ -512,12 +516,23 @@ class _Tensor:
         return self.n_rows * self.row_bytes
 
 
-def _wanted_type(type_: str, name: str) -> str:
-    if type_ == "q4_k_m":
-        if name == "output.weight" or name.endswith(("ffn_down.weight", "attn_v.weight")):
-            return "q6_K"
-        return "q4_K"
-    return _GGML_NAME[type_]
+def _use_more_bits(i: int, n: int) -> bool:
+    """llama.cpp's choice (llama-quant.cpp) of the i-th of n attn_v-like or ffn_down tensors that a
+    Q4_K_M / Q5_K_M file keeps in Q6_K: the first and last eighth, and every third between."""
+    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
+
+
+def _wanted_types(type_: str, names: list[str]) -> list[str]:
+    """The ggml type each tensor of `names` (file order, llama.cpp's names) asks for."""
+    if type_ != "q4_k_m":
+        return [_GGML_NAME[type_]] * len(names)
+    # llama.cpp counts attn_v, attn_qkv (and attn_kv_b) tensors as one kind, and ffn_down apart
+    wv = [i for i, n in enumerate(names) if n.endswith(("attn_v.weight", "attn_qkv.weight", "attn_kv_b.weight"))]
+    down = [i for i, n in enumerate(names) if "ffn_down" in n]
+    more = {i for kind in (wv, down) for rank, i in enumerate(kind) if _use_more_bits(rank, len(kind))}
+    # the LM head, or the embeddings where they are the head too (no output.weight)
+    head = "output.weight" if "output.weight" in names else "token_embd.weight"
+    return ["q6_K" if n == head or i in more else "q4_K" for i, n in enumerate(names)]
 
 
 def _plan(specs: list, type_: str, include_optional: Callable[[str], bool], keys: list[str] | None = None):
@@ -527,14 +542,16 @@ def _plan(specs: list, type_: str, include_optional: Callable[[str], bool], keys
     core = _core()
     tensors: list[_Tensor] = []
     fallbacks: list[dict[str, str]] = []
-    for i, (name, ne, role, required) in enumerate(specs):
-        if not required and not include_optional(name):
-            continue
+    chosen = [i for i, (name, _, _, required) in enumerate(specs) if required or include_optional(name)]
+    matrices = [i for i in chosen if specs[i][2] not in ("norm", "vector", "conv")]
+    wanted_of = dict(zip(matrices, _wanted_types(type_, [keys[i] if keys else specs[i][0] for i in matrices])))
+    for i in chosen:
+        name, ne, role, _ = specs[i]
         ne = tuple(int(n) for n in ne)
         if role in ("norm", "vector", "conv"):
             gtype = "f32"
         else:
-            wanted = _wanted_type(type_, name)
+            wanted = wanted_of[i]
             gtype = wanted
             if ne[0] % core.ggml_type_traits(wanted)[1] != 0:
                 for cand in _FALLBACKS:
@@ -948,7 +965,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also write a matching DFlash draft here")
     parser.add_argument("--type", default="q8_0", type=str.lower, choices=TYPES,
                         help="tensor type of matrices and embeddings (norms/vectors stay f32); "
-                             "q4_k_m approximates llama.cpp's Q4_K_M mix (default: q8_0)")
+                             "q4_k_m is llama.cpp's Q4_K_M mix (default: q8_0)")
     parser.add_argument("--draft-type", default=None, type=str.lower, choices=TYPES,
                         help="tensor type of the draft (default: --type)")
     parser.add_argument("--seed", type=int, default=0,

@@ -188,9 +188,30 @@ TEST_CASE(stacks_hold_the_files_bytes_as_views_of_one_tensor) {
     // no stacks asked: every tensor its own
     tensor_store plain = tensor_store::load(f, {"a", "b", "c"}, buft, nullptr, {});
     CHECK(plain.get("a")->view_src == nullptr && plain.get("b")->view_src == nullptr);
-    // a group whose members are not all wanted stacks the wanted prefix only
+    // a group whose members are not all wanted stacks consecutive wanted runs only (a, c are not)
     tensor_store part = tensor_store::load(f, {"a", "c"}, buft, nullptr, {}, {{"a", "b", "c"}});
     CHECK(part.get("a")->view_src == nullptr && part.get("c")->view_src == nullptr);
+    // a member of another type (d) or row length (e) ends a run and the next run still stacks:
+    // {d, a, b, e, c} stacks a, b; {d, b, c}: b, c
+    for (const auto & group : {std::vector<std::string>{"d", "a", "b", "e", "c"}, std::vector<std::string>{"d", "b", "c"}}) {
+        tensor_store runs = tensor_store::load(f, {"a", "b", "c", "d", "e"}, buft, nullptr, {}, {group});
+        const bool ab = group.size() == 5;
+        ggml_tensor * first = runs.get(ab ? "a" : "b");
+        ggml_tensor * second = runs.get(ab ? "b" : "c");
+        CHECK(first->view_src != nullptr && first->view_src == second->view_src);
+        CHECK(first->view_offs == 0 && second->view_offs == ggml_nbytes(first));
+        CHECK(runs.get(ab ? "c" : "a")->view_src == nullptr && runs.get("d")->view_src == nullptr &&
+              runs.get("e")->view_src == nullptr);
+        for (size_t i = 0; i < 5; ++i) {
+            ggml_tensor * t = runs.get(names[i]);
+            CHECK(std::memcmp(t->data, bytes[i].data(), bytes[i].size()) == 0);
+        }
+    }
+    // an earlier group's member ends a run: {a, b, d, c} stacks a, b (c alone after d), and then
+    // in {c, b} b is taken, so c stays alone
+    tensor_store two = tensor_store::load(f, {"a", "b", "c", "d"}, buft, nullptr, {}, {{"a", "b", "d", "c"}, {"c", "b"}});
+    CHECK(two.get("a")->view_src != nullptr && two.get("a")->view_src == two.get("b")->view_src);
+    CHECK(two.get("c")->view_src == nullptr);
     std::filesystem::remove(path);
 }
 

@@ -136,8 +136,9 @@ def test_tiled_products_past_64_columns_take_the_bf16_route(model: str) -> None:
 
 @pytest.fixture(scope="module", params=["q6_k", "q4_k_m"])
 def q6_model(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
-    # the same shapes; q4_k_m: Q6_K ffn_down, attn_v and head (1000 rows: not whole tiles, so that
-    # one stays in ggml's layout), Q4_K elsewhere
+    # the same shapes; q4_k_m (llama.cpp's mix): Q6_K head (1000 rows: not whole tiles, so that one
+    # stays in ggml's layout) and layers 2 and 3's attn_qkv / attn_v and ffn_down (layer 2's DeltaNet
+    # stack then holds attn_gate, ssm_beta and ssm_alpha only), Q4_K elsewhere
     return _tiny256(tmp_path_factory, "tiles_q6", request.param, 5)
 
 

@@ -15,6 +15,12 @@ with it position by position (DESIGN.md, "Oracle agreement"). Everything here go
   ``n_ubatch`` the micro-batch llama.cpp splits each decode into; ``Llama`` clamps
   ``n_batch <= n_ctx`` and ``n_ubatch <= n_batch``;
 - ``Llama.reset()`` clears the memory of a hybrid model (KV cache and recurrent state);
+- ``repack=False`` loads the weights without upstream's extra CPU buffer types
+  (``llama_model_params.use_extra_bufts``, which ``Llama`` does not expose: the default parameters
+  are patched while the model loads). With them (the default) llama.cpp repacks some quantized
+  matrices (on x86 with AVX2 Q4_0, Q4_K and IQ4_NL among them) into interleaved rows and
+  multiplies them with other kernels, whose rounding differs from the plain ones that lucebox's
+  CPU backend runs;
 - with a quantized K (V) cache and a head size that is a multiple of 64, llama.cpp at this pin
   rotates Q and K (V and the attention output) by a Walsh-Hadamard matrix before storing them
   (``attn_rot_k`` / ``attn_rot_v`` in ``llama-kv-cache.cpp``), which spreads outliers before
@@ -78,7 +84,7 @@ class ReferenceSession:
                  type_k: str | int = "f16", type_v: str | int = "f16",
                  n_batch: int = DEFAULT_N_BATCH, n_ubatch: int = DEFAULT_N_UBATCH,
                  n_threads: int = DEFAULT_N_THREADS, flash_attn: bool = True,
-                 attn_rot: bool = True) -> None:
+                 attn_rot: bool = True, repack: bool = True) -> None:
         import llama_cpp
 
         # Llama clamps n_batch to n_ctx and n_ubatch to n_batch; do it here so `n_ubatch` below
@@ -91,10 +97,21 @@ class ReferenceSession:
             os.environ.pop(_ATTN_ROT_ENV, None)  # upstream's default, whatever the caller's env
         else:
             os.environ[_ATTN_ROT_ENV] = "1"
+        import llama_cpp.llama as high_level
+
+        default_params = high_level.llama_cpp.llama_model_default_params
+
+        def params() -> Any:
+            p = default_params()
+            p.use_extra_bufts = repack
+            return p
+
+        high_level.llama_cpp.llama_model_default_params = params
         try:
             self._llm = self._load(llama_cpp, model_path, n_ctx, n_batch, n_ubatch, n_threads,
                                    type_k, type_v, flash_attn)
         finally:
+            high_level.llama_cpp.llama_model_default_params = default_params
             if saved is None:
                 os.environ.pop(_ATTN_ROT_ENV, None)
             else:
@@ -166,21 +183,22 @@ def reference_logits(model_path: str | os.PathLike[str], tokens: Sequence[int], 
                      n_ctx: int = DEFAULT_N_CTX, type_k: str | int = "f16", type_v: str | int = "f16",
                      n_batch: int = DEFAULT_N_BATCH, n_ubatch: int = DEFAULT_N_UBATCH,
                      n_threads: int = DEFAULT_N_THREADS, attn_rot: bool = True,
-                     chunks: Sequence[int] | None = None) -> np.ndarray:
+                     chunks: Sequence[int] | None = None, repack: bool = True) -> np.ndarray:
     """Logits of every position of `tokens` from llama.cpp on the CPU: float32 [len, n_vocab].
 
     Row i is the distribution of the token after ``tokens[: i + 1]`` (causal, from an empty
     context). `chunks` optionally gives sizes of successive ``eval`` calls (their sum must be
     ``len(tokens)``); by default the whole prompt is one call, split by llama.cpp into batches
     of `n_batch` and micro-batches of `n_ubatch`. `attn_rot=False` turns off llama.cpp's
-    Hadamard rotation of quantized K/V caches (no effect on F16/F32 caches).
+    Hadamard rotation of quantized K/V caches (no effect on F16/F32 caches); `repack=False` its
+    repacked weights (see `ReferenceSession`).
     """
     tokens = list(tokens)
     sizes = [len(tokens)] if chunks is None else [int(c) for c in chunks]
     if sum(sizes) != len(tokens) or any(c < 0 for c in sizes):
         raise ValueError(f"chunks {sizes} do not add up to {len(tokens)} tokens")
     with ReferenceSession(model_path, n_ctx=n_ctx, type_k=type_k, type_v=type_v, n_batch=n_batch,
-                          n_ubatch=n_ubatch, n_threads=n_threads, attn_rot=attn_rot) as ref:
+                          n_ubatch=n_ubatch, n_threads=n_threads, attn_rot=attn_rot, repack=repack) as ref:
         out, pos = [], 0
         for size in sizes:
             out.append(ref.eval(tokens[pos:pos + size]))
@@ -212,3 +230,22 @@ def reference_greedy(model_path: str | os.PathLike[str], prompt_tokens: Sequence
             if i + 1 < n_predict:
                 last = ref.eval([tok])[-1]
     return out
+
+
+#: llama_ftype of the mixes `quantize` writes (llama.h: LLAMA_FTYPE_MOSTLY_*).
+FTYPES = {"q4_k_m": 15, "q5_k_m": 17}
+
+
+def quantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], ftype: str, *, n_threads: int = DEFAULT_N_THREADS) -> None:
+    """Write `dst`: `src` quantized by llama.cpp's own quantizer (``llama_model_quantize``) to the
+    mix `ftype` names (a key of `FTYPES`), each tensor's type chosen by upstream's rules."""
+    import ctypes
+
+    import llama_cpp
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = FTYPES[ftype]
+    params.nthread = n_threads
+    rc = llama_cpp.llama_model_quantize(os.fsencode(src), os.fsencode(dst), ctypes.byref(params))
+    if rc != 0:
+        raise RuntimeError(f"llama_model_quantize({src!r} -> {dst!r}, {ftype}) returned {rc}")

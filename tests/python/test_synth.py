@@ -55,15 +55,25 @@ GGML = {"f32": "f32", "f16": "f16", "bf16": "bf16", "q8_0": "q8_0", "q4_0": "q4_
         "q5_k": "q5_K", "q6_k": "q6_K"}
 
 
-def _wanted_type(type_: str, name: str) -> str:
+# The tiny pair's Q6_K tensors in q4_k_m, by llama.cpp's rule (the i-th of n attn_v / attn_qkv, and of
+# n ffn_down, when i < n/8, i >= 7n/8 or (i - n/8) % 3 == 2): the target's 4 layers take ranks 2 and 3,
+# the draft's 2 layers rank 1; the target's head as well (tests/integration/test_synth_mix.py
+# checks the rule itself against llama.cpp's quantizer).
+Q4_K_M_HIGH = {
+    "target": {"output.weight", "blk.2.attn_qkv.weight", "blk.3.attn_v.weight", "blk.2.ffn_down.weight",
+               "blk.3.ffn_down.weight"},
+    "draft": {"blk.1.attn_v.weight", "blk.1.ffn_down.weight"},
+}
+
+
+def _wanted_type(type_: str, name: str, model: str) -> str:
     if type_ == "q4_k_m":
-        high = name == "output.weight" or name.endswith(("ffn_down.weight", "attn_v.weight"))
-        return "q6_K" if high else "q4_K"
+        return "q6_K" if name in Q4_K_M_HIGH[model] else "q4_K"
     return GGML[type_]
 
 
-def _expected_type(type_: str, name: str, ne0: int) -> str:
-    want = _wanted_type(type_, name)
+def _expected_type(type_: str, name: str, ne0: int, model: str) -> str:
+    want = _wanted_type(type_, name, model)
     return want if ne0 % BLOCK[want] == 0 else "q8_0"
 
 
@@ -94,7 +104,7 @@ def test_tiny_pair_opens_with_expected_types(tmp_path: Path, type_: str) -> None
     assert list(dh.target_layers) == [1, 3] and dh.block_size == 16
     assert not dh.has_token_embd and not dh.has_output and dh.n_vocab == 0
 
-    for f, summary, specs in ((t, ts, hp.tensor_specs()), (d, ds, dh.tensor_specs())):
+    for model, f, summary, specs in (("target", t, ts, hp.tensor_specs()), ("draft", d, ds, dh.tensor_specs())):
         roles = _specs_roles(specs)
         fallback_names = set()
         for name, gtype, shape, nbytes in f.tensors:
@@ -102,8 +112,8 @@ def test_tiny_pair_opens_with_expected_types(tmp_path: Path, type_: str) -> None
             if role in VECTOR_ROLES:
                 assert gtype == "f32", name
             else:
-                assert gtype == _expected_type(type_, name, shape[0]), (name, shape)
-                if gtype != _wanted_type(type_, name):
+                assert gtype == _expected_type(type_, name, shape[0], model), (name, shape)
+                if gtype != _wanted_type(type_, name, model):
                     fallback_names.add(name)
         assert {fb["tensor"] for fb in summary["fallbacks"]} == fallback_names
         assert sum(summary["types"].values()) == len(f.tensors)
@@ -118,19 +128,28 @@ def test_tiny_pair_opens_with_expected_types(tmp_path: Path, type_: str) -> None
 
 
 def test_q4_k_m_mix(tmp_path: Path) -> None:
-    # n_embd 256 and value_dim 256 so that no row falls back:
-    # Q6_K for output, ffn_down and attn_v, Q4_K elsewhere.
+    # n_embd 256 and value_dim 256 so that no row falls back; 16 layers (attention every 4th): the
+    # attn_v / attn_qkv and the ffn_down of layers 0, 1, 4, 7, 10, 13, 14, 15 in Q6_K, the other
+    # layers' in Q4_K (layer 3's attn_v, layer 2's attn_qkv)
     path = tmp_path / "t.gguf"
-    s = synth.write_target(path, "tiny", type="q4_k_m", overrides={"n_embd": 256, "ssm_d_state": 64})
+    s = synth.write_target(path, "tiny", type="q4_k_m", overrides={"n_embd": 256, "ssm_d_state": 64, "n_layer": 16})
     assert s["fallbacks"] == []
     types = {name: gtype for name, gtype, _s, _n in _core.TargetFile.open(str(path)).tensors}
+    high = {0, 1, 4, 7, 10, 13, 14, 15}
+    for i in range(16):
+        want = "q6_K" if i in high else "q4_K"
+        assert types[f"blk.{i}.ffn_down.weight"] == want
+        assert types[f"blk.{i}.attn_v.weight" if i % 4 == 3 else f"blk.{i}.attn_qkv.weight"] == want
+        assert types[f"blk.{i}.ffn_up.weight"] == "q4_K"
     assert types["output.weight"] == "q6_K"
-    assert types["blk.0.ffn_down.weight"] == "q6_K"
-    assert types["blk.3.attn_v.weight"] == "q6_K"
     assert types["token_embd.weight"] == "q4_K"
-    assert types["blk.0.attn_qkv.weight"] == "q4_K"
-    assert types["blk.3.attn_k.weight"] == "q4_K"
+    assert types["blk.3.attn_k.weight"] == "q4_K" and types["blk.0.attn_gate.weight"] == "q4_K"
     assert types["blk.0.ssm_a"] == "f32" and types["blk.0.ssm_conv1d.weight"] == "f32"
+    # a tied head: the embeddings are the head, so they take the head's type
+    tied = tmp_path / "tied.gguf"
+    synth.write_target(tied, "tiny", type="q4_k_m", overrides={"n_embd": 256, "ssm_d_state": 64, "has_output": False})
+    types = {name: gtype for name, gtype, _s, _n in _core.TargetFile.open(str(tied)).tensors}
+    assert types["token_embd.weight"] == "q6_K" and "output.weight" not in types
 
 
 def test_deterministic_for_a_seed(tmp_path: Path) -> None:

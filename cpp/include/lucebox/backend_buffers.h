@@ -39,10 +39,12 @@ class tensor_store {
     // stacks: groups of names (each group's members among `names`, in the order given) to store
     // row after row in one tensor [ne0, sum of ne1], so that one product with the stack computes
     // them all; each member is then a view of the stack (view_src = the stack, at its row offset).
-    // A group stacks the longest prefix of at least two members that are 2-D matrices of one type
-    // and one row length; the rest load on their own, as does everything on a meta (tensor
-    // parallel) buffer type. Values are the file's bytes either way, except that on a CUDA device
-    // (kernels::tile_weights_in) Q8_0 and Q4_K matrices of whole 256-value chunks, token_embd.weight
+    // A group stacks each run of at least two consecutive members that are 2-D matrices of one type
+    // and one row length (a member of another type ends a run and may start the next: a Q6_K
+    // attn_qkv before three Q4_K matrices leaves those three one stack); the rest load on their own,
+    // as does everything on a meta (tensor parallel) buffer type. Values are the file's bytes either
+    // way, except that on a CUDA device (kernels::tile_weights_in) Q8_0 and Q4_K matrices of whole
+    // 256-value chunks (Q6_K ones of whole 16-row tiles), token_embd.weight
     // aside (ggml_get_rows reads it), load row-tiled (cpp/kernels/weight_tiles.h; a stack only when
     // its members' row counts, the last one's aside, are multiples of 16) and are registered as such
     // until the store is released; only lucebox's kernels read them.

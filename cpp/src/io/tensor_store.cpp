@@ -95,23 +95,28 @@ tensor_store tensor_store::allocate(ggml_backend_buffer_type_t buft, ggml_backen
 }
 
 namespace {
-// The members of `group` (found in the file and wanted) that lead the group with one type, one row
-// length and two dimensions: the part of the group that can be stored as one stack.
-std::vector<const gguf_tensor_entry *> stackable_prefix(const gguf_file & file, const std::vector<std::string> & group,
-                                                        const std::unordered_set<std::string> & wanted) {
-    std::vector<const gguf_tensor_entry *> out;
+// The stacks of `group`: its runs of at least two consecutive members (in the group's order) that
+// are found in the file, wanted, two-dimensional, in no earlier stack (`taken`) and of one type and
+// row length. A member that breaks a run starts the next one, so a group whose first member has
+// another type (a real Q4_K_M file's Q6_K attn_qkv before Q4_K attn_gate, ssm_beta, ssm_alpha) still
+// stacks the rest.
+std::vector<std::vector<const gguf_tensor_entry *>> stackable_runs(const gguf_file & file, const std::vector<std::string> & group,
+                                                                   const std::unordered_set<std::string> & wanted,
+                                                                   const std::unordered_set<std::string> & taken) {
+    std::vector<std::vector<const gguf_tensor_entry *>> runs;
+    std::vector<const gguf_tensor_entry *> run;
+    auto close = [&] {
+        if (run.size() >= 2) runs.push_back(run);
+        run.clear();
+    };
     for (const std::string & n : group) {
-        const gguf_tensor_entry * e = wanted.count(n) ? file.find_tensor(n) : nullptr;
+        const gguf_tensor_entry * e = wanted.count(n) && !taken.count(n) ? file.find_tensor(n) : nullptr;
         const bool matrix = e != nullptr && e->ne[2] == 1 && e->ne[3] == 1;
-        if (!matrix || (!out.empty() && (e->type != out[0]->type || e->ne[0] != out[0]->ne[0]))) {
-            break;
-        }
-        out.push_back(e);
+        if (!matrix || (!run.empty() && (e->type != run[0]->type || e->ne[0] != run[0]->ne[0]))) close();
+        if (matrix) run.push_back(e);
     }
-    if (out.size() < 2) {
-        out.clear();
-    }
-    return out;
+    close();
+    return runs;
 }
 }  // namespace
 
@@ -137,12 +142,7 @@ tensor_store tensor_store::load(const gguf_file & file, const std::vector<std::s
     std::vector<std::vector<const gguf_tensor_entry *>> stacked;
     std::unordered_set<std::string> in_stack;
     for (const auto & group : meta ? std::vector<std::vector<std::string>>{} : stacks) {
-        std::vector<const gguf_tensor_entry *> members = stackable_prefix(file, group, wanted);
-        bool fresh = !members.empty();
-        for (const gguf_tensor_entry * e : members) {
-            fresh = fresh && !in_stack.count(e->name);
-        }
-        if (fresh) {
+        for (auto & members : stackable_runs(file, group, wanted, in_stack)) {
             for (const gguf_tensor_entry * e : members) {
                 in_stack.insert(e->name);
             }

@@ -14,15 +14,16 @@ Presets (`PRESETS`): ``tiny`` (seconds on a CPU; shapes that ggml's CUDA kernels
 ``small`` (a few hundred MB, for CPU benchmarks) and ``qwen3.6-27b`` (the real Qwen3.6-27B
 shapes: ~28.7 GB at q8_0, and a 1.8 GB draft). Every shape field can be overridden.
 
-Tensor types (``type=``): f32, f16, bf16, q8_0, q4_0, q4_k, q5_k, q6_k and q4_k_m. Matrices and
+Tensor types (``type=``): f32, f16, bf16, q8_0, q4_0, q4_k, q5_k, q6_k, q4_k_m and q5_k_m. Matrices and
 embeddings get the type; norms, vectors and the conv kernel are always F32. A matrix whose row
 length (ggml ``ne[0]``) is not a multiple of the type's block size falls back to q8_0, else f16,
-else f32; fallbacks are listed in the returned summary. ``q4_k_m`` is the mix that llama.cpp's
-quantizer (the pinned version, ``LLAMA_FTYPE_MOSTLY_Q4_K_M``) writes for these tensors: Q6_K for
+else f32; fallbacks are listed in the returned summary. ``q4_k_m`` / ``q5_k_m`` are the mixes that
+llama.cpp's quantizer (the pinned version, ``LLAMA_FTYPE_MOSTLY_Q4_K_M`` / ``_Q5_K_M``) writes for
+these tensors: Q6_K for
 ``output.weight`` (``token_embd.weight`` where the head is tied), for the i-th of the n ``attn_v``
 and ``attn_qkv`` matrices (one kind, counted in file order) and for the i-th of the n ``ffn_down``
-where llama.cpp's `use_more_bits` holds (i < n/8, i >= 7n/8, or (i - n/8) % 3 == 2); Q4_K
-elsewhere. tests/integration/test_synth_mix.py checks it against llama.cpp's quantizer.
+where llama.cpp's `use_more_bits` holds (i < n/8, i >= 7n/8, or (i - n/8) % 3 == 2); Q4_K / Q5_K
+elsewhere. tests/integration/test_synth_mix.py checks them against llama.cpp's quantizer.
 
 Values are deterministic for a seed (each tensor has its own generator seeded from the seed and a
 CRC32 of its name): matrices ~ N(0, 1/sqrt(ne[0])), embeddings ~ N(0, 1), norm gains
@@ -83,7 +84,7 @@ __all__ = [
 ]
 
 #: Tensor type choices (``type=`` / ``--type``).
-TYPES: tuple[str, ...] = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", "q5_k", "q6_k", "q4_k_m")
+TYPES: tuple[str, ...] = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", "q5_k", "q6_k", "q4_k_m", "q5_k_m")
 #: Fill modes: random weights, or all-zero data written as a sparse file.
 FILLS: tuple[str, ...] = ("random", "zeros")
 #: Draft GGUF schemas: upstream llama.cpp ``dflash``, or the original lucebox ``qwen35-dflash-draft``.
@@ -94,13 +95,16 @@ LUCEBOX_DRAFT_ARCH = "qwen35-dflash-draft"
 #: random rows of (about) this many values.
 POOL_ELEMENTS = 8 << 20
 
-# Per-tensor ggml type name (as ggml spells it) of each --type choice; q4_k_m is a mix.
+# Per-tensor ggml type name (as ggml spells it) of each --type choice; q4_k_m and q5_k_m are mixes
+# (_wanted_types) of their base type and q6_K.
 _GGML_NAME = {"f32": "f32", "f16": "f16", "bf16": "bf16", "q8_0": "q8_0", "q4_0": "q4_0",
               "q4_k": "q4_K", "q5_k": "q5_K", "q6_k": "q6_K"}
+# The mixes' type for the tensors llama.cpp does not raise to q6_K.
+_MIX_BASE = {"q4_k_m": "q4_K", "q5_k_m": "q5_K"}
 # Fallback chain for a row length that is not a multiple of the block size.
 _FALLBACKS = ("q8_0", "f16", "f32")
 # general.file_type (llama_ftype) written for each choice.
-_FILE_TYPE = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 7, "q4_k": 14, "q4_k_m": 15, "q5_k": 16,
+_FILE_TYPE = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 7, "q4_k": 14, "q4_k_m": 15, "q5_k": 16, "q5_k_m": 17,
               "q6_k": 18, "bf16": 32}
 _QUANTIZATION_VERSION = 2  # GGML_QNT_VERSION
 _CHUNK_BYTES = 32 << 20  # largest single write
@@ -524,7 +528,7 @@ def _use_more_bits(i: int, n: int) -> bool:
 
 def _wanted_types(type_: str, names: list[str]) -> list[str]:
     """The ggml type each tensor of `names` (file order, llama.cpp's names) asks for."""
-    if type_ != "q4_k_m":
+    if type_ not in _MIX_BASE:
         return [_GGML_NAME[type_]] * len(names)
     # llama.cpp counts attn_v, attn_qkv (and attn_kv_b) tensors as one kind, and ffn_down apart
     wv = [i for i, n in enumerate(names) if n.endswith(("attn_v.weight", "attn_qkv.weight", "attn_kv_b.weight"))]
@@ -532,7 +536,7 @@ def _wanted_types(type_: str, names: list[str]) -> list[str]:
     more = {i for kind in (wv, down) for rank, i in enumerate(kind) if _use_more_bits(rank, len(kind))}
     # the LM head, or the embeddings where they are the head too (no output.weight)
     head = "output.weight" if "output.weight" in names else "token_embd.weight"
-    return ["q6_K" if n == head or i in more else "q4_K" for i, n in enumerate(names)]
+    return ["q6_K" if n == head or i in more else _MIX_BASE[type_] for i, n in enumerate(names)]
 
 
 def _plan(specs: list, type_: str, include_optional: Callable[[str], bool], keys: list[str] | None = None):
@@ -965,7 +969,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also write a matching DFlash draft here")
     parser.add_argument("--type", default="q8_0", type=str.lower, choices=TYPES,
                         help="tensor type of matrices and embeddings (norms/vectors stay f32); "
-                             "q4_k_m is llama.cpp's Q4_K_M mix (default: q8_0)")
+                             "q4_k_m / q5_k_m are llama.cpp's Q4_K_M / Q5_K_M mixes (default: q8_0)")
     parser.add_argument("--draft-type", default=None, type=str.lower, choices=TYPES,
                         help="tensor type of the draft (default: --type)")
     parser.add_argument("--seed", type=int, default=0,

@@ -1,7 +1,7 @@
-"""`lucebox synth --type q4_k_m` writes the file llama.cpp's quantizer (the pinned upstream,
+"""`lucebox synth --type q4_k_m` (or q5_k_m) writes the file llama.cpp's quantizer (the pinned upstream,
 `llama_model_quantize`) makes of the same model's F32 file: each tensor's type by upstream's rules,
 and the same bytes. Benchmarks on the synthetic mix then stream the bytes, and take the stacks, that a
-real Q4_K_M file has."""
+real Q4_K_M (Q5_K_M) file has."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -27,16 +27,17 @@ def _tensors(path: Path) -> dict[str, tuple[str, bytes]]:
     return {t.name: (t.tensor_type.name, bytes(t.data.view("uint8").reshape(-1))) for t in gguf.GGUFReader(path).tensors}
 
 
+@pytest.mark.parametrize("mix", ["q4_k_m", "q5_k_m"])
 @pytest.mark.parametrize("name", sorted(SHAPES))
-def test_q4_k_m_is_llama_cpps_mix(name: str, tmp_path: Path) -> None:
+def test_mix_is_llama_cpps(name: str, mix: str, tmp_path: Path) -> None:
     ok, why = oracle.available()
     if not ok:
         pytest.skip(why)
     overrides = {**BASE, **SHAPES[name]}
     src, ours, theirs = tmp_path / "f32.gguf", tmp_path / "ours.gguf", tmp_path / "theirs.gguf"
     synth.write_target(src, "tiny", type="f32", seed=1, overrides=overrides)
-    synth.write_target(ours, "tiny", type="q4_k_m", seed=1, overrides=overrides)
-    oracle.quantize(src, theirs, "q4_k_m")
+    synth.write_target(ours, "tiny", type=mix, seed=1, overrides=overrides)
+    oracle.quantize(src, theirs, mix)
     ta, tb = _tensors(ours), _tensors(theirs)
     assert ta.keys() == tb.keys()
     a, b = ({n: v[0] for n, v in t.items()} for t in (ta, tb))
@@ -46,7 +47,7 @@ def test_q4_k_m_is_llama_cpps_mix(name: str, tmp_path: Path) -> None:
     # the mix is a real one: both kinds of the rule chose some tensors of each type
     for kind in ("ffn_down", "attn_"):
         kinds = {t for n, t in a.items() if kind in n and ("ffn_down" in n or n.endswith(("attn_v.weight", "attn_qkv.weight")))}
-        assert kinds == {"Q4_K", "Q6_K"}, (kind, kinds)
+        assert kinds == {mix[:2].upper() + "_K", "Q6_K"}, (kind, kinds)
 
 
 def test_q4_k_m_logits_are_upstreams_plain_kernels_bit_for_bit(tmp_path: Path) -> None:

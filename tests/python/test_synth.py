@@ -55,7 +55,7 @@ GGML = {"f32": "f32", "f16": "f16", "bf16": "bf16", "q8_0": "q8_0", "q4_0": "q4_
         "q5_k": "q5_K", "q6_k": "q6_K"}
 
 
-# The tiny pair's Q6_K tensors in q4_k_m, by llama.cpp's rule (the i-th of n attn_v / attn_qkv, and of
+# The tiny pair's Q6_K tensors in q4_k_m and q5_k_m, by llama.cpp's rule (the i-th of n attn_v / attn_qkv, and of
 # n ffn_down, when i < n/8, i >= 7n/8 or (i - n/8) % 3 == 2): the target's 4 layers take ranks 2 and 3,
 # the draft's 2 layers rank 1; the target's head as well (tests/integration/test_synth_mix.py
 # checks the rule itself against llama.cpp's quantizer).
@@ -67,8 +67,8 @@ Q4_K_M_HIGH = {
 
 
 def _wanted_type(type_: str, name: str, model: str) -> str:
-    if type_ == "q4_k_m":
-        return "q6_K" if name in Q4_K_M_HIGH[model] else "q4_K"
+    if type_ in ("q4_k_m", "q5_k_m"):
+        return "q6_K" if name in Q4_K_M_HIGH[model] else type_[:2] + "_K"
     return GGML[type_]
 
 
@@ -78,7 +78,7 @@ def _expected_type(type_: str, name: str, ne0: int, model: str) -> str:
 
 
 @pytest.mark.parametrize("type_", ["f32", "f16", "q8_0", "q4_k", "bf16", "q4_0", "q5_k", "q6_k",
-                                   "q4_k_m"])
+                                   "q4_k_m", "q5_k_m"])
 def test_tiny_pair_opens_with_expected_types(tmp_path: Path, type_: str) -> None:
     tpath, dpath = tmp_path / "t.gguf", tmp_path / "d.gguf"
     ts = synth.write_target(tpath, "tiny", type=type_)
@@ -117,7 +117,7 @@ def test_tiny_pair_opens_with_expected_types(tmp_path: Path, type_: str) -> None
                     fallback_names.add(name)
         assert {fb["tensor"] for fb in summary["fallbacks"]} == fallback_names
         assert sum(summary["types"].values()) == len(f.tensors)
-    if type_ in ("q4_k", "q5_k", "q6_k", "q4_k_m"):
+    if type_ in ("q4_k", "q5_k", "q6_k", "q4_k_m", "q5_k_m"):
         # n_embd 128 is not a multiple of 256: those rows fall back; 256-long rows do not.
         types = dict((name, gtype) for name, gtype, _s, _n in t.tensors)
         assert types["blk.0.attn_qkv.weight"] == "q8_0"

@@ -6,7 +6,9 @@ and ggml's flash attention cuts its keys at fixed rows for up to 64 query rows, 
 chain speculation at forced accept lengths equal to plain greedy decoding (a tree's DeltaNet layers
 run ggml's tree kernel: equal, or parted at a near-tie), also across the switch to a wider query tile
 for long key views. The model's attention is ggml's flash attention and gate ops; the other GPU tests'
-models have the tiny preset's attention heads of 64."""
+models have the tiny preset's attention heads of 64. In Q8_0 and in llama.cpp's Q4_K_M mix (Q6_K for
+the head and for layers 2 and 3's attn_qkv / attn_v and ffn_down: layer 2's DeltaNet stack holds attn_gate,
+ssm_beta and ssm_alpha only, layer 3's attention stack attn_q and attn_k)."""
 from __future__ import annotations
 
 import sys
@@ -32,10 +34,10 @@ SHAPE = dict(n_embd=256, n_ff=512, head_dim=256, n_head=12, n_head_kv=2, ssm_d_s
 MAX_ABS = 0.5  # Q8_0 weights, as test_cuda_target.py
 
 
-@pytest.fixture(scope="module")
-def target(tmp_path_factory: pytest.TempPathFactory) -> str:
-    path = tmp_path_factory.mktemp("attn-gpu") / "target.gguf"
-    synth.write_target(str(path), "tiny", type="q8_0", seed=21, overrides=SHAPE)
+@pytest.fixture(scope="module", params=["q8_0", "q4_k_m"])
+def target(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = tmp_path_factory.mktemp("attn-gpu") / f"target-{request.param}.gguf"
+    synth.write_target(str(path), "tiny", type=request.param, seed=21, overrides=SHAPE)
     return str(path)
 
 

@@ -50,7 +50,8 @@ def test_mix_is_llama_cpps(name: str, mix: str, tmp_path: Path) -> None:
         assert kinds == {mix[:2].upper() + "_K", "Q6_K"}, (kind, kinds)
 
 
-def test_q4_k_m_logits_are_upstreams_plain_kernels_bit_for_bit(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mix", ["q4_k_m", "q5_k_m"])
+def test_mix_logits_are_upstreams_plain_kernels_bit_for_bit(mix: str, tmp_path: Path) -> None:
     """On the real mix (16 layers: some DeltaNet stacks split by a Q6_K attn_qkv, some attention
     stacks by a Q6_K attn_v), lucebox's CPU logits, prompt at once and token by token, are llama.cpp's
     bits where llama.cpp runs its plain kernels (no repacked weights, one token a micro-batch: its
@@ -63,11 +64,11 @@ def test_q4_k_m_logits_are_upstreams_plain_kernels_bit_for_bit(tmp_path: Path) -
 
     import lucebox
 
-    path = tmp_path / "q4_k_m.gguf"
-    synth.write_target(path, "tiny", type="q4_k_m", seed=1, overrides={**BASE, **SHAPES["16_layers"]})
-    types = _tensors(path)
-    assert types["blk.0.attn_qkv.weight"][0] == "Q6_K" and types["blk.0.attn_gate.weight"][0] == "Q4_K"
-    assert types["blk.3.attn_v.weight"][0] == "Q4_K" and types["blk.7.attn_v.weight"][0] == "Q6_K"
+    path = tmp_path / f"{mix}.gguf"
+    synth.write_target(path, "tiny", type=mix, seed=1, overrides={**BASE, **SHAPES["16_layers"]})
+    types, base = _tensors(path), mix[:2].upper() + "_K"
+    assert types["blk.0.attn_qkv.weight"][0] == "Q6_K" and types["blk.0.attn_gate.weight"][0] == base
+    assert types["blk.3.attn_v.weight"][0] == base and types["blk.7.attn_v.weight"][0] == "Q6_K"
     ids = [int(x) for x in np.random.default_rng(1).integers(0, 1000, 40)]
     ref = oracle.reference_logits(path, ids, n_ctx=512, n_batch=1, n_ubatch=1, repack=False)
     engine = lucebox.Engine(str(path), ctx=300, device="cpu", ubatch=32)

@@ -19,11 +19,11 @@ embeddings get the type; norms, vectors and the conv kernel are always F32. A ma
 length (ggml ``ne[0]``) is not a multiple of the type's block size falls back to q8_0, else f16,
 else f32; fallbacks are listed in the returned summary. ``q4_k_m`` / ``q5_k_m`` are the mixes that
 llama.cpp's quantizer (the pinned version, ``LLAMA_FTYPE_MOSTLY_Q4_K_M`` / ``_Q5_K_M``) writes for
-these tensors: Q6_K for
-``output.weight`` (``token_embd.weight`` where the head is tied), for the i-th of the n ``attn_v``
-and ``attn_qkv`` matrices (one kind, counted in file order) and for the i-th of the n ``ffn_down``
-where llama.cpp's `use_more_bits` holds (i < n/8, i >= 7n/8, or (i - n/8) % 3 == 2); Q4_K / Q5_K
-elsewhere. tests/integration/test_synth_mix.py checks them against llama.cpp's quantizer.
+these tensors: Q6_K for ``output.weight`` (``token_embd.weight`` where the head is tied), for the
+i-th of the n ``attn_v`` and ``attn_qkv`` matrices (one kind, counted in file order) and for the
+i-th of the n ``ffn_down`` where llama.cpp's `use_more_bits` holds (i < n/8, i >= 7n/8, or
+(i - n/8) % 3 == 2); Q4_K / Q5_K elsewhere. tests/integration/test_synth_mix.py checks them against
+llama.cpp's quantizer, type and bytes.
 
 Values are deterministic for a seed (each tensor has its own generator seeded from the seed and a
 CRC32 of its name): matrices ~ N(0, 1/sqrt(ne[0])), embeddings ~ N(0, 1), norm gains

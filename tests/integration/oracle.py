@@ -86,6 +86,7 @@ class ReferenceSession:
                  n_threads: int = DEFAULT_N_THREADS, flash_attn: bool = True,
                  attn_rot: bool = True, repack: bool = True) -> None:
         import llama_cpp
+        import llama_cpp.llama as high_level
 
         # Llama clamps n_batch to n_ctx and n_ubatch to n_batch; do it here so `n_ubatch` below
         # is what runs.
@@ -97,16 +98,15 @@ class ReferenceSession:
             os.environ.pop(_ATTN_ROT_ENV, None)  # upstream's default, whatever the caller's env
         else:
             os.environ[_ATTN_ROT_ENV] = "1"
-        import llama_cpp.llama as high_level
+        default_params = high_level.llama_cpp.llama_model_default_params  # where Llama takes its model's
 
-        default_params = high_level.llama_cpp.llama_model_default_params
-
-        def params() -> Any:
+        def without_repack() -> Any:
             p = default_params()
-            p.use_extra_bufts = repack
+            p.use_extra_bufts = False
             return p
 
-        high_level.llama_cpp.llama_model_default_params = params
+        if not repack:
+            high_level.llama_cpp.llama_model_default_params = without_repack
         try:
             self._llm = self._load(llama_cpp, model_path, n_ctx, n_batch, n_ubatch, n_threads,
                                    type_k, type_v, flash_attn)

@@ -7,8 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import gguf
+import numpy as np
 import pytest
 
+import lucebox
+from forcing import forced, forced_tree
 from lucebox import synth
 
 oracle = pytest.importorskip("oracle")
@@ -60,10 +63,6 @@ def test_mix_logits_are_upstreams_plain_kernels_bit_for_bit(mix: str, tmp_path: 
     ok, why = oracle.available()
     if not ok:
         pytest.skip(why)
-    import numpy as np
-
-    import lucebox
-
     path = tmp_path / f"{mix}.gguf"
     synth.write_target(path, "tiny", type=mix, seed=1, overrides={**BASE, **SHAPES["16_layers"]})
     types, base = _tensors(path), mix[:2].upper() + "_K"
@@ -77,3 +76,17 @@ def test_mix_logits_are_upstreams_plain_kernels_bit_for_bit(mix: str, tmp_path: 
     one_by_one = np.concatenate([s.eval([t]) for t in ids])
     np.testing.assert_array_equal(at_once, ref)
     np.testing.assert_array_equal(one_by_one, ref)
+
+
+@pytest.mark.parametrize("mix", ["q4_k_m", "q5_k_m"])
+def test_speculation_on_the_mix_is_plain_greedy(mix: str, tmp_path: Path) -> None:
+    """Forced chains (accept 0, 3, all) and trees on the real mix (split stacks, Q6_K beside the base
+    type) give plain greedy decoding's tokens: a verify's rows are its decode steps' bits."""
+    path = tmp_path / f"{mix}.gguf"
+    synth.write_target(path, "tiny", type=mix, seed=2, overrides={**BASE, **SHAPES["16_layers"]})
+    engine = lucebox.Engine(str(path), ctx=256, device="cpu")
+    p = [int(x) for x in np.random.default_rng(4).integers(0, 1000, 30)]
+    ref = engine.generate(p, max_tokens=24).tokens
+    for k in (0, 3, None):
+        assert engine.session().generate(p, max_tokens=24, propose=forced(ref, len(p), k)).tokens == ref, k
+    assert engine.session().generate(p, max_tokens=24, propose_tree=forced_tree(ref, len(p), 4)).tokens == ref

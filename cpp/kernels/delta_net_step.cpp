@@ -70,11 +70,17 @@ ggml_tensor * input_operand(const ggml_tensor * dst, int i) { return dst->src[i 
 
 ggml_tensor * inputs(ggml_context * ctx, ggml_tensor * qkv, ggml_tensor * beta, ggml_tensor * alpha,
                      ggml_tensor * conv_state, ggml_tensor * conv_w, ggml_tensor * dt_bias, ggml_tensor * a,
-                     ggml_tensor * conv_dst, int64_t n_k_heads, int64_t window_from, float eps, ggml_tensor * keep) {
+                     ggml_tensor * conv_dst, int64_t n_k_heads, int64_t window_from, float eps, ggml_tensor * keep,
+                     ggml_tensor * tree_rows) {
     const char * op = "inputs";
     const int64_t T = qkv->ne[1], conv_dim = qkv->ne[0], Hv = beta->ne[0], d_conv = conv_w->ne[0];
+    require(conv_dst != nullptr || tree_rows != nullptr, op, "a conv destination (only a tree's may be null)");
     for (const ggml_tensor * t : {qkv, beta, alpha, conv_state, conv_w, dt_bias, a, conv_dst})
-        require(rows_f32(t) && t->ne[2] == 1 && t->ne[3] == 1, op, "F32 tensors of 2 dimensions with contiguous rows");
+        require((t == conv_dst && t == nullptr) || (rows_f32(t) && t->ne[2] == 1 && t->ne[3] == 1), op,
+                "F32 tensors of 2 dimensions with contiguous rows");
+    require(tree_rows == nullptr || (tree_rows->type == GGML_TYPE_I32 && ggml_nelements(tree_rows) == d_conv * T &&
+                                     ggml_is_contiguous(tree_rows) && keep == nullptr),
+            op, "tree_rows I32 [d_conv T], contiguous (and no keep)");
     require(n_k_heads > 0 && conv_dim == (2 * n_k_heads + Hv) * HEAD, op, "conv channels = (2 Hk + Hv) heads of 128");
     require(alpha->ne[0] == Hv && beta->ne[1] == T && alpha->ne[1] == T, op, "beta and alpha [Hv, T]");
     require(d_conv >= 2 && d_conv <= MAX_D_CONV && conv_w->ne[1] == conv_dim && ggml_is_contiguous(conv_w), op,
@@ -82,16 +88,17 @@ ggml_tensor * inputs(ggml_context * ctx, ggml_tensor * qkv, ggml_tensor * beta, 
     require(conv_state->ne[0] == d_conv - 1 && conv_state->ne[1] == conv_dim && ggml_is_contiguous(conv_state), op,
             "conv state [d_conv-1, conv_dim]");
     require(ggml_nelements(dt_bias) == Hv && ggml_nelements(a) == Hv, op, "dt_bias and a of Hv values");
-    require(window_from >= 0 && window_from <= T && conv_dst->ne[1] == conv_dim &&
-                conv_dst->ne[0] >= d_conv - 1 + T - window_from,
+    require(conv_dst == nullptr || (window_from >= 0 && window_from <= T && conv_dst->ne[1] == conv_dim &&
+                                    conv_dst->ne[0] >= d_conv - 1 + T - window_from),
             op, "the conv destination's rows hold the window from window_from");
     const int64_t n_out = (conv_dim + 2 * Hv) * T;
     require(keep == nullptr || (keep->type == GGML_TYPE_F32 && ggml_nelements(keep) == n_out && ggml_is_contiguous(keep)),
             op, "keep: a contiguous F32 tensor of (conv_dim + 2 Hv) T values");
-    ggml_tensor * srcs[8] = {qkv, beta, alpha, conv_state, conv_w, dt_bias, a, conv_dst};
+    ggml_tensor * srcs[9] = {qkv, beta, alpha, conv_state, conv_w, dt_bias, a, conv_dst, tree_rows};
+    const int n_srcs = tree_rows != nullptr ? 9 : 8;
     ggml_tensor * out = keep != nullptr  // (ggml_custom_inplace makes keep src[0])
-                            ? ggml_custom_inplace(ctx, keep, srcs, 8, &inputs_cpu, GGML_N_TASKS_MAX, nullptr)
-                            : ggml_custom_4d(ctx, GGML_TYPE_F32, n_out, 1, 1, 1, srcs, 8, &inputs_cpu,
+                            ? ggml_custom_inplace(ctx, keep, srcs, n_srcs, &inputs_cpu, GGML_N_TASKS_MAX, nullptr)
+                            : ggml_custom_4d(ctx, GGML_TYPE_F32, n_out, 1, 1, 1, srcs, n_srcs, &inputs_cpu,
                                              GGML_N_TASKS_MAX, nullptr);
     step_params p;
     p.n_k_heads = static_cast<int32_t>(n_k_heads);
@@ -103,7 +110,8 @@ ggml_tensor * inputs(ggml_context * ctx, ggml_tensor * qkv, ggml_tensor * beta, 
 }
 
 ggml_tensor * recurrence(ggml_context * ctx, ggml_tensor * x, int64_t x_tokens, ggml_tensor * z, ggml_tensor * s0,
-                         ggml_tensor * norm_w, ggml_tensor * state_dst, int64_t n_k_heads, state_out mode, float eps) {
+                         ggml_tensor * norm_w, ggml_tensor * state_dst, int64_t n_k_heads, state_out mode, float eps,
+                         ggml_tensor * parents) {
     const char * op = "recurrence";
     require(z != nullptr && norm_w != nullptr, op, "z and norm_w");
     for (const ggml_tensor * t : {x, s0, state_dst, z, norm_w})
@@ -118,15 +126,18 @@ ggml_tensor * recurrence(ggml_context * ctx, ggml_tensor * x, int64_t x_tokens, 
     require(ggml_nelements(norm_w) == HEAD && ggml_is_contiguous(norm_w), op, "norm_w of HEAD values");
     require(state_dst->ne[0] == HEAD * HEAD * Hv && state_dst->ne[1] >= (mode == state_out::every_state ? T : 1), op,
             "state destination [HEAD HEAD Hv, slots]");
+    require(parents == nullptr || (parents->type == GGML_TYPE_I32 && ggml_nelements(parents) == T &&
+                                   ggml_is_contiguous(parents) && mode == state_out::every_state),
+            op, "parents I32 [T], contiguous, with every_state");
     step_params p;
     p.n_k_heads = static_cast<int32_t>(n_k_heads);
     p.state_mode = static_cast<int32_t>(mode);
     p.x_tokens = static_cast<int32_t>(x_tokens);
     p.n_tokens = static_cast<int32_t>(T);
     p.eps = eps;
-    ggml_tensor * srcs[5] = {state_dst, x, s0, z, norm_w};
-    ggml_tensor * out =
-        ggml_custom_4d(ctx, GGML_TYPE_F32, Hv * HEAD, T, 1, 1, srcs, 5, &recurrence_cpu, GGML_N_TASKS_MAX, nullptr);
+    ggml_tensor * srcs[6] = {state_dst, x, s0, z, norm_w, parents};
+    ggml_tensor * out = ggml_custom_4d(ctx, GGML_TYPE_F32, Hv * HEAD, T, 1, 1, srcs, parents != nullptr ? 6 : 5,
+                                       &recurrence_cpu, GGML_N_TASKS_MAX, nullptr);
     set_params(out, p);
     return out;
 }
@@ -161,6 +172,8 @@ void inputs_cpu(ggml_tensor * dst, int ith, int nth, void *) {
                       * conv_state = input_operand(dst, 3), * conv_w = input_operand(dst, 4),
                       * dt_bias = input_operand(dst, 5), * a = input_operand(dst, 6);
     ggml_tensor * conv_dst = input_operand(dst, 7);
+    const ggml_tensor * tree = input_operand(dst, 8);
+    const int32_t * tree_rows = tree != nullptr ? static_cast<const int32_t *>(tree->data) : nullptr;
     const shape s = shape_of(dst);
     const step_params p = params_of(dst);
     const int64_t T = s.T, W = s.d_conv - 1 + T, C = s.conv_dim;
@@ -183,11 +196,12 @@ void inputs_cpu(ggml_tensor * dst, int ith, int nth, void *) {
             const float * w = static_cast<const float *>(conv_w->data) + c * s.d_conv;
             for (int64_t i = 0; i < s.d_conv - 1; ++i) win[i] = st[i];
             for (int64_t t = 0; t < T; ++t) win[s.d_conv - 1 + t] = col(qkv, t)[c];
-            for (int64_t t = 0; t < T; ++t) {
+            for (int64_t t = 0; t < T; ++t) {  // node t's window: win[t + i], or a tree's table
                 float sum = 0.0f;
-                for (int64_t i = 0; i < s.d_conv; ++i) sum += win[t + i] * w[i];
+                for (int64_t i = 0; i < s.d_conv; ++i) sum += win[tree_rows ? tree_rows[t * s.d_conv + i] : t + i] * w[i];
                 y[t * HEAD + j] = silu(sum);
             }
+            if (conv_dst == nullptr) continue;
             float * cd = reinterpret_cast<float *>(static_cast<char *>(conv_dst->data) + c * conv_dst->nb[1]);
             for (int64_t i = p.window_from; i < W; ++i) cd[i - p.window_from] = win[i];
         }
@@ -208,16 +222,16 @@ void inputs_cpu(ggml_tensor * dst, int ith, int nth, void *) {
 
 namespace {
 
-// Value head h's recurrence over the first T tokens of x (the inputs op's result for XT tokens) from
+// Value head h's recurrence over tokens t0 .. T-1 of x (the inputs op's result for XT tokens) from
 // the state S (HEAD HEAD floats, per column c its k indices; updated in place); after each token t,
 // o holds its HEAD outputs S^T q / sqrt(HEAD) and after_token(t) runs. The one arithmetic of the
 // recurrence and replay_layers ops on the CPU.
 template <class AfterToken>
-void head_recurrence(const float * xd, int64_t XT, int64_t T, const shape & s, int64_t h, float * S, float * o,
+void head_recurrence(const float * xd, int64_t XT, int64_t t0, int64_t T, const shape & s, int64_t h, float * S, float * o,
                      AfterToken && after_token) {
     const int64_t kh = h % s.Hk, C = s.conv_dim;
     const float scale = 1.0f / std::sqrt(float(HEAD));
-    for (int64_t t = 0; t < T; ++t) {
+    for (int64_t t = t0; t < T; ++t) {
         const float * xt = xd + t * C;
         const float * q = xt + kh * HEAD, * k = xt + s.key_dim + kh * HEAD, * v = xt + 2 * s.key_dim + h * HEAD;
         const float eg = std::exp(xd[C * XT + t * s.Hv + h]), b = xd[(C + s.Hv) * XT + t * s.Hv + h];
@@ -249,22 +263,34 @@ void recurrence_cpu(ggml_tensor * dst, int ith, int nth, void *) {
     const state_out mode = static_cast<state_out>(p.state_mode);
     const float * xd = static_cast<const float *>(x->data);
     float * out = static_cast<float *>(dst->data);
+    const int32_t * parents = dst->src[5] != nullptr ? static_cast<const int32_t *>(dst->src[5]->data) : nullptr;
+    auto slot = [&](int64_t t) {  // token t's state (every_state)
+        return reinterpret_cast<float *>(static_cast<char *>(state_dst->data) + (T - 1 - t) * state_dst->nb[1]);
+    };
     std::vector<float> S(static_cast<size_t>(D)), o(static_cast<size_t>(HEAD));
     for (int64_t h = ith; h < s.Hv; h += nth) {
-        std::memcpy(S.data(), static_cast<const float *>(s0->data) + h * D, D * sizeof(float));
-        head_recurrence(xd, p.x_tokens, T, s, h, S.data(), o.data(), [&](int64_t t) {
-            if (mode == state_out::every_state) {
-                float * slot = reinterpret_cast<float *>(static_cast<char *>(state_dst->data) +
-                                                         (T - 1 - t) * state_dst->nb[1]);
-                std::memcpy(slot + h * D, S.data(), D * sizeof(float));
-            }
+        const float * s0h = static_cast<const float *>(s0->data) + h * D;
+        std::memcpy(S.data(), s0h, D * sizeof(float));
+        const auto after_token = [&](int64_t t) {
+            if (mode == state_out::every_state) std::memcpy(slot(t) + h * D, S.data(), D * sizeof(float));
             const float * nw = static_cast<const float *>(norm_w->data);
             float ss = 0.0f;
             for (int64_t c = 0; c < HEAD; ++c) ss += o[c] * o[c];
             const float r = 1.0f / std::sqrt(ss / float(HEAD) + p.eps);
             const float * zt = col(z, t) + h * HEAD;
             for (int64_t c = 0; c < HEAD; ++c) out[t * s.Hv * HEAD + h * HEAD + c] = o[c] * r * nw[c] * silu(zt[c]);
-        });
+        };
+        if (parents == nullptr) {
+            head_recurrence(xd, p.x_tokens, 0, T, s, h, S.data(), o.data(), after_token);
+        } else {  // a tree: node t continues its parent's state (kept in its slot) or s0
+            for (int64_t t = 0; t < T; ++t) {
+                if (parents[t] != t - 1) {
+                    const float * from = parents[t] < 0 ? s0h : slot(parents[t]) + h * D;
+                    std::memcpy(S.data(), from, D * sizeof(float));
+                }
+                head_recurrence(xd, p.x_tokens, t, t + 1, s, h, S.data(), o.data(), after_token);
+            }
+        }
         if (mode == state_out::final_state)
             std::memcpy(static_cast<float *>(state_dst->data) + h * D, S.data(), D * sizeof(float));
     }
@@ -283,7 +309,7 @@ void replay_layers_cpu(ggml_tensor * dst, int ith, int nth, void *) {
     };
     for (int64_t u = ith; u < n * s.Hv; u += nth) {  // (layer, value head) units; a head's state in place
         const int64_t l = u / s.Hv, h = u % s.Hv;
-        head_recurrence(address(l, 0), p.x_tokens, s.T, s, h, address(l, 1) + h * D, o.data(), [](int64_t) {});
+        head_recurrence(address(l, 0), p.x_tokens, 0, s.T, s, h, address(l, 1) + h * D, o.data(), [](int64_t) {});
     }
     const int64_t W = p.d_conv - 1;
     for (int64_t l = ith; l < n; l += nth) {  // the conv windows after the T kept tokens

@@ -27,6 +27,9 @@ static_assert(delta_net::REPLAY_COLUMNS == 4, "replay_layers_kernel reads rows o
 int custom_op_hook(const ggml_tensor * dst, void * stream) {
     const int op = delta_net::op_of(dst);
     if (op == 0) return 0;  // not a node of lucebox's
+    // a tree's (a table of conv windows, parents): the CPU's only, for now (qwen35.cpp builds them
+    // only on host buffers)
+    if ((op == 1 && delta_net::input_operand(dst, 8) != nullptr) || (op == 2 && dst->src[5] != nullptr)) return 0;
     const delta_net::shape s = delta_net::shape_of(dst);
     const delta_net::step_params p = delta_net::params_of(dst);
     if (!delta_net::cuda_step::supported(op == 2 ? 2 : int(s.d_conv), int(s.conv_dim), int(s.T))) return 0;

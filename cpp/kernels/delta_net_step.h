@@ -59,23 +59,31 @@ struct step_params {
 // (per token q (Hk HEAD) | k | v (Hv HEAD)), then g [Hv, T], then beta [Hv, T]. keep: null (a
 // new tensor of the graph), or a contiguous F32 tensor of exactly that many values that receives
 // the result and outlives the graph (a chain verify's checkpoint, for a commit that replays it):
-// the node is then a view of keep.
+// the node is then a view of keep. tree_rows (a DDTree verify; null for a chain): I32 [d_conv T],
+// node t's conv inputs (oldest first) as indices into [carried window (d_conv-1) | the T tokens]
+// (qwen35_tree_conv_rows), instead of the d_conv values ending at token t; conv_dst may then be
+// null (no window written: the tree commit takes its checkpoint from elsewhere). A chain node's
+// window indices t .. t+d_conv-1 give a chain's bits.
 ggml_tensor * inputs(ggml_context * ctx, ggml_tensor * qkv, ggml_tensor * beta, ggml_tensor * alpha,
                      ggml_tensor * conv_state, ggml_tensor * conv_w, ggml_tensor * dt_bias, ggml_tensor * a,
                      ggml_tensor * conv_dst, int64_t n_k_heads, int64_t window_from, float eps,
-                     ggml_tensor * keep = nullptr);
+                     ggml_tensor * keep = nullptr, ggml_tensor * tree_rows = nullptr);
 
 // Operand i of an inputs node, in inputs()' order (0 qkv, 1 beta, 2 alpha, 3 conv_state, 4 conv_w,
-// 5 dt_bias, 6 a, 7 conv_dst), whether or not the node writes into a kept tensor.
+// 5 dt_bias, 6 a, 7 conv_dst (may be null), 8 tree_rows (null for a chain)), whether or not the node
+// writes into a kept tensor.
 ggml_tensor * input_operand(const ggml_tensor * dst, int i);
 
 // The recurrence op. x: the inputs op's result for x_tokens >= T tokens; z [Hv HEAD, T] (rows
 // contiguous, any column stride); s0 [HEAD HEAD, Hv] contiguous (per head [HEAD, HEAD], k index
 // fastest, as ggml's state); norm_w [HEAD]; state_dst [HEAD HEAD Hv, slots] (slot stride nb[1]; may
 // be s0 itself) receives what `mode` says (every_state: T <= slots). Returns [Hv HEAD, T] F32:
-// RMSNorm(o) * norm_w * SiLU(z).
+// RMSNorm(o) * norm_w * SiLU(z). parents (a DDTree verify, mode every_state; null for a chain): I32
+// [T], node t starts from its parent's state (slot T-1-parents[t], or s0 for -1) instead of token
+// t-1's: a node's results are the bits of decode steps along its path.
 ggml_tensor * recurrence(ggml_context * ctx, ggml_tensor * x, int64_t x_tokens, ggml_tensor * z, ggml_tensor * s0,
-                         ggml_tensor * norm_w, ggml_tensor * state_dst, int64_t n_k_heads, state_out mode, float eps);
+                         ggml_tensor * norm_w, ggml_tensor * state_dst, int64_t n_k_heads, state_out mode, float eps,
+                         ggml_tensor * parents = nullptr);
 
 // A chain commit after verifies that kept x (state_out::none): for each of n layers, the same
 // recurrence over x's first T tokens for the state only, the final state written over the state

@@ -21,8 +21,10 @@
 #include "ggml-cpu.h"
 #include "ggml.h"
 #include "lucebox/errors.h"
+#include "models/qwen35_model.h"
 
 using namespace lucebox;
+using lucebox::qwen35_tree_conv_rows;
 namespace dn = lucebox::kernels::delta_net;
 
 namespace {
@@ -379,6 +381,62 @@ TEST_CASE(cpu_token_results_do_not_depend_on_batch) {
     ggml_backend_t cpu = cpu_backend();
     const layer l = random_layer(2, 4, 4, 3);
     for (int64_t T : {2, 16}) check_batch_independent(cpu, l, T, 50 + uint32_t(T));
+    ggml_backend_free(cpu);
+}
+
+// A tree verify on the ops (its conv-window table and parents) against decode steps along each
+// node's path: node t's output and its checkpoint slot T-1-t hold the bits of the step of token t
+// after the steps of its ancestors, from the same state.
+void check_tree_equals_paths(ggml_backend_t be, const layer & l, const std::vector<int32_t> & parents, uint32_t seed) {
+    const int64_t T = int64_t(parents.size()), R = l.proj_rows(), D = l.Hv * N * N, HN = l.Hv * N;
+    const state s0 = random_state(l, seed);
+    const std::vector<float> proj = random_proj(l, T, seed + 1);
+    ggml_context * ctx = ggml_init({ggml_tensor_overhead() * 32 + ggml_graph_overhead(), nullptr, true});
+    const layer_tensors lt(ctx, l, T, T);
+    ggml_tensor * rows = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, l.d_conv * T);
+    ggml_tensor * par = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, T);
+    ggml_tensor * xin = dn::inputs(ctx, lt.qkv, lt.beta, lt.alpha, lt.conv, lt.conv_w, lt.dt_bias, lt.a, nullptr, l.Hk, 0, EPS,
+                                   nullptr, rows);
+    ggml_tensor * out = dn::recurrence(ctx, xin, T, lt.z, lt.ssm, lt.norm_w, lt.ssm_ckpt, l.Hk, dn::state_out::every_state,
+                                       EPS, par);
+    ggml_cgraph * gf = ggml_new_graph(ctx);
+    ggml_build_forward_expand(gf, out);
+    ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors(ctx, be);
+    lt.upload(l, s0, proj);
+    const std::vector<int32_t> table = qwen35_tree_conv_rows(parents, uint32_t(l.d_conv));
+    ggml_backend_tensor_set(rows, table.data(), 0, ggml_nbytes(rows));
+    ggml_backend_tensor_set(par, parents.data(), 0, ggml_nbytes(par));
+    CHECK(ggml_backend_graph_compute(be, gf) == GGML_STATUS_SUCCESS);
+    std::vector<float> tree_out(ggml_nelements(out)), slots(ggml_nelements(lt.ssm_ckpt)), ssm_after(ggml_nelements(lt.ssm));
+    ggml_backend_tensor_get(out, tree_out.data(), 0, ggml_nbytes(out));
+    ggml_backend_tensor_get(lt.ssm_ckpt, slots.data(), 0, ggml_nbytes(lt.ssm_ckpt));
+    ggml_backend_tensor_get(lt.ssm, ssm_after.data(), 0, ggml_nbytes(lt.ssm));
+    CHECK(ssm_after == s0.ssm);  // a verify leaves the state alone
+    ggml_backend_buffer_free(buf);
+    ggml_free(ctx);
+    size_t differ = 0;
+    for (int64_t t = 0; t < T; ++t) {
+        std::vector<int64_t> path;
+        for (int64_t j = t; j >= 0; j = parents[j]) path.insert(path.begin(), j);
+        state s = s0;
+        result step;
+        for (int64_t j : path) {
+            step = run_ops(be, l, s, std::vector<float>(proj.begin() + j * R, proj.begin() + (j + 1) * R), 1, false);
+            s.conv = step.conv, s.ssm = step.ssm;
+        }
+        differ += bits_differ(step.out, std::vector<float>(tree_out.begin() + t * HN, tree_out.begin() + (t + 1) * HN));
+        differ += bits_differ(step.ssm, std::vector<float>(slots.begin() + (T - 1 - t) * D, slots.begin() + (T - t) * D));
+    }
+    std::printf("  tree of %lld nodes: %zu values differ from the decode steps along the paths\n", (long long) T, differ);
+    CHECK(differ == 0);
+}
+
+TEST_CASE(cpu_tree_equals_steps_along_its_paths) {
+    ggml_backend_t cpu = cpu_backend();
+    const layer l = random_layer(2, 4, 4, 61);
+    check_tree_equals_paths(cpu, l, {-1, 0, 0, 1, 1, 2, 5, 3, 7, 0}, 300);  // branches, and a root sibling
+    check_tree_equals_paths(cpu, l, {-1, 0, 1, 2, 3, 4}, 301);                 // a chain as a tree
+    check_tree_equals_paths(cpu, random_layer(1, 3, 3, 62), {-1, 0, 0, 0, 2, 4, 4}, 302);  // conv of 3
     ggml_backend_free(cpu);
 }
 

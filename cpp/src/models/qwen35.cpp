@@ -500,6 +500,15 @@ bool fused_step(const qwen35_hparams & hp, const qwen35_layer_weights & l, const
     return in.parents == nullptr && T <= delta_net::MAX_TOKENS && fused_layer(hp, l);
 }
 
+// Whether a tree verify's DeltaNet layer runs the fused ops with the tree's conv windows and parents,
+// so that each node's results are the bits of decode steps along its path (which run the same ops):
+// a layer that can (fused_layer), in host memory (lucebox's CUDA kernels take no trees yet: there a
+// tree runs ggml's ops, which round otherwise than the decode steps' fused ops).
+bool fused_tree(const qwen35_hparams & hp, const qwen35_layer_weights & l, const qwen35_inputs & in, int64_t T) {
+    return in.parents != nullptr && T <= delta_net::MAX_TOKENS && fused_layer(hp, l) &&
+           ggml_backend_buffer_is_host(l.ssm_conv1d->buffer);
+}
+
 // Whether a chain verify of T tokens keeps the fused inputs op's result (the layer has inputs_ckpt)
 // for a commit that re-runs the kept tokens, instead of writing every token's state. The verify
 // graph and the commit graph decide alike (from the state, not from switches that may change).
@@ -534,6 +543,21 @@ ggml_tensor * build_delta_net(ggml_context * ctx, ggml_cgraph * gf, const qwen35
     // a layer with inputs_ckpt verifies fused exactly when it replays (its verify and commit graphs
     // agree whatever the kernel switches say now); other layers as fused_step says
     const bool fused = replayed || ((!verify || inputs_ckpt == nullptr) && fused_step(hp, l, in, T));
+    if (fused_tree(hp, l, in, T)) {
+        // a tree on the fused ops: the conv checkpoint in the tree commit's layout (as ggml's path
+        // below writes it), each node's window from the tree's table, each node's state from its
+        // parent's; the states go to the checkpoint slots (slot T-1-t: node t)
+        ggml_tensor * seq = ggml_concat(ctx, ggml_cont(ctx, ggml_transpose(ctx, conv_state)), qkv, 1);  // [conv_dim, d_conv-1+T]
+        ggml_tensor * ckpt = ggml_view_2d(ctx, conv_ckpt, conv_dim, d_conv - 1 + T, conv_dim * ggml_element_size(conv_ckpt), 0);
+        ggml_build_forward_expand(gf, ggml_cpy(ctx, named(seq, "gdn_tree_conv_seq", il), ckpt));
+        ggml_tensor * xin = named(delta_net::inputs(ctx, qkv, proj[2], proj[3], conv_state, l.ssm_conv1d, l.ssm_dt_bias,
+                                                    l.ssm_a, nullptr, Hk, 0, hp.rms_eps, nullptr, in.conv_rows),
+                                  "gdn_inputs", il);
+        ggml_tensor * o = named(delta_net::recurrence(ctx, xin, T, proj[1], ssm_state, l.ssm_norm, ssm_ckpt, Hk,
+                                                      delta_net::state_out::every_state, hp.rms_eps, in.parents),
+                                "gdn_gated", il);
+        return named(ggml_mul_mat(ctx, l.ssm_out, o), "gdn_out", il);
+    }
     if (fused) {
         ggml_tensor * keep = replayed ? ggml_view_1d(ctx, inputs_ckpt, int64_t(hp.fused_inputs_dim()) * T, 0) : nullptr;
         ggml_tensor * xin = named(delta_net::inputs(ctx, qkv, proj[2], proj[3], conv_state, l.ssm_conv1d, l.ssm_dt_bias,

@@ -75,9 +75,10 @@ ggml_tensor * inputs(ggml_context * ctx, ggml_tensor * qkv, ggml_tensor * beta, 
     const char * op = "inputs";
     const int64_t T = qkv->ne[1], conv_dim = qkv->ne[0], Hv = beta->ne[0], d_conv = conv_w->ne[0];
     require(conv_dst != nullptr || tree_rows != nullptr, op, "a conv destination (only a tree's may be null)");
-    for (const ggml_tensor * t : {qkv, beta, alpha, conv_state, conv_w, dt_bias, a, conv_dst})
-        require((t == conv_dst && t == nullptr) || (rows_f32(t) && t->ne[2] == 1 && t->ne[3] == 1), op,
-                "F32 tensors of 2 dimensions with contiguous rows");
+    auto matrix = [](const ggml_tensor * t) { return rows_f32(t) && t->ne[2] == 1 && t->ne[3] == 1; };
+    for (const ggml_tensor * t : {qkv, beta, alpha, conv_state, conv_w, dt_bias, a})
+        require(matrix(t), op, "F32 tensors of 2 dimensions with contiguous rows");
+    require(conv_dst == nullptr || matrix(conv_dst), op, "F32 tensors of 2 dimensions with contiguous rows");
     require(tree_rows == nullptr || (tree_rows->type == GGML_TYPE_I32 && ggml_nelements(tree_rows) == d_conv * T &&
                                      ggml_is_contiguous(tree_rows) && keep == nullptr),
             op, "tree_rows I32 [d_conv T], contiguous (and no keep)");

@@ -509,6 +509,18 @@ bool fused_tree(const qwen35_hparams & hp, const qwen35_layer_weights & l, const
            ggml_backend_buffer_is_host(l.ssm_conv1d->buffer);
 }
 
+// A tree verify's conv sequence [carried window | batch] as [conv_dim, d_conv-1+T] (channels fastest),
+// copied into the first floats of the layer's conv checkpoint as it is: the tree commit gathers the
+// kept columns from there (build_qwen35_tree_commit_graph). Returns the sequence.
+ggml_tensor * tree_conv_sequence(ggml_context * ctx, ggml_cgraph * gf, ggml_tensor * conv_state, ggml_tensor * qkv,
+                                 ggml_tensor * conv_ckpt, int il) {
+    const int64_t conv_dim = qkv->ne[0], n = conv_state->ne[0] + qkv->ne[1];
+    ggml_tensor * seq = named(ggml_concat(ctx, ggml_cont(ctx, ggml_transpose(ctx, conv_state)), qkv, 1), "gdn_tree_conv_seq", il);
+    ggml_tensor * dst = ggml_view_2d(ctx, conv_ckpt, conv_dim, n, conv_dim * ggml_element_size(conv_ckpt), 0);
+    ggml_build_forward_expand(gf, ggml_cpy(ctx, seq, dst));
+    return seq;
+}
+
 // Whether a chain verify of T tokens keeps the fused inputs op's result (the layer has inputs_ckpt)
 // for a commit that re-runs the kept tokens, instead of writing every token's state. The verify
 // graph and the commit graph decide alike (from the state, not from switches that may change).
@@ -544,12 +556,10 @@ ggml_tensor * build_delta_net(ggml_context * ctx, ggml_cgraph * gf, const qwen35
     // agree whatever the kernel switches say now); other layers as fused_step says
     const bool fused = replayed || ((!verify || inputs_ckpt == nullptr) && fused_step(hp, l, in, T));
     if (fused_tree(hp, l, in, T)) {
-        // a tree on the fused ops: the conv checkpoint in the tree commit's layout (as ggml's path
-        // below writes it), each node's window from the tree's table, each node's state from its
-        // parent's; the states go to the checkpoint slots (slot T-1-t: node t)
-        ggml_tensor * seq = ggml_concat(ctx, ggml_cont(ctx, ggml_transpose(ctx, conv_state)), qkv, 1);  // [conv_dim, d_conv-1+T]
-        ggml_tensor * ckpt = ggml_view_2d(ctx, conv_ckpt, conv_dim, d_conv - 1 + T, conv_dim * ggml_element_size(conv_ckpt), 0);
-        ggml_build_forward_expand(gf, ggml_cpy(ctx, named(seq, "gdn_tree_conv_seq", il), ckpt));
+        // a tree on the fused ops: the conv checkpoint in the tree commit's layout, each node's window
+        // from the tree's table, each node's state from its parent's; the states go to the checkpoint
+        // slots (slot T-1-t: node t)
+        tree_conv_sequence(ctx, gf, conv_state, qkv, conv_ckpt, il);
         ggml_tensor * xin = named(delta_net::inputs(ctx, qkv, proj[2], proj[3], conv_state, l.ssm_conv1d, l.ssm_dt_bias,
                                                     l.ssm_a, nullptr, Hk, 0, hp.rms_eps, nullptr, in.conv_rows),
                                   "gdn_inputs", il);
@@ -585,14 +595,8 @@ ggml_tensor * build_delta_net(ggml_context * ctx, ggml_cgraph * gf, const qwen35
     ggml_tensor * conv_out = nullptr;
     if (in.parents != nullptr) {
         // tree: gather each node's window [conv_dim, d_conv] from [carried state | batch] (channels
-        // fastest), then one conv "sequence" of a single output per node. The checkpoint keeps that
-        // sequence as it is (conv_ckpt's first floats as [conv_dim, d_conv-1+T]): the tree commit
-        // gathers the kept columns as rows.
-        ggml_tensor * seq = ggml_concat(ctx, ggml_cont(ctx, ggml_transpose(ctx, conv_state)), qkv, 1);  // [conv_dim, d_conv-1+T]
-        named(seq, "gdn_tree_conv_seq", il);
-        ggml_tensor * dst = ggml_view_2d(ctx, conv_ckpt, conv_dim, d_conv - 1 + T,
-                                         conv_dim * ggml_element_size(conv_ckpt), 0);
-        ggml_build_forward_expand(gf, ggml_cpy(ctx, seq, dst));
+        // fastest; kept in the checkpoint), then one conv "sequence" of a single output per node
+        ggml_tensor * seq = tree_conv_sequence(ctx, gf, conv_state, qkv, conv_ckpt, il);
         ggml_tensor * win = ggml_get_rows(ctx, seq, in.conv_rows);                                     // [conv_dim, d_conv*T]
         win = ggml_cont(ctx, ggml_permute(ctx, ggml_reshape_3d(ctx, win, conv_dim, d_conv, T), 1, 0, 2, 3));  // [d_conv, conv_dim, T]
         named(win, "gdn_tree_conv_win", il);

@@ -25,7 +25,8 @@ static float time_ms(cudaEvent_t a, cudaEvent_t b) {
 }
 
 // With arguments `K M N gated(0|1)`: that one product only (e.g. under ncu). Options first:
-// --q4k: Q4_K weights instead of Q8_0; --q6k: Q6_K (row-tiled, as the kernel reads it); --cols N,N,..: these column counts only; --norm: each
+// --q4k: Q4_K weights instead of Q8_0; --q5k: Q5_K (ggml's layout, as the kernel reads it); --q6k: Q6_K
+// (row-tiled, as the kernel reads it); --cols N,N,..: these column counts only; --norm: each
 // product also RMS-normalizes its input (the fused layer norm); --graph: the timed launches run as
 // one captured CUDA graph (as ggml runs a step), not as stream launches.
 // --tiled: the weights read in weight_tiles.h's row-tiled layout (the layout lucebox loads them in
@@ -47,11 +48,13 @@ std::vector<int> int_list(const char * s) {
 }
 
 int main(int argc, char ** argv) {
-    bool q4k = false, q6k = false, norm = false, graph = false, tiled = false;
+    bool q4k = false, q5k = false, q6k = false, norm = false, graph = false, tiled = false;
     std::vector<int> only_cols;
     while (argc > 1 && std::strncmp(argv[1], "--", 2) == 0) {
         if (std::strcmp(argv[1], "--q4k") == 0) {
             q4k = true;
+        } else if (std::strcmp(argv[1], "--q5k") == 0) {
+            q5k = true;  // never row-tiled
         } else if (std::strcmp(argv[1], "--q6k") == 0) {
             q6k = tiled = true;  // the kernel reads q6_k row-tiled only
         } else if (std::strcmp(argv[1], "--norm") == 0) {
@@ -71,8 +74,15 @@ int main(int argc, char ** argv) {
         --argc;
         ++argv;
     }
-    const q8::weight_type type = q6k ? q8::weight_type::q6_k : q4k ? q8::weight_type::q4_k : q8::weight_type::q8_0;
-    std::printf("%s weights%s%s\n", q6k ? "Q6_K" : q4k ? "Q4_K" : "Q8_0", norm ? ", RMS-normed input" : "",
+    if (q5k && tiled) {
+        std::fprintf(stderr, "--q5k weights are never row-tiled\n");
+        return 2;
+    }
+    const q8::weight_type type = q6k   ? q8::weight_type::q6_k
+                                 : q5k ? q8::weight_type::q5_k
+                                 : q4k ? q8::weight_type::q4_k
+                                       : q8::weight_type::q8_0;
+    std::printf("%s weights%s%s\n", q6k ? "Q6_K" : q5k ? "Q5_K" : q4k ? "Q4_K" : "Q8_0", norm ? ", RMS-normed input" : "",
                 tiled ? ", row-tiled layout" : "");
     cudaStream_t stream;
     CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -130,10 +140,11 @@ int main(int argc, char ** argv) {
                         std::memcpy(host.data() + r * row_bytes + b * q8::Q6K_BLOCK_BYTES + 208, &d, 2);
                     continue;
                 }
-                if (q4k) {
+                if (q4k || q5k) {
+                    const int cb = q8::chunk_bytes(type);
                     for (int b = 0; b < s.K / q8::K_ALIGN; ++b) {  // d and dmin of each super-block
-                        std::memcpy(host.data() + r * row_bytes + b * q8::Q4K_BLOCK_BYTES, &d, 2);
-                        std::memcpy(host.data() + r * row_bytes + b * q8::Q4K_BLOCK_BYTES + 2, &d, 2);
+                        std::memcpy(host.data() + r * row_bytes + b * cb, &d, 2);
+                        std::memcpy(host.data() + r * row_bytes + b * cb + 2, &d, 2);
                     }
                     continue;
                 }

@@ -1,4 +1,4 @@
-// Q8_0 and Q4_K matrix products with few activation columns (decode: 1 column; a DFlash verify:
+// Q8_0, Q4_K, Q5_K and Q6_K matrix products with few activation columns (decode: 1 column; a DFlash verify:
 // 16; a DDTree verify: up to 64) on the int8 tensor cores, reading each weight byte once.
 //
 //     y[n, m] = sum_k W[m, k] * x[n, k] (+ bias[n, m])       (plain; bias per column or shared)
@@ -57,7 +57,7 @@ constexpr int CHUNK_BYTES = CHUNK_BLOCKS * BLOCK_BYTES;  // 272 = 17 x 16 bytes 
 #define LUCEBOX_Q8_0_STAGES 2
 #endif
 constexpr int WARPS = 4;  // per CTA, splitting K (H200 probe: 8 slower, docs/benchmarks.md)
-// LUCEBOX_Q8_0_ST3_MAX_M: Q4_K products of <= 8 columns and at most this many rows stage 3 chunks
+// LUCEBOX_Q8_0_ST3_MAX_M: Q4_K (and Q5_K) products of <= 8 columns and at most this many rows stage 3 chunks
 // per warp (few CTAs, long rows: more bytes in flight; H200 probe at STAGES=3 for everything:
 // ssm_out 15.1 -> 11.4 us, attn_gate 13.0 -> 10.1, the large shapes slower; as chosen here, row-tiled,
 // the 18 shapes' one-column sum 210.7 -> 183.4 us against -DLUCEBOX_Q8_0_ST3_MAX_M=0); 0: never.
@@ -112,7 +112,8 @@ static_assert(STAGES >= 2, "one chunk loads while another is multiplied");
 #define LUCEBOX_Q8_0_PDL 1
 #endif
 
-static_assert(CHUNK_BYTES % 16 == 0 && Q4K_BLOCK_BYTES % 16 == 0, "a staged row chunk must be whole 16-byte vectors");
+static_assert(CHUNK_BYTES % 16 == 0 && Q4K_BLOCK_BYTES % 16 == 0 && Q5K_BLOCK_BYTES % 16 == 0,
+              "a staged row chunk must be whole 16-byte vectors");
 static_assert(16 * Q6K_BLOCK_BYTES % 16 == 0, "a staged q6_k tile chunk (16 rows) must be whole 16-byte vectors");
 
 // One stage of a warp: the weight chunk [16 * m_tiles rows][272], the activations' int8
@@ -120,11 +121,11 @@ static_assert(16 * Q6K_BLOCK_BYTES % 16 == 0, "a staged q6_k tile chunk (16 rows
 // of rows for a plain product of <= 8 columns (more CTAs, more chunks in flight per multiprocessor:
 // 4 CTAs of 53 KB), else two (a gated product: U's and G's; 9..64 columns: each activation chunk
 // serves 32 rows, halving its shared-memory and L2 traffic).
-// q4_k: 144-byte row chunks, and the activation sums [8][cols] after the scales. A one-column
+// q4_k / q5_k: 144 / 176-byte row chunks, and the activation sums [8][cols] after the scales. A one-column
 // product (decode) stages its one column only (xcols 1; the mma's other 7 columns are zero
 // registers): 4.6 KB a Q8_0 stage instead of 6.6, so more chunks fit in flight.
 __host__ __device__ constexpr int stage_bytes(int xcols, int m_tiles, weight_type wt = weight_type::q8_0) {
-    return 16 * m_tiles * chunk_bytes(wt) + CHUNK_BLOCKS * xcols * (QK + 4 + (wt == weight_type::q4_k ? 4 : 0));
+    return 16 * m_tiles * chunk_bytes(wt) + CHUNK_BLOCKS * xcols * (QK + 4 + (has_mins(wt) ? 4 : 0));
 }
 // A column's sum of squares is added as NORM_PARTS partial sums (blocks b = p mod NORM_PARTS).
 constexpr int NORM_PARTS = 8;
@@ -338,7 +339,9 @@ __device__ __forceinline__ void add_chunk_sums(float (&acc)[M_TILES][NG][4], con
 //
 // q4_k (Q4K): a chunk is one 144-byte super-block per row; its 8 sub-blocks meet the chunk's 8
 // activation blocks one mma each (the 4-bit quants as unsigned bytes with one mask: q for the low
-// nibbles, 16q for the high ones). The activations have one scale per chunk
+// nibbles, 16q for the high ones). q5_k (Q5K, MINS as q4_k): a 176-byte super-block, its fifth bits
+// (qh) merged into the same bytes (q5k_quant_bytes: q for even sub-blocks, 8q for odd ones, their
+// sums times 16 and 2 times the scale). The activations have one scale per chunk
 // (quantize_columns<CHUNK_BLOCKS>), so the sub-blocks' integer sums times their 6-bit scales add up
 // exactly in int32 (16x, see the loop); the chunk's sum is scaled once by d / 16 and the activations'
 // scale, and dmin times the sum over the
@@ -360,7 +363,8 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
     constexpr int XC = ONE ? 1 : COLS;
     static_assert(!GATED || M_TILES == 2, "a gated warp takes 16 rows of U and the same 16 of G");
     constexpr int TILE_ROWS = 16 * M_TILES;
-    constexpr bool Q4K = WT == weight_type::q4_k, Q6K = WT == weight_type::q6_k;
+    constexpr bool Q5K = WT == weight_type::q5_k, Q6K = WT == weight_type::q6_k;
+    constexpr bool MINS = has_mins(WT);  // q4_k (Q4K in the comments) or Q5K
     constexpr int CB = chunk_bytes(WT), CHUNK_VECS = CB / 16;
     constexpr int STAGE = stage_bytes(XC, M_TILES, WT);
     constexpr int W_BYTES = TILE_ROWS * CB;
@@ -455,7 +459,7 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
             const float * dsrc = xd + int64_t(chunk) * CHUNK_BLOCKS * XC;
             constexpr int D_LOADS = chunk_scaled(WT) ? (XC * 4 + 15) / 16 : D_VECS;
             for (int idx = lane; idx < D_LOADS; idx += 32) cuda::cp_async16(st + W_BYTES + X_BYTES + 16 * idx, dsrc + 4 * idx);
-            if (Q4K) {
+            if (MINS) {
                 const float * ssrc = xs + int64_t(chunk) * CHUNK_BLOCKS * XC;
                 for (int idx = lane; idx < D_VECS; idx += 32)
                     cuda::cp_async16(st + W_BYTES + X_BYTES + 16 * (D_VECS + idx), ssrc + 4 * idx);
@@ -513,7 +517,7 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
         const uint8_t * st = stages + (i % ST) * STAGE;
         const int8_t * sx = reinterpret_cast<const int8_t *>(st + W_BYTES);
         const float * sd = reinterpret_cast<const float *>(st + W_BYTES + X_BYTES);
-        if constexpr (Q4K) {
+        if constexpr (MINS) {
             const float * sums = sd + CHUNK_BLOCKS * XC;  // the activation blocks' sums (for the mins)
             float2 dm[M_TILES][2];                         // (d, dmin) of rows g and g + 8
             uint32_t sc[M_TILES][2][3];                    // their packed scales and mins
@@ -531,9 +535,19 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
                 }
             // The chunk's sub-block sums times their scales, 16x: a sub-block's high nibbles enter the
             // mma unshifted, as unsigned bytes 16q (one mask, no shift), and its low nibbles' sum is
-            // multiplied by 16 times its scale instead (|sum| <= 8 * 63 * 32 * 15 * 127 * 16 < 2^31).
-            // d / 16 scales the chunk's sum back: a power of two, so the products are those of the
-            // plain sums to the bit.
+            // multiplied by 16 times its scale instead (|sum| <= 8 * 63 * 32 * 15 * 127 * 16 < 2^31;
+            // Q5K: bytes q and 8q, sums times 16 and 2 times the scale, |sum| <= 8 * 63 * 32 * 31 *
+            // 127 * 16 < 2^31). d / 16 scales the chunk's sum back: a power of two, so the products
+            // are those of the plain sums to the bit.
+            constexpr int QS_AT = Q5K ? 48 : 16;  // the quant bytes' offset in a row's chunk
+            uint2 qh[M_TILES][2];                  // Q5K: qh bytes 8t .. + 7 of rows g and g + 8
+            if constexpr (Q5K) {
+#pragma unroll
+                for (int mt = 0; mt < M_TILES; ++mt)
+#pragma unroll
+                    for (int hr = 0; hr < 2; ++hr)
+                        qh[mt][hr] = *reinterpret_cast<const uint2 *>(st + (16 * mt + g + 8 * hr) * CB + 16 + 8 * t);
+            }
             int isum[M_TILES][NG][4] = {};
 #pragma unroll
             for (int jq = 0; jq < 4; ++jq) {
@@ -542,7 +556,7 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
                 for (int mt = 0; mt < M_TILES; ++mt)
 #pragma unroll
                     for (int hr = 0; hr < 2; ++hr)
-                        qw[mt][hr] = *reinterpret_cast<const uint2 *>(st + (16 * mt + g + 8 * hr) * CB + 16 + 32 * jq + 8 * t);
+                        qw[mt][hr] = *reinterpret_cast<const uint2 *>(st + (16 * mt + g + 8 * hr) * CB + QS_AT + 32 * jq + 8 * t);
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     const int s = 2 * jq + h;  // sub-block = activation block of the chunk
@@ -555,16 +569,25 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
                     }
 #pragma unroll
                     for (int mt = 0; mt < M_TILES; ++mt) {
-                        const uint32_t nib = h == 0 ? 0x0F0F0F0Fu : 0xF0F0F0F0u;  // (q or 16q)
                         int af[4];
-                        af[0] = int(qw[mt][0].x & nib);
-                        af[2] = int(qw[mt][0].y & nib);
-                        af[1] = int(qw[mt][1].x & nib);
-                        af[3] = int(qw[mt][1].y & nib);
-                        // the scales of sub-block s of rows g, g + 8 (times 16 for low nibbles: s even)
+                        if constexpr (Q5K) {
+                            af[0] = int(q5k_quant_bytes(qw[mt][0].x, qh[mt][0].x, s));
+                            af[2] = int(q5k_quant_bytes(qw[mt][0].y, qh[mt][0].y, s));
+                            af[1] = int(q5k_quant_bytes(qw[mt][1].x, qh[mt][1].x, s));
+                            af[3] = int(q5k_quant_bytes(qw[mt][1].y, qh[mt][1].y, s));
+                        } else {
+                            const uint32_t nib = h == 0 ? 0x0F0F0F0Fu : 0xF0F0F0F0u;  // (q or 16q)
+                            af[0] = int(qw[mt][0].x & nib);
+                            af[2] = int(qw[mt][0].y & nib);
+                            af[1] = int(qw[mt][1].x & nib);
+                            af[3] = int(qw[mt][1].y & nib);
+                        }
+                        // the scales of sub-block s of rows g, g + 8 times 16 (s even: bytes q), 1
+                        // (Q4K, s odd: bytes 16q) or 2 (Q5K, s odd: bytes 8q), as a shift of the byte
+                        // (s % 4 is 0 or 2 where the shift is 4, so the top byte never overflows)
+                        constexpr int FACTOR_BITS[2] = {4, Q5K ? 1 : 0};
                         auto scale_of = [&](const uint32_t (&w4)[2]) {
-                            const uint32_t w = h == 0 ? w4[s / 4] << 4 : w4[s / 4];
-                            return int(w >> (8 * (s % 4))) & (h == 0 ? 0x3F0 : 0x3F);
+                            return int((w4[s / 4] << FACTOR_BITS[h]) >> (8 * (s % 4))) & (0x3F << FACTOR_BITS[h]);
                         };
                         const int sl = scale_of(sc4[mt][0]), sh = scale_of(sc4[mt][1]);
 #pragma unroll
@@ -800,10 +823,10 @@ using cuda::device_smem_optin;
 // every weight format, either stage count (as launch_gated chooses them).
 constexpr int worst_smem_bytes(int ng) {
     int worst = 0;
-    for (weight_type wt : {weight_type::q8_0, weight_type::q4_k, weight_type::q6_k})
+    for (weight_type wt : {weight_type::q8_0, weight_type::q4_k, weight_type::q5_k, weight_type::q6_k})
         for (int gated = 0; gated < 2; ++gated) {
             const int m_tiles = gated != 0 || ng > LUCEBOX_Q8_0_ONE_TILE_MAX_NG ? 2 : 1;
-            const int st3 = wt == weight_type::q4_k && ng == 1 && LUCEBOX_Q8_0_ST3_MAX_M > 0 ? 3 : STAGES;
+            const int st3 = has_mins(wt) && ng == 1 && LUCEBOX_Q8_0_ST3_MAX_M > 0 ? 3 : STAGES;
             const int a = smem_bytes(COL_GROUP * ng, m_tiles, wt, STAGES), b = smem_bytes(COL_GROUP * ng, m_tiles, wt, st3);
             worst = worst > a ? worst : a;
             worst = worst > b ? worst : b;
@@ -868,9 +891,9 @@ cudaError_t launch_groups(const matmul_args & a, const int8_t * xq, const float 
 }
 
 // The stages of a one-column product (one_column): LUCEBOX_Q8_0_ONE_STAGES, and at least 3 for
-// Q4_K products of <= LUCEBOX_Q8_0_ST3_MAX_M rows.
+// Q4_K and Q5_K products of <= LUCEBOX_Q8_0_ST3_MAX_M rows.
 constexpr int one_stages(weight_type wt, bool few_rows) {
-    return wt == weight_type::q4_k && few_rows && LUCEBOX_Q8_0_ONE_STAGES < 3 ? 3 : LUCEBOX_Q8_0_ONE_STAGES;
+    return has_mins(wt) && few_rows && LUCEBOX_Q8_0_ONE_STAGES < 3 ? 3 : LUCEBOX_Q8_0_ONE_STAGES;
 }
 
 constexpr bool one_column_type(weight_type wt) {  // (LUCEBOX_Q8_0_ONE_COL)
@@ -893,7 +916,7 @@ cudaError_t launch_gated(const matmul_args & a, bool one, const int8_t * xq, con
         if (one)
             return a.M <= LUCEBOX_Q8_0_ST3_MAX_M ? launch_groups<1, GATED, WT, one_stages(WT, true), true>(a, xq, xd, xs, ss, stream)
                                                  : launch_groups<1, GATED, WT, one_stages(WT, false), true>(a, xq, xd, xs, ss, stream);
-    if constexpr (WT == weight_type::q4_k && LUCEBOX_Q8_0_ST3_MAX_M > 0 && STAGES != 3)
+    if constexpr (has_mins(WT) && LUCEBOX_Q8_0_ST3_MAX_M > 0 && STAGES != 3)
         if (col_groups(a.N) == 1 && a.M <= LUCEBOX_Q8_0_ST3_MAX_M) return launch_groups<1, GATED, WT, 3>(a, xq, xd, xs, ss, stream);
     switch (col_groups(a.N)) {
         case 1: return launch_groups<1, GATED, WT>(a, xq, xd, xs, ss, stream);
@@ -915,9 +938,9 @@ inline cudaError_t matmul_group(const matmul_args & a, void * scratch, cudaStrea
     const size_t nb = size_t(a.K) / QK;
     int8_t * xq = static_cast<int8_t *>(scratch);
     float * xd = reinterpret_cast<float *>(xq + nb * cols * QK);
-    const bool q4k = a.type == weight_type::q4_k, per_chunk = chunk_scaled(a.type);
-    float * xs = q4k ? xd + nb * cols : nullptr;
-    float * ss = a.norm_w != nullptr ? xd + nb * cols * (q4k ? 2 : 1) : nullptr;
+    const bool mins = has_mins(a.type), per_chunk = chunk_scaled(a.type);
+    float * xs = mins ? xd + nb * cols : nullptr;
+    float * ss = a.norm_w != nullptr ? xd + nb * cols * (mins ? 2 : 1) : nullptr;
     // one warp per block and column; Q4_K / Q6_K: a thread block of CHUNK_BLOCKS warps per chunk and
     // column (the chunk's blocks share one scale), Q6_K's in its fragment order
     auto quantize = [&](auto group, auto q6k_order) {
@@ -939,6 +962,9 @@ inline cudaError_t matmul_group(const matmul_args & a, void * scratch, cudaStrea
         case weight_type::q4_k:
             return gated ? detail::launch_gated<true, weight_type::q4_k>(a, one, xq, xd, xs, ss, stream)
                          : detail::launch_gated<false, weight_type::q4_k>(a, one, xq, xd, xs, ss, stream);
+        case weight_type::q5_k:
+            return gated ? detail::launch_gated<true, weight_type::q5_k>(a, one, xq, xd, xs, ss, stream)
+                         : detail::launch_gated<false, weight_type::q5_k>(a, one, xq, xd, xs, ss, stream);
         case weight_type::q6_k:
             return gated ? detail::launch_gated<true, weight_type::q6_k>(a, one, xq, xd, xs, ss, stream)
                          : detail::launch_gated<false, weight_type::q6_k>(a, one, xq, xd, xs, ss, stream);

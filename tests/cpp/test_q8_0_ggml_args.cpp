@@ -1,7 +1,9 @@
 // Which ggml MUL_MAT products the Q8_0 few-column CUDA kernel takes (cpp/kernels/q8_0_ggml_args.h):
 // every refusal leaves the product to ggml's own kernels, so a wrong "yes" is a wrong result and a
 // wrong "no" only a slower one. Plain C++: runs in every build (CI has no GPU).
+#include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include "check.h"
 #include "ggml.h"
@@ -52,6 +54,43 @@ TEST_CASE(q4k_scales4_matches_q4k_scale_min) {
             int scale = 0, min = 0;
             lucebox::kernels::q8_0::q4k_scale_min(sb, w, scale, min);
             CHECK(int((lucebox::kernels::q8_0::q4k_scales4(w, sb / 4) >> (8 * (sb % 4))) & 0xFFu) == scale);
+        }
+    }
+}
+
+// q5k_quant_bytes (the product's Q5_K quants, merged with their fifth bits) against ggml's own Q5_K
+// dequantization: for pseudo-random blocks, every value v of sub-block s is d * scale * q - dmin * min
+// with q = the byte for even s, byte / 8 for odd s, and byte * q5k_scale_factor(s) = 16 q.
+TEST_CASE(q5k_quant_bytes_match_ggmls_q5_k) {
+    namespace q8 = lucebox::kernels::q8_0;
+    uint32_t x = 777u;
+    auto next = [&] { return x = x * 1664525u + 1013904223u; };
+    for (int trial = 0; trial < 200; ++trial) {
+        uint8_t blk[q8::Q5K_BLOCK_BYTES];
+        for (uint8_t & b : blk) b = uint8_t(next() >> 24);
+        const ggml_fp16_t d = ggml_fp32_to_fp16(0.01f + float(next() % 100) / 1000), dmin = ggml_fp32_to_fp16(float(next() % 100) / 2000);
+        std::memcpy(blk, &d, 2);
+        std::memcpy(blk + 2, &dmin, 2);
+        float ref[256];
+        ggml_get_type_traits(GGML_TYPE_Q5_K)->to_float(blk, ref, 256);
+        uint32_t sc[3];
+        std::memcpy(sc, blk + 4, 12);
+        for (int s = 0; s < 8; ++s) {
+            int scale = 0, min = 0;
+            q8::q4k_scale_min(s, sc, scale, min);
+            for (int l = 0; l < 32; l += 4) {
+                uint32_t qs, qh;
+                std::memcpy(&qs, blk + 48 + 32 * (s / 2) + l, 4);
+                std::memcpy(&qh, blk + 16 + l, 4);
+                const uint32_t bytes = q8::q5k_quant_bytes(qs, qh, s);
+                for (int i = 0; i < 4; ++i) {
+                    const int byte = int((bytes >> (8 * i)) & 0xFFu), q = s % 2 == 0 ? byte : byte / 8;
+                    CHECK(q >= 0 && q < 32 && byte * q8::q5k_scale_factor(s) == 16 * q);
+                    // (to rounding: ggml's code may contract the multiply-add; a wrong q is off by d * scale)
+                    const float d1 = ggml_fp16_to_fp32(d) * float(scale), m1 = ggml_fp16_to_fp32(dmin) * float(min);
+                    CHECK(std::fabs(d1 * float(q) - m1 - ref[32 * s + l + i]) <= 1e-6f * (d1 * float(q) + m1));
+                }
+            }
         }
     }
 }
@@ -158,7 +197,7 @@ TEST_CASE(a_fused_residual_add_is_f32_per_column_or_shared) {
     CHECK(!takes(w, nullptr, -1, o.t(GGML_TYPE_F32, 64, 16, 2), x16, y16));  // 3-D
 }
 
-TEST_CASE(q4_k_weights_are_taken_with_their_type) {
+TEST_CASE(q4_k_and_q5_k_weights_are_taken_with_their_type) {
     operands o;
     ggml_tensor * x = o.t(GGML_TYPE_F32, 5120, 16);
     ggml_tensor * y = o.t(GGML_TYPE_F32, 1024, 16);
@@ -168,7 +207,13 @@ TEST_CASE(q4_k_weights_are_taken_with_their_type) {
     CHECK(takes(o.t(GGML_TYPE_Q8_0, 5120, 1024), nullptr, -1, nullptr, x, y, &a));
     CHECK(a.type == lucebox::kernels::q8_0::weight_type::q8_0);
     CHECK(!takes(o.t(GGML_TYPE_Q6_K, 5120, 1024), nullptr, -1, nullptr, x, y));
-    CHECK(!takes(o.t(GGML_TYPE_Q5_K, 5120, 1024), nullptr, -1, nullptr, x, y));
+    CHECK(!takes(o.t(GGML_TYPE_Q5_0, 5120, 1024), nullptr, -1, nullptr, x, y));
+    // Q5_K in ggml's layout (176-byte rows chunks), never row-tiled
+    CHECK(takes(o.t(GGML_TYPE_Q5_K, 5120, 1024), nullptr, -1, nullptr, x, y, &a));
+    CHECK(a.type == lucebox::kernels::q8_0::weight_type::q5_k && a.row_bytes == 5120 / 256 * 176 && check_args(a) == nullptr);
+    a.tiled = true;
+    CHECK(check_args(a) != nullptr);
+    CHECK(!args_from_ggml(o.t(GGML_TYPE_Q5_K, 5120, 1024), nullptr, -1, nullptr, x, y, a, nullptr, 0.0f, /*tiled =*/true));
     // a Q4_K gate with Q8_0 up (or the reverse) is no fused product
     ggml_tensor * up = o.t(GGML_TYPE_Q4_K, 5120, 1024);
     CHECK(takes(up, o.t(GGML_TYPE_Q4_K, 5120, 1024), GGML_GLU_OP_SWIGLU, nullptr, x, y));

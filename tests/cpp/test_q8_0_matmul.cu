@@ -1,4 +1,4 @@
-// cpp/kernels/q8_0_matmul.cuh against a CPU reference: random Q8_0 and Q4_K weights (ggml's block
+// cpp/kernels/q8_0_matmul.cuh against a CPU reference: random Q8_0, Q4_K and Q5_K weights (ggml's block
 // layouts, decoded here from the format's description in q8_0_matmul_args.h) and activations, plain
 // and gated (SwiGLU) products, 1..64 columns, padded strides, M not a multiple of the row tile. The
 // reference quantizes the activations exactly as the kernel does (per 32 values for Q8_0 weights,
@@ -8,7 +8,7 @@
 // Also checks that column 0 is bit-identical whatever N is (a decode step and a verify agree), and
 // runs everything again with the weights in weight_tiles.h's row-tiled layout (the layout lucebox
 // loads them in), whose products must be the untiled ones bit for bit. Q6_K (16 values a scale,
-// one k16 mma each) runs row-tiled only.
+// one k16 mma each) runs row-tiled only, Q5_K untiled only (lucebox never tiles it).
 // Without a GPU at run time it says so and checks nothing (exit 0), like the other GPU tests.
 #include "cuda_check.h"
 #include "q8_0_matmul.cuh"
@@ -41,7 +41,8 @@ struct weights {
     int K = 0, M = 0;
     int64_t row_bytes = 0;
     std::vector<uint8_t> bytes;  // [M][row_bytes]
-    const uint8_t * q4k_block(int m, int b) const { return bytes.data() + m * row_bytes + (b / 8) * q8::Q4K_BLOCK_BYTES; }
+    // the Q4_K / Q5_K super-block of block b (their first 16 bytes have the same layout)
+    const uint8_t * q4k_block(int m, int b) const { return bytes.data() + m * row_bytes + (b / 8) * q8::chunk_bytes(type); }
     // the six-bit scale (which 0) or min (which 1) of block b (= sub-block b % 8 of super-block b / 8)
     int q4k_six_bit(int m, int b, int which) const {
         const uint8_t * sc = q4k_block(m, b) + 4;
@@ -55,7 +56,7 @@ struct weights {
         return double(half_at(q4k_block(m, b))) * q4k_six_bit(m, b, 0);
     }
     double min(int m, int b) const {
-        return type != q8::weight_type::q4_k ? 0.0 : double(half_at(q4k_block(m, b) + 2)) * q4k_six_bit(m, b, 1);
+        return !q8::has_mins(type) ? 0.0 : double(half_at(q4k_block(m, b) + 2)) * q4k_six_bit(m, b, 1);
     }
     // q6_k: the super-block of value k, and that value's position (half h, quarter p, index l)
     const uint8_t * q6k_block(int m, int k) const { return bytes.data() + m * row_bytes + (k / 256) * q8::Q6K_BLOCK_BYTES; }
@@ -75,6 +76,10 @@ struct weights {
         if (type == q8::weight_type::q8_0)
             return int(int8_t(bytes[m * row_bytes + (k / q8::QK) * q8::BLOCK_BYTES + 2 + k % q8::QK]));
         const int s = (k / q8::QK) % 8, i = k % q8::QK;  // bytes 32 (s / 2) + i, nibble s % 2
+        if (type == q8::weight_type::q5_k) {  // ... after 32 bytes qh, whose byte i has bit s of value i
+            const uint8_t * b = q4k_block(m, k / q8::QK);
+            return ((b[48 + 32 * (s / 2) + i] >> (4 * (s % 2))) & 0xF) | (((b[16 + i] >> s) & 1) << 4);
+        }
         return (q4k_block(m, k / q8::QK)[16 + 32 * (s / 2) + i] >> (4 * (s % 2))) & 0xF;
     }
 };
@@ -99,13 +104,14 @@ weights random_weights(std::mt19937 & rng, int K, int M, int64_t pad) {
             }
             continue;
         }
-        if (g_type == q8::weight_type::q4_k) {
+        if (q8::has_mins(g_type)) {  // Q4_K, Q5_K
+            const int cb = q8::chunk_bytes(g_type);
             for (int sb = 0; sb < K / q8::K_ALIGN; ++sb) {
-                uint8_t * blk = row + sb * q8::Q4K_BLOCK_BYTES;
+                uint8_t * blk = row + sb * cb;
                 const __half d = __float2half(sd(rng) / 8), dmin = __float2half(sd(rng) / 8);
                 std::memcpy(blk, &d, 2);
                 std::memcpy(blk + 2, &dmin, 2);
-                for (int i = 4; i < q8::Q4K_BLOCK_BYTES; ++i) blk[i] = uint8_t(rng());  // any bytes are valid
+                for (int i = 4; i < cb; ++i) blk[i] = uint8_t(rng());  // any bytes are valid
             }
             continue;
         }
@@ -413,11 +419,13 @@ int main() {
     }
     check_refusals();
     for (bool tiled : {false, true})
-    for (q8::weight_type type : {q8::weight_type::q8_0, q8::weight_type::q4_k}) {
+    for (q8::weight_type type : {q8::weight_type::q8_0, q8::weight_type::q4_k, q8::weight_type::q5_k}) {
+    if (tiled && type == q8::weight_type::q5_k) continue;  // (check_refusals: refused)
     std::mt19937 rng(7);  // the same cases tiled and untiled
     g_type = type;
     g_tiled = tiled;
-    std::printf("-- %s weights%s\n", type == q8::weight_type::q8_0 ? "Q8_0" : "Q4_K", tiled ? ", row-tiled" : "");
+    std::printf("-- %s weights%s\n", type == q8::weight_type::q8_0 ? "Q8_0" : type == q8::weight_type::q4_k ? "Q4_K" : "Q5_K",
+                tiled ? ", row-tiled" : "");
     for (bool gated : {false, true}) {
         check_case(rng, 256, 1, 1, gated, 0, 0, 0);
         check_case(rng, 512, 17, 3, gated, 16, 5, 3);

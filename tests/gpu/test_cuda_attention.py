@@ -8,7 +8,8 @@ run ggml's tree kernel: equal, or parted at a near-tie), also across the switch 
 for long key views. The model's attention is ggml's flash attention and gate ops; the other GPU tests'
 models have the tiny preset's attention heads of 64. In Q8_0 and in llama.cpp's Q4_K_M mix (Q6_K for
 the head and for layers 2 and 3's attn_qkv / attn_v and ffn_down: layer 2's DeltaNet stack holds attn_gate,
-ssm_beta and ssm_alpha only, layer 3's attention stack attn_q and attn_k)."""
+ssm_beta and ssm_alpha only, layer 3's attention stack attn_q and attn_k), and in its Q5_K_M mix (Q5_K
+in ggml's layout on lucebox's kernel, beside row-tiled Q6_K)."""
 from __future__ import annotations
 
 import sys
@@ -34,7 +35,7 @@ SHAPE = dict(n_embd=256, n_ff=512, head_dim=256, n_head=12, n_head_kv=2, ssm_d_s
 MAX_ABS = 0.5  # Q8_0 weights, as test_cuda_target.py
 
 
-@pytest.fixture(scope="module", params=["q8_0", "q4_k_m"])
+@pytest.fixture(scope="module", params=["q8_0", "q4_k_m", "q5_k_m"])
 def target(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
     path = tmp_path_factory.mktemp("attn-gpu") / f"target-{request.param}.gguf"
     synth.write_target(str(path), "tiny", type=request.param, seed=21, overrides=SHAPE)

@@ -25,8 +25,8 @@ static float time_ms(cudaEvent_t a, cudaEvent_t b) {
 }
 
 // With arguments `K M N gated(0|1)`: that one product only (e.g. under ncu). Options first:
-// --q4k: Q4_K weights instead of Q8_0; --q5k: Q5_K (ggml's layout, as the kernel reads it); --q6k: Q6_K
-// (row-tiled, as the kernel reads it); --cols N,N,..: these column counts only; --norm: each
+// --q4k: Q4_K weights instead of Q8_0; --q5k: Q5_K; --q6k: Q6_K (row-tiled, as the kernel reads it);
+// --cols N,N,..: these column counts only; --norm: each
 // product also RMS-normalizes its input (the fused layer norm); --graph: the timed launches run as
 // one captured CUDA graph (as ggml runs a step), not as stream launches.
 // --tiled: the weights read in weight_tiles.h's row-tiled layout (the layout lucebox loads them in
@@ -54,7 +54,7 @@ int main(int argc, char ** argv) {
         if (std::strcmp(argv[1], "--q4k") == 0) {
             q4k = true;
         } else if (std::strcmp(argv[1], "--q5k") == 0) {
-            q5k = true;  // never row-tiled
+            q5k = true;
         } else if (std::strcmp(argv[1], "--q6k") == 0) {
             q6k = tiled = true;  // the kernel reads q6_k row-tiled only
         } else if (std::strcmp(argv[1], "--norm") == 0) {
@@ -73,10 +73,6 @@ int main(int argc, char ** argv) {
         }
         --argc;
         ++argv;
-    }
-    if (q5k && tiled) {
-        std::fprintf(stderr, "--q5k weights are never row-tiled\n");
-        return 2;
     }
     const q8::weight_type type = q6k   ? q8::weight_type::q6_k
                                  : q5k ? q8::weight_type::q5_k

@@ -49,7 +49,7 @@ void register_system(py::module_ & m) {
           "tile_cols and long_tile_cols 8, 16, 32 or 64 (ValueError otherwise).");
 
     m.def("set_weight_tiles", &kernels::set_weight_tiles_enabled, py::arg("enabled"),
-          "Whether Q8_0 / Q4_K product weights load row-tiled on a CUDA device (default True; the layout "
+          "Whether Q8_0 / Q4_K / Q5_K / Q6_K product weights load row-tiled on a CUDA device (default True; the layout "
           "lucebox's few-column kernel reads fastest, cpp/kernels/weight_tiles.h). Takes effect at the next "
           "load; for A/B tests of the layout. No effect without CUDA.");
     m.def("tiled_weights", [] { return kernels::tiles::count(); },

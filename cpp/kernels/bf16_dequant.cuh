@@ -9,6 +9,8 @@
 //   q4_k: 144-byte super-blocks of 256: fp16 d, fp16 dmin, 12 bytes of six-bit scales and mins,
 //         128 bytes of 4-bit q (bytes 32j..32j+31: sub-block 2j in the low nibbles, 2j+1 in the
 //         high ones); value of sub-block s: d * scale_s * q - dmin * min_s;
+//   q5_k: 176-byte super-blocks of 256: q4_k's first 16 bytes, 32 bytes qh, then q4_k's 128 bytes
+//         of low 4 bits; bit s of qh[l] is the fifth bit (16) of value l of sub-block s;
 //   q6_k: 210-byte super-blocks of 256: 128 bytes ql (low 4 bits), 64 bytes qh (high 2 bits), 16
 //         int8 scales (one per 16 values), fp16 d; value d * scale * (q - 32), where for half h
 //         (128 values) and l < 32: value 128h + l      = ql[64h + l] low nibble,  qh[32h + l] bits 0-1;
@@ -35,10 +37,12 @@
 
 namespace lucebox::kernels::bf16_dequant {
 
-enum class format : uint8_t { q8_0, q4_k, q6_k };
+enum class format : uint8_t { q8_0, q4_k, q6_k, q5_k };
 
 __host__ __device__ constexpr int values_per_block(format f) { return f == format::q8_0 ? 32 : 256; }
-__host__ __device__ constexpr int block_bytes(format f) { return f == format::q8_0 ? 34 : f == format::q4_k ? 144 : 210; }
+__host__ __device__ constexpr int block_bytes(format f) {
+    return f == format::q8_0 ? 34 : f == format::q4_k ? 144 : f == format::q5_k ? 176 : 210;
+}
 
 namespace detail {
 
@@ -61,7 +65,7 @@ __device__ __forceinline__ void store8(__nv_bfloat16 * dst, const float (&v)[8])
 // Bytes of 256 values of a row: eight q8_0 blocks or one super-block.
 __host__ __device__ constexpr int64_t chunk_bytes(format f) { return f == format::q8_0 ? 272 : block_bytes(f); }
 
-// The block holding values 32i..32i+31 (q8_0: its 34-byte block; q4_k, q6_k: its super-block):
+// The block holding values 32i..32i+31 (q8_0: its 34-byte block; else its super-block):
 // consecutive blocks, or (tiled_M > 0) a row-tiled weight of tiled_M rows, row_bytes apart
 // (weight_tiles.h), whose 256 values of a row are one contiguous chunk.
 template <format F>
@@ -91,7 +95,8 @@ __global__ void dequantize(const uint8_t * __restrict__ src, int64_t n_groups, _
             for (int j = 0; j < 8; ++j) v[j] = d * float(int8_t(b[2 + 8 * c + j]));
             store8(out + 8 * c, v);
         }
-    } else if constexpr (F == format::q4_k) {
+    } else if constexpr (F == format::q4_k || F == format::q5_k) {
+        constexpr bool Q5 = F == format::q5_k;
         const uint8_t * b = block_at<F>(src, i, tiled_M, row_bytes);
         const int s = int(i % 8);  // sub-block
         const uint32_t * packed = reinterpret_cast<const uint32_t *>(b + 4);  // 4-byte aligned blocks
@@ -99,13 +104,16 @@ __global__ void dequantize(const uint8_t * __restrict__ src, int64_t n_groups, _
         int sc, mn;
         q8_0::q4k_scale_min(s, words, sc, mn);
         const float d = half_at(b) * float(sc), m = half_at(b + 2) * float(mn);
-        const uint8_t * q = b + 16 + 32 * (s / 2);
+        const uint8_t * q = b + (Q5 ? 48 : 16) + 32 * (s / 2);
         const int shift = 4 * (s % 2);
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
             float v[8];
 #pragma unroll
-            for (int j = 0; j < 8; ++j) v[j] = __fsub_rn(__fmul_rn(d, float((q[8 * c + j] >> shift) & 0xF)), m);  // no FMA: as ggml's CPU
+            for (int j = 0; j < 8; ++j) {
+                const int fifth = Q5 ? ((b[16 + 8 * c + j] >> s) & 1) << 4 : 0;  // (q5_k: qh[l], bit s)
+                v[j] = __fsub_rn(__fmul_rn(d, float(((q[8 * c + j] >> shift) & 0xF) | fifth)), m);  // no FMA: as ggml's CPU
+            }
             store8(out + 8 * c, v);
         }
     } else {
@@ -166,6 +174,7 @@ inline cudaError_t dequantize(format f, const void * src, int64_t n_values, __nv
     switch (f) {
         case format::q8_0: detail::dequantize<format::q8_0><<<blocks, threads, 0, stream>>>(s, n_groups, dst, tiled_M, row_bytes); break;
         case format::q4_k: detail::dequantize<format::q4_k><<<blocks, threads, 0, stream>>>(s, n_groups, dst, tiled_M, row_bytes); break;
+        case format::q5_k: detail::dequantize<format::q5_k><<<blocks, threads, 0, stream>>>(s, n_groups, dst, tiled_M, row_bytes); break;
         case format::q6_k: detail::dequantize<format::q6_k><<<blocks, threads, 0, stream>>>(s, n_groups, dst, tiled_M, row_bytes); break;
     }
     return cudaGetLastError();

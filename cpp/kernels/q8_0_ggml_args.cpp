@@ -10,7 +10,7 @@ bool kernel_weight_type(ggml_type t, bool tiled, weight_type & wt) {
     switch (t) {
         case GGML_TYPE_Q8_0: wt = weight_type::q8_0; return true;
         case GGML_TYPE_Q4_K: wt = weight_type::q4_k; return true;
-        case GGML_TYPE_Q5_K: wt = weight_type::q5_k; return !tiled;  // ggml's layout only (never tiled)
+        case GGML_TYPE_Q5_K: wt = weight_type::q5_k; return true;
         case GGML_TYPE_Q6_K: wt = weight_type::q6_k; return tiled;  // 210-byte chunks: row-tiled only
         default: return false;
     }

@@ -139,6 +139,7 @@ int bf16_converter(const ggml_tensor * w, void * dst, void * stream) {
     switch (w->type) {
         case GGML_TYPE_Q8_0: f = bf16_dequant::format::q8_0; break;
         case GGML_TYPE_Q4_K: f = bf16_dequant::format::q4_k; break;
+        case GGML_TYPE_Q5_K: f = bf16_dequant::format::q5_k; break;
         case GGML_TYPE_Q6_K: f = bf16_dequant::format::q6_k; break;
         default: return 0;
     }

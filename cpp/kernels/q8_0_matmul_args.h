@@ -22,7 +22,7 @@ constexpr int K_ALIGN = QK * CHUNK_BLOCKS;  // 256: a chunk of a row is whole 16
 //         their low nibbles and 2j+1 in their high ones;
 //   q5_k: super-blocks of 256 values, 176 bytes: q4_k's d, dmin and 12 scale/min bytes, then 32
 //         bytes qh, then q4_k's 128 bytes of low 4 bits; bit s of qh[l] is the fifth bit (16) of
-//         value l of sub-block s. Rows of ggml's layout only (not row-tiled);
+//         value l of sub-block s;
 //   q6_k: super-blocks of 256 values, 210 bytes (128 bytes ql: low 4 bits, 64 bytes qh: high 2
 //         bits, 16 int8 scales, fp16 d): value d * scale * (q - 32); for half h (128 values) and
 //         l < 32, value 128h + 32p + l has the low (p < 2) or high (p >= 2) nibble of
@@ -134,7 +134,6 @@ inline const char * check_args(const matmul_args & a) {
     if (a.K <= 0 || a.K % K_ALIGN != 0) return "K must be a positive multiple of 256";
     if (a.M <= 0) return "M must be positive";
     if (a.N < 1) return "N must be positive";
-    if (a.type == weight_type::q5_k && a.tiled) return "q5_k weights are never row-tiled";
     if (a.type == weight_type::q6_k) {
         if (!a.tiled) return "q6_k weights must be row-tiled";
         if (a.M % 16 != 0) return "q6_k weights need whole 16-row tiles";

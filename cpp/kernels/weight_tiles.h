@@ -1,9 +1,9 @@
-// Row-tiled weights: the layout lucebox gives Q8_0, Q4_K and Q6_K product weights on a CUDA device at
+// Row-tiled weights: the layout lucebox gives Q8_0, Q4_K, Q5_K and Q6_K product weights on a CUDA device at
 // load time, so that the few-column kernel (q8_0_matmul.cuh) reads each staged piece as one
 // contiguous block instead of 16 pieces of one row chunk each.
 //
 // A weight [M rows][row_bytes] (row_bytes = K / 256 * CB, CB the bytes of 256 values of a row: 272
-// for Q8_0's eight 34-byte blocks, 144 and 210 for one Q4_K / Q6_K super-block) is cut into tiles of 16 rows
+// for Q8_0's eight 34-byte blocks, 144, 176 and 210 for one Q4_K / Q5_K / Q6_K super-block) is cut into tiles of 16 rows
 // (the last one R = M - 16 * (M / 16) rows when M % 16 != 0). A tile keeps its own bytes, the same
 // 16 * row_bytes bytes at the same place as in ggml's row-major layout, reordered chunk-major:
 //

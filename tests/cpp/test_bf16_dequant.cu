@@ -1,7 +1,7 @@
 // cpp/kernels/bf16_dequant.cuh against ggml's CPU dequantization: random rows quantized by ggml to
-// Q8_0, Q4_K and Q6_K, dequantized on the GPU to BF16 and by ggml's to_float on the CPU. Every value
+// Q8_0, Q4_K, Q5_K and Q6_K, dequantized on the GPU to BF16 and by ggml's to_float on the CPU. Every value
 // must be the CPU value rounded to BF16 (round to nearest even), and equal to it bit for bit
-// wherever the kernel's float arithmetic is ggml's (all of Q8_0 and Q6_K; Q4_K's d * q - m where
+// wherever the kernel's float arithmetic is ggml's (all of Q8_0 and Q6_K; Q4_K's and Q5_K's d * q - m where
 // ggml's compiler did not contract it into an FMA: at most 1 BF16 ulp apart then). Sizes from one
 // block to a few hundred thousand values, odd block counts included; a size that is not whole
 // blocks is refused; row-tiled weights (Q6_K too) give their untiled values. Without a GPU at run time it says so and checks nothing (exit 0).
@@ -112,6 +112,7 @@ int main() {
     const struct { ggml_type type; dq::format f; bool exact; } formats[] = {
         {GGML_TYPE_Q8_0, dq::format::q8_0, true},
         {GGML_TYPE_Q4_K, dq::format::q4_k, false},
+        {GGML_TYPE_Q5_K, dq::format::q5_k, false},
         {GGML_TYPE_Q6_K, dq::format::q6_k, true},
     };
     for (const auto & fm : formats) {
@@ -129,6 +130,7 @@ int main() {
     for (int64_t M : {int64_t(1), int64_t(16), int64_t(37)}) {
         check_tiled(rng, GGML_TYPE_Q8_0, dq::format::q8_0, 768, M);
         check_tiled(rng, GGML_TYPE_Q4_K, dq::format::q4_k, 768, M);
+        check_tiled(rng, GGML_TYPE_Q5_K, dq::format::q5_k, 768, M);
         check_tiled(rng, GGML_TYPE_Q6_K, dq::format::q6_k, 768, M);
     }
     std::printf(failures == 0 ? "all passed\n" : "%d FAILED\n", failures);

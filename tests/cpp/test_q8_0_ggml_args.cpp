@@ -208,12 +208,11 @@ TEST_CASE(q4_k_and_q5_k_weights_are_taken_with_their_type) {
     CHECK(a.type == lucebox::kernels::q8_0::weight_type::q8_0);
     CHECK(!takes(o.t(GGML_TYPE_Q6_K, 5120, 1024), nullptr, -1, nullptr, x, y));
     CHECK(!takes(o.t(GGML_TYPE_Q5_0, 5120, 1024), nullptr, -1, nullptr, x, y));
-    // Q5_K in ggml's layout (176-byte rows chunks), never row-tiled
+    // Q5_K (176-byte row chunks), in ggml's layout or row-tiled
     CHECK(takes(o.t(GGML_TYPE_Q5_K, 5120, 1024), nullptr, -1, nullptr, x, y, &a));
     CHECK(a.type == lucebox::kernels::q8_0::weight_type::q5_k && a.row_bytes == 5120 / 256 * 176 && check_args(a) == nullptr);
-    a.tiled = true;
-    CHECK(check_args(a) != nullptr);
-    CHECK(!args_from_ggml(o.t(GGML_TYPE_Q5_K, 5120, 1024), nullptr, -1, nullptr, x, y, a, nullptr, 0.0f, /*tiled =*/true));
+    CHECK(args_from_ggml(o.t(GGML_TYPE_Q5_K, 5120, 1024), nullptr, -1, nullptr, x, y, a, nullptr, 0.0f, /*tiled =*/true));
+    CHECK(a.tiled && check_args(a) == nullptr);
     // a Q4_K gate with Q8_0 up (or the reverse) is no fused product
     ggml_tensor * up = o.t(GGML_TYPE_Q4_K, 5120, 1024);
     CHECK(takes(up, o.t(GGML_TYPE_Q4_K, 5120, 1024), GGML_GLU_OP_SWIGLU, nullptr, x, y));

@@ -8,7 +8,7 @@
 // Also checks that column 0 is bit-identical whatever N is (a decode step and a verify agree), and
 // runs everything again with the weights in weight_tiles.h's row-tiled layout (the layout lucebox
 // loads them in), whose products must be the untiled ones bit for bit. Q6_K (16 values a scale,
-// one k16 mma each) runs row-tiled only, Q5_K untiled only (lucebox never tiles it).
+// one k16 mma each) runs row-tiled only.
 // Without a GPU at run time it says so and checks nothing (exit 0), like the other GPU tests.
 #include "cuda_check.h"
 #include "q8_0_matmul.cuh"
@@ -420,7 +420,6 @@ int main() {
     check_refusals();
     for (bool tiled : {false, true})
     for (q8::weight_type type : {q8::weight_type::q8_0, q8::weight_type::q4_k, q8::weight_type::q5_k}) {
-    if (tiled && type == q8::weight_type::q5_k) continue;  // (check_refusals: refused)
     std::mt19937 rng(7);  // the same cases tiled and untiled
     g_type = type;
     g_tiled = tiled;

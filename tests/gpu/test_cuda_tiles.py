@@ -32,7 +32,7 @@ def _tiny256(tmp_path_factory: pytest.TempPathFactory, folder: str, type: str, s
     return str(path)
 
 
-@pytest.fixture(scope="module", params=["q8_0", "q4_k"])
+@pytest.fixture(scope="module", params=["q8_0", "q4_k", "q5_k"])
 def model(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
     return _tiny256(tmp_path_factory, "tiles", request.param, 4)
 

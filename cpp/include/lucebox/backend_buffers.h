@@ -43,7 +43,7 @@ class tensor_store {
     // and one row length (a member of another type ends a run and may start the next: a Q6_K
     // attn_qkv before three Q4_K matrices leaves those three one stack); the rest load on their own,
     // as does everything on a meta (tensor parallel) buffer type. Values are the file's bytes either
-    // way, except that on a CUDA device (kernels::tile_weights_in) Q8_0 and Q4_K matrices of whole
+    // way, except that on a CUDA device (kernels::tile_weights_in) Q8_0, Q4_K and Q5_K matrices of whole
     // 256-value chunks (Q6_K ones of whole 16-row tiles), token_embd.weight
     // aside (ggml_get_rows reads it), load row-tiled (cpp/kernels/weight_tiles.h; a stack only when
     // its members' row counts, the last one's aside, are multiples of 16) and are registered as such

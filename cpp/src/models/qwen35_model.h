@@ -120,7 +120,10 @@ std::vector<bool> qwen35_fused_layers(const qwen35_hparams & hp, const qwen35_we
 struct qwen35_inputs {
     ggml_tensor * tokens = nullptr;    // [T] I32
     ggml_tensor * pos = nullptr;       // [4*T] I32: IMRoPE streams (t, h, w = position; extra = 0); null without attention layers
-    ggml_tensor * kq_mask = nullptr;   // [n_kv, T] F16: 0 where visible, -inf elsewhere
+    ggml_tensor * kq_mask = nullptr;   // [n_kv, T] F16: 0 where visible, -inf elsewhere: an input, or built
+                                       // from kq_ranges in the graph (kernels/range_mask.h)
+    ggml_tensor * kq_ranges = nullptr; // [2, T] I32: each row's visible keys [first, end) (a chain's mask
+                                       // built in the graph; null where kq_mask is an input)
     ggml_tensor * kv_rows = nullptr;   // [T] I64: cache rows written by this batch (= positions)
     ggml_tensor * ring_rows = nullptr; // [T] I64: feature ring rows (positions mod ring size), if capturing
     ggml_tensor * out_rows = nullptr;  // [n_out] I32: batch rows whose logits are produced (null: all rows)

@@ -12,9 +12,12 @@
 namespace lucebox::kernels::range_mask {
 namespace {
 std::atomic<uint64_t> g_cpu_runs{0};
+std::atomic<bool> g_enabled{true};
 }  // namespace
 
 uint64_t cpu_runs() { return g_cpu_runs.load(); }
+void set_enabled(bool enabled) { g_enabled.store(enabled); }
+bool enabled() { return g_enabled.load(); }
 
 void fill(const int32_t * ranges, int64_t n_kv, int64_t first, int64_t last, ggml_fp16_t * out) {
     const ggml_fp16_t zero = ggml_fp32_to_fp16(0.0f), hidden = ggml_fp32_to_fp16(-INFINITY);

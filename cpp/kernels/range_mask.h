@@ -32,6 +32,11 @@ bool is_range_mask(const ggml_tensor * node);
 // The CPU function of the node (GGML_OP_CUSTOM: rows split over the threads).
 void range_mask_cpu(ggml_tensor * dst, int ith, int nth, void * userdata);
 
+// Off: graphs built from now on take host-written masks everywhere (the A/B of the masks' cost:
+// bench_spec.py / bench_target.py --host-masks); on by default.
+void set_enabled(bool enabled);
+bool enabled();
+
 // How many nodes range_mask_cpu has run in this process (kernels::range_mask_runs counts the CUDA
 // kernel's): tests check which path built a mask.
 uint64_t cpu_runs();

@@ -245,6 +245,12 @@ def test_deltanet_heads_of_128_run_ggml_ops_and_stay_lossless(tmp_path: Any) -> 
         assert got.stats.spec["fast_rollbacks"] == got.stats.spec["steps"] > 0
     assert _core.delta_net_step_runs() == before
     assert _core.range_mask_runs() == masks  # the meta backend runs no custom op: host-written masks
+    _core.set_range_masks(False)  # the A/B knob: host-written masks on one device too, the same tokens
+    try:
+        assert lucebox.Engine(path, ctx=256, device="cpu").generate(p, max_tokens=36).tokens == ref
+        assert _core.range_mask_runs() == masks
+    finally:
+        _core.set_range_masks(True)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -574,7 +574,7 @@ dflash_graph build_dflash_graph(ggml_context * ctx, const dflash_hparams & hp, c
     const bool any_full = hp.n_swa == 0 || std::find(hp.is_swa.begin(), hp.is_swa.end(), false) != hp.is_swa.end();
     // each mask built in the graph from its rows' key ranges where the draft's weights are on a backend
     // that runs lucebox's custom ops (kernels/range_mask.h), else written on the host
-    const bool in_graph = kernels::fused_ops_in(w.layers[0].q_norm->buffer);
+    const bool in_graph = kernels::range_mask::enabled() && kernels::fused_ops_in(w.layers[0].q_norm->buffer);
     auto mask_input = [&](ggml_tensor *& ranges, const char * ranges_name, const char * name) {
         if (!in_graph) return named(ggml_new_tensor_2d(ctx, GGML_TYPE_F16, n_kv, B), name);
         ranges = named(ggml_new_tensor_2d(ctx, GGML_TYPE_I32, 2, B), ranges_name);

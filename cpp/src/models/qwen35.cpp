@@ -499,6 +499,7 @@ bool fused_layer(const qwen35_hparams & hp, const qwen35_layer_weights & l) {
 // (kernels/range_mask.h) rather than written on the host and uploaded: where the attention layers'
 // weights are on a backend that runs lucebox's custom ops (as for fused_layer).
 bool mask_in_graph(const qwen35_hparams & hp, const qwen35_weights & w, uint32_t l0, uint32_t l1) {
+    if (!kernels::range_mask::enabled()) return false;
     for (uint32_t il = l0; il < l1; ++il)
         if (!hp.is_recurrent[il]) return w.layers[il].q_norm != nullptr && kernels::fused_ops_in(w.layers[il].q_norm->buffer);
     return false;

@@ -184,10 +184,10 @@ ggml_cgraph * build_qwen35_backup_graph(ggml_context * ctx, const qwen35_hparams
 // Fills the inputs `g` has (layer-range graphs have a subset) for a batch of T tokens appended at
 // n_past: tokens, IMRoPE positions (n_past + i; a tree node: n_past + its depth), KV rows n_past + i,
 // the attention mask over n_kv rows (causal; a tree: the committed context plus the node's
-// ancestors and itself), feature-ring rows (mod ring_size), the last output row, and for a tree
-// its parents and conv-window table. parents: null for a chain, else a tree in batch order
-// (parents[0] = -1, parents[i] < i).
-// staging: host memory the mask is written in before its upload, kept by the caller from step to
+// ancestors and itself; a chain's as each row's key range where the graph builds it, in.kq_ranges),
+// feature-ring rows (mod ring_size), the last output row, and for a tree its parents and conv-window
+// table. parents: null for a chain, else a tree in batch order (parents[0] = -1, parents[i] < i).
+// staging: host memory a host-written mask is written in before its upload, kept by the caller from step to
 // step, so that a step writes into pages already mapped, in one pass (bench/probes/mask_staging.cpp,
 // [32768, 16] on the 2-core CI machine: 0.2-0.4 ms fresh, 0.03 kept); let go of once far larger than
 // a step needs (after a long prefill).

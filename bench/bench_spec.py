@@ -60,11 +60,15 @@ def main() -> int:
     ap.add_argument("--attention-long-piece", type=int,
                     help="keys a CTA in long key views, a divisor of 1024 (default: cuda_kernels.h)")
     ap.add_argument("--tree-budgets", default="", help="tree sizes whose verify cost to measure (e.g. 22,64)")
+    ap.add_argument("--host-masks", action="store_true",
+                    help="attention masks written on the host and uploaded, not built in the graph from each row's "
+                         "key range (A/B comparison, cpp/kernels/range_mask.h)")
     args = ap.parse_args()
     from lucebox import _core as core
 
     if args.ggml_kernels:
         core.set_own_cuda_kernels(False)
+    core.set_range_masks(not args.host_masks)
     split = {k: v for k, v in dict(piece_keys=args.attention_piece, tile_cols=args.attention_tile,
                                    long_keys=args.attention_long_keys,
                                    long_piece_keys=args.attention_long_piece).items() if v is not None}

@@ -161,10 +161,14 @@ def main() -> int:
                     help="key views of at least this many rows take 64 columns and the long pieces (0: none; default: cuda_kernels.h)")
     ap.add_argument("--attention-long-piece", type=int,
                     help="keys a CTA in long key views, a divisor of 1024 (default: cuda_kernels.h)")
+    ap.add_argument("--host-masks", action="store_true",
+                    help="attention masks written on the host and uploaded, not built in the graph from each row's "
+                         "key range (A/B comparison, cpp/kernels/range_mask.h)")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
     if args.ggml_kernels:
         _core.set_own_cuda_kernels(False)
+    _core.set_range_masks(not args.host_masks)
     _core.set_fattn_fixed_split(**{k: v for k, v in dict(piece_keys=args.attention_piece, tile_cols=args.attention_tile,
                                                           long_keys=args.attention_long_keys,
                                                           long_piece_keys=args.attention_long_piece).items()

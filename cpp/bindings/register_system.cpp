@@ -3,6 +3,7 @@
 
 #include "cuda_kernels.h"
 #include "delta_net_step.h"
+#include "range_mask.h"
 #include "lucebox/system.h"
 #include "weight_tiles.h"
 #include "module.h"
@@ -57,6 +58,12 @@ void register_system(py::module_ & m) {
     m.def("delta_net_step_runs", [] { return kernels::delta_net_step_runs() + kernels::delta_net::cpu_runs(); },
           "How many fused DeltaNet step ops (cpp/kernels/delta_net_step.h) have run, on the CPU or on lucebox's "
           "CUDA kernels (a captured CUDA graph counts once).");
+    m.def("range_mask_runs", [] { return kernels::range_mask_runs() + kernels::range_mask::cpu_runs(); },
+          "How many attention masks were built in a graph from their rows' key ranges (cpp/kernels/range_mask.h), "
+          "on the CPU or on lucebox's CUDA kernel (a captured CUDA graph counts once), not written on the host.");
+    m.def("set_range_masks", &kernels::range_mask::set_enabled, py::arg("enabled"),
+          "Whether graphs built from now on build their chain and draft attention masks from each row's key "
+          "range (default True) or take host-written masks (the A/B of the masks' cost).");
     m.def("tiles_declined", &kernels::tiles_declined,
           "Fused products of row-tiled weights that lucebox's kernel left to ggml to split (expected 0).");
 

@@ -139,6 +139,8 @@ uint64_t tiles_declined();
 bool fused_ops_in(ggml_backend_buffer_t buffer);
 // How many fused DeltaNet step ops lucebox's CUDA kernels have run (graph captures count once).
 uint64_t delta_net_step_runs();
+// How many range masks (range_mask.h) lucebox's CUDA kernel has built (graph captures count once).
+uint64_t range_mask_runs();
 
 // Whether the current CUDA device runs lucebox's kernels (compute capability >= 8.0; cached per device).
 bool device_runs_own_kernels();
@@ -147,9 +149,14 @@ bool device_runs_own_kernels();
 // this process: tests check that it was used.
 uint64_t gdn_prefill_runs();
 
-// Parts of install_cuda_kernels / set_cuda_kernels_enabled (gdn_prefill.cu).
+// Parts of install_cuda_kernels / set_cuda_kernels_enabled (gdn_prefill.cu; custom_op_hook.cu: ggml
+// patch 0007's hook for lucebox's custom nodes).
 void install_gdn_prefill();
-void install_delta_net_step();
+void install_custom_ops();
 void set_gdn_prefill_enabled(bool enabled);
+// The custom-op hook's parts (CUDA builds): stream null asks whether node dst is theirs and runs here,
+// else they run it on stream; 1 when taken, 0 when not theirs.
+int delta_net_step_node(const ggml_tensor * dst, void * stream);
+int range_mask_node(const ggml_tensor * dst, void * stream);
 
 }  // namespace lucebox::kernels

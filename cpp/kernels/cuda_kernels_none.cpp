@@ -26,6 +26,7 @@ void set_weight_tiles_enabled(bool) {}
 uint64_t tiles_declined() { return 0; }
 bool fused_ops_in(ggml_backend_buffer_t buffer) { return buffer != nullptr && ggml_backend_buffer_is_host(buffer); }
 uint64_t delta_net_step_runs() { return 0; }
-void install_delta_net_step() {}
+uint64_t range_mask_runs() { return 0; }
+void install_custom_ops() {}
 
 }  // namespace lucebox::kernels

@@ -1,6 +1,5 @@
-// The CUSTOM-op hook (ggml patch 0007) that runs the fused DeltaNet step ops (delta_net_step.h)
-// on lucebox's kernels (delta_net_step.cuh). Other custom ops are not taken (ggml then places
-// them elsewhere, or its CUDA backend says it cannot run them).
+// The fused DeltaNet step ops' nodes (delta_net_step.h) on lucebox's kernels (delta_net_step.cuh),
+// for the custom-op hook (custom_op_hook.cu).
 #include <atomic>
 
 #include "cuda_kernels.h"
@@ -24,7 +23,9 @@ float * f(const ggml_tensor * t) { return static_cast<float *>(t->data); }
 
 static_assert(delta_net::REPLAY_COLUMNS == 4, "replay_layers_kernel reads rows of 4 addresses");
 
-int custom_op_hook(const ggml_tensor * dst, void * stream) {
+}  // namespace
+
+int delta_net_step_node(const ggml_tensor * dst, void * stream) {
     const int op = delta_net::op_of(dst);
     if (op == 0) return 0;  // not a node of lucebox's
     // a tree's (a table of conv windows, parents): the CPU's only, for now (qwen35.cpp builds them
@@ -69,9 +70,6 @@ int custom_op_hook(const ggml_tensor * dst, void * stream) {
     return 1;
 }
 
-}  // namespace
-
-void install_delta_net_step() { ggml_backend_cuda_set_custom_op_hook(&custom_op_hook); }
 uint64_t delta_net_step_runs() { return g_step_runs.load(); }
 
 }  // namespace lucebox::kernels

@@ -158,7 +158,7 @@ void install_cuda_kernels() {
     ggml_backend_cuda_set_foreign_weights(&foreign_weights);
     ggml_backend_cuda_set_bf16_converter(&bf16_converter);
     install_gdn_prefill();
-    install_delta_net_step();
+    install_custom_ops();
     set_cuda_kernels_enabled(g_enabled.load());  // and the BF16 GEMM threshold that goes with it
 }
 

@@ -836,15 +836,19 @@ std::vector<int32_t> session::run_draft(int32_t last, uint32_t block, spec::draf
         ggml_backend_tensor_set(g.in.block_tokens, toks.data(), 0, sizeof(int32_t) * block);
         ggml_backend_tensor_set(g.in.block_pos, pos.data(), 0, sizeof(int32_t) * block);
         ggml_backend_tensor_set(g.in.block_kv_rows, rows.data(), 0, sizeof(int64_t) * block);
-        // context rows [0, n_past) then the block (models/dflash_model.h: dflash_block_mask)
+        // context rows [0, n_past) then the block (models/dflash_model.h: dflash_block_mask), as each
+        // row's key range where the graph builds the mask, else the mask itself
         std::vector<ggml_fp16_t> & mask = cache.mask_staging;
-        if (g.in.kq_mask != nullptr) {
-            dflash_block_mask(dh, /*swa=*/false, n_past, block, n_kv, mask);
-            ggml_backend_tensor_set(g.in.kq_mask, mask.data(), 0, sizeof(ggml_fp16_t) * mask.size());
-        }
-        if (g.in.kq_mask_swa != nullptr) {
-            dflash_block_mask(dh, /*swa=*/true, n_past, block, n_kv, mask);
-            ggml_backend_tensor_set(g.in.kq_mask_swa, mask.data(), 0, sizeof(ggml_fp16_t) * mask.size());
+        for (const bool swa : {false, true}) {
+            ggml_tensor * ranges = swa ? g.in.kq_ranges_swa : g.in.kq_ranges;
+            ggml_tensor * host_mask = swa ? g.in.kq_mask_swa : g.in.kq_mask;
+            if (ranges != nullptr) {
+                const std::vector<int32_t> r = dflash_block_ranges(dh, swa, n_past, block);
+                ggml_backend_tensor_set(ranges, r.data(), 0, sizeof(int32_t) * r.size());
+            } else if (host_mask != nullptr) {
+                dflash_block_mask(dh, swa, n_past, block, n_kv, mask);
+                ggml_backend_tensor_set(host_mask, mask.data(), 0, sizeof(ggml_fp16_t) * mask.size());
+            }
         }
     }
     e.compute(e.sched_draft, g.gf, "the draft forward pass");

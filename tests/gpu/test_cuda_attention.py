@@ -46,7 +46,9 @@ def test_logits_match_cpu(target: str) -> None:
     ids = [int(x) for x in np.random.default_rng(3).integers(0, 1000, 70)]
     ref = lucebox.Engine(target, ctx=300, device="cpu", ubatch=32).session().eval(ids)
     s = lucebox.Engine(target, ctx=300, device="cuda", ubatch=32).session()
+    masks = _core.range_mask_runs()
     got = np.concatenate([s.eval(ids[:40]), *[s.eval([t]) for t in ids[40:]]])
+    assert _core.range_mask_runs() > masks  # the masks were built on the device (kernels/range_mask.h)
     diff = np.abs(got - ref).max()
     print(f"max abs diff to the CPU {diff:.4g}")
     assert diff <= MAX_ABS

@@ -233,16 +233,24 @@ def test_deltanet_heads_of_128_run_ggml_ops_and_stay_lossless(tmp_path: Any) -> 
     single = lucebox.Engine(path, ctx=256, device="cpu")
     tensor = tensor_engine(path, TWO, ctx=256)
     p = prompts(1, seed=8)[0]
-    before = _core.delta_net_step_runs()
+    before, masks = _core.delta_net_step_runs(), _core.range_mask_runs()
     ref = single.generate(p, max_tokens=36).tokens
     assert _core.delta_net_step_runs() > before
-    before = _core.delta_net_step_runs()
+    assert _core.range_mask_runs() > masks  # one device: the masks are built in the graph
+    before, masks = _core.delta_net_step_runs(), _core.range_mask_runs()
     assert tensor.generate(p, max_tokens=36).tokens == ref
     for k in (0, 4, None):
         got = tensor.session().generate(p, max_tokens=36, propose=forced(ref, len(p), k))
         assert got.tokens == ref, k
         assert got.stats.spec["fast_rollbacks"] == got.stats.spec["steps"] > 0
     assert _core.delta_net_step_runs() == before
+    assert _core.range_mask_runs() == masks  # the meta backend runs no custom op: host-written masks
+    _core.set_range_masks(False)  # the A/B knob: host-written masks on one device too, the same tokens
+    try:
+        assert lucebox.Engine(path, ctx=256, device="cpu").generate(p, max_tokens=36).tokens == ref
+        assert _core.range_mask_runs() == masks
+    finally:
+        _core.set_range_masks(True)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -17,8 +17,10 @@
 #include "lucebox/gguf_file.h"
 #include "lucebox/models.h"
 #include "../graph/builders.h"
+#include "cuda_kernels.h"
 #include "dflash_model.h"
 #include "qwen35_model.h"
+#include "range_mask.h"
 
 namespace lucebox {
 
@@ -488,13 +490,11 @@ dflash_state dflash_state::allocate(const dflash_hparams & hp, uint32_t kv_size,
     return s;
 }
 
-void dflash_block_mask(const dflash_hparams & hp, bool swa, uint32_t n_past, uint32_t block, uint32_t n_kv,
-                       std::vector<ggml_fp16_t> & mask) {
-    const ggml_fp16_t zero = ggml_fp32_to_fp16(0.0f), ninf = ggml_fp32_to_fp16(-INFINITY);
-    mask.assign(size_t(n_kv) * block, ninf);
+std::vector<int32_t> dflash_block_ranges(const dflash_hparams & hp, bool swa, uint32_t n_past, uint32_t block) {
     const uint32_t window = swa ? hp.n_swa : 0;
     const bool last_context = window > 0 && hp.swa_kind == dflash_swa_kind::last_context;
     const bool causal = hp.causal || last_context;
+    std::vector<int32_t> ranges(2 * size_t(block));
     for (uint32_t i = 0; i < block; ++i) {
         const uint32_t q_pos = n_past + i;
         uint32_t ctx_from = 0;  // first visible context row
@@ -503,13 +503,19 @@ void dflash_block_mask(const dflash_hparams & hp, bool swa, uint32_t n_past, uin
         } else if (window > 0) {
             ctx_from = q_pos >= window ? q_pos - window + 1 : 0;
         }
-        const uint32_t block_end = std::min(causal ? q_pos + 1 : n_past + block, n_kv);
-        ggml_fp16_t * row = mask.data() + size_t(i) * n_kv;
-        std::fill(row + std::min(ctx_from, n_past), row + std::min(n_past, n_kv), zero);
-        if (n_past < block_end) {
-            std::fill(row + n_past, row + block_end, zero);
-        }
+        // the visible context rows [ctx_from, n_past) (none where the window starts inside the
+        // block) and the block's rows up to block_end: one range
+        ranges[2 * i] = int32_t(std::min(ctx_from, n_past));
+        ranges[2 * i + 1] = int32_t(causal ? q_pos + 1 : n_past + block);
     }
+    return ranges;
+}
+
+void dflash_block_mask(const dflash_hparams & hp, bool swa, uint32_t n_past, uint32_t block, uint32_t n_kv,
+                       std::vector<ggml_fp16_t> & mask) {
+    const std::vector<int32_t> ranges = dflash_block_ranges(hp, swa, n_past, block);
+    mask.resize(size_t(n_kv) * block);
+    kernels::range_mask::fill(ranges.data(), n_kv, 0, block, mask.data());
 }
 
 dflash_graph build_dflash_graph(ggml_context * ctx, const dflash_hparams & hp, const dflash_weights & w,
@@ -566,13 +572,22 @@ dflash_graph build_dflash_graph(ggml_context * ctx, const dflash_hparams & hp, c
     // an unused input gets no buffer: create each mask only if some layer uses it
     const bool any_swa = hp.n_swa > 0 && std::find(hp.is_swa.begin(), hp.is_swa.end(), true) != hp.is_swa.end();
     const bool any_full = hp.n_swa == 0 || std::find(hp.is_swa.begin(), hp.is_swa.end(), false) != hp.is_swa.end();
+    // each mask built in the graph from its rows' key ranges where the draft's weights are on a backend
+    // that runs lucebox's custom ops (kernels/range_mask.h), else written on the host
+    const bool in_graph = kernels::range_mask::enabled() && kernels::fused_ops_in(w.layers[0].q_norm->buffer);
+    auto mask_input = [&](ggml_tensor *& ranges, const char * ranges_name, const char * name) {
+        if (!in_graph) return named(ggml_new_tensor_2d(ctx, GGML_TYPE_F16, n_kv, B), name);
+        ranges = named(ggml_new_tensor_2d(ctx, GGML_TYPE_I32, 2, B), ranges_name);
+        return named(kernels::range_mask::build(ctx, ranges, n_kv), name);
+    };
     if (any_full) {
-        in.kq_mask = named(ggml_new_tensor_2d(ctx, GGML_TYPE_F16, n_kv, B), "draft_inp_kq_mask");
+        in.kq_mask = mask_input(in.kq_ranges, "draft_inp_kq_ranges", "draft_kq_mask");
     }
     if (any_swa) {
-        in.kq_mask_swa = named(ggml_new_tensor_2d(ctx, GGML_TYPE_F16, n_kv, B), "draft_inp_kq_mask_swa");
+        in.kq_mask_swa = mask_input(in.kq_ranges_swa, "draft_inp_kq_ranges_swa", "draft_kq_mask_swa");
     }
-    for (ggml_tensor * t : {in.block_tokens, in.block_pos, in.block_kv_rows, in.kq_mask, in.kq_mask_swa}) {
+    for (ggml_tensor * t : {in.block_tokens, in.block_pos, in.block_kv_rows, in.kq_ranges, in.kq_ranges_swa,
+                            in_graph ? nullptr : in.kq_mask, in_graph ? nullptr : in.kq_mask_swa}) {
         if (t != nullptr) {
             ggml_set_input(t);
         }

@@ -61,6 +61,9 @@ struct dflash_inputs {
     ggml_tensor * block_kv_rows = nullptr;  // [B] I64
     ggml_tensor * kq_mask = nullptr;        // [n_kv, B] F16: dflash_block_mask(hp, false, ...)
     ggml_tensor * kq_mask_swa = nullptr;    // [n_kv, B] F16: dflash_block_mask(hp, true, ...) (SWA layers)
+    // where the masks are built in the graph (kernels/range_mask.h; else they are inputs and these null):
+    ggml_tensor * kq_ranges = nullptr;      // [2, B] I32: dflash_block_ranges(hp, false, ...)
+    ggml_tensor * kq_ranges_swa = nullptr;  // [2, B] I32: dflash_block_ranges(hp, true, ...)
 };
 
 // The proposal block's attention mask for the full layers (swa = false) or the SWA layers
@@ -72,6 +75,10 @@ struct dflash_inputs {
 // into pages already mapped (bench/probes/mask_staging.cpp); whatever it held before is overwritten.
 void dflash_block_mask(const dflash_hparams & hp, bool swa, uint32_t n_past, uint32_t block, uint32_t n_kv,
                        std::vector<ggml_fp16_t> & mask);
+// The same mask as one visible key range a row, [2, block] I32 (row i: first visible key, one past
+// the last), the input of a mask built in the graph (kernels/range_mask.h); dflash_block_mask is its
+// range_mask::fill.
+std::vector<int32_t> dflash_block_ranges(const dflash_hparams & hp, bool swa, uint32_t n_past, uint32_t block);
 
 struct dflash_graph {
     ggml_cgraph * gf = nullptr;

@@ -13,6 +13,7 @@
 #include "../graph/builders.h"
 #include "cuda_kernels.h"
 #include "delta_net_step.h"
+#include "range_mask.h"
 #include "qwen35_model.h"
 
 namespace lucebox {
@@ -494,6 +495,16 @@ bool fused_layer(const qwen35_hparams & hp, const qwen35_layer_weights & l) {
     return kernels::fused_ops_in(l.ssm_conv1d->buffer);
 }
 
+// Whether a chain's attention mask is built in the graph from each row's key range
+// (kernels/range_mask.h) rather than written on the host and uploaded: where the attention layers'
+// weights are on a backend that runs lucebox's custom ops (as for fused_layer).
+bool mask_in_graph(const qwen35_hparams & hp, const qwen35_weights & w, uint32_t l0, uint32_t l1) {
+    if (!kernels::range_mask::enabled()) return false;
+    for (uint32_t il = l0; il < l1; ++il)
+        if (!hp.is_recurrent[il]) return w.layers[il].q_norm != nullptr && kernels::fused_ops_in(w.layers[il].q_norm->buffer);
+    return false;
+}
+
 // Whether a DeltaNet layer's T-token batch runs as the fused step ops (kernels/delta_net_step.h):
 // a chain (not a tree) of at most MAX_TOKENS tokens, of a layer that can (fused_layer).
 bool fused_step(const qwen35_hparams & hp, const qwen35_layer_weights & l, const qwen35_inputs & in, int64_t T) {
@@ -747,20 +758,28 @@ qwen35_graph build_qwen35_graph(ggml_context * ctx, const qwen35_hparams & hp, c
     if (n_out != n_tokens && last) {
         in.out_rows = named(ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n_out), "inp_out_rows");
     }
+    const bool graph_mask = range_has_attention && mask_in_graph(hp, w, l0, l1);
+    if (tree && (hp.n_recurrent_layers() > 0 || graph_mask)) {  // the DeltaNet layers' and the mask's
+        in.parents = named(ggml_new_tensor_1d(ctx, GGML_TYPE_I32, T), "inp_tree_parents");
+    }
+    if (tree && hp.n_recurrent_layers() > 0) {
+        in.conv_rows = named(ggml_new_tensor_1d(ctx, GGML_TYPE_I32, int64_t(hp.ssm_d_conv) * T), "inp_tree_conv_rows");
+    }
     if (range_has_attention) {  // inputs only attention uses (an unused input has no buffer)
         in.pos = named(ggml_new_tensor_1d(ctx, GGML_TYPE_I32, 4 * T), "inp_pos");
         in.kv_rows = named(ggml_new_tensor_1d(ctx, GGML_TYPE_I64, T), "inp_kv_rows");
-        in.kq_mask = named(ggml_new_tensor_2d(ctx, GGML_TYPE_F16, n_kv, T), "inp_kq_mask");
+        if (graph_mask) {  // a tree's: the committed context, then each node's path (range_mask.h)
+            in.kq_ranges = named(ggml_new_tensor_2d(ctx, GGML_TYPE_I32, 2, T), "inp_kq_ranges");
+            in.kq_mask = named(kernels::range_mask::build(ctx, in.kq_ranges, n_kv, tree ? in.parents : nullptr), "kq_mask");
+        } else {
+            in.kq_mask = named(ggml_new_tensor_2d(ctx, GGML_TYPE_F16, n_kv, T), "inp_kq_mask");
+        }
     }
     if (range_captures) {
         in.ring_rows = named(ggml_new_tensor_1d(ctx, GGML_TYPE_I64, T), "inp_ring_rows");
     }
-    if (tree && hp.n_recurrent_layers() > 0) {
-        in.parents = named(ggml_new_tensor_1d(ctx, GGML_TYPE_I32, T), "inp_tree_parents");
-        in.conv_rows = named(ggml_new_tensor_1d(ctx, GGML_TYPE_I32, int64_t(hp.ssm_d_conv) * T), "inp_tree_conv_rows");
-    }
-    for (ggml_tensor * t : {in.tokens, in.hidden, in.pos, in.kv_rows, in.out_rows, in.kq_mask, in.ring_rows, in.parents,
-                            in.conv_rows}) {
+    for (ggml_tensor * t : {in.tokens, in.hidden, in.pos, in.kv_rows, in.out_rows, in.kq_ranges, in.ring_rows,
+                            in.parents, in.conv_rows, in.kq_ranges != nullptr ? nullptr : in.kq_mask}) {
         if (t != nullptr) {
             ggml_set_input(t);
         }
@@ -826,36 +845,36 @@ void set_qwen35_inputs(const qwen35_graph & g, const qwen35_hparams & hp, const 
         }
         std::vector<int32_t> pos(4 * size_t(T), 0);
         std::vector<int64_t> rows(T);
-        const ggml_fp16_t zero = ggml_fp32_to_fp16(0.0f), hidden = ggml_fp32_to_fp16(-INFINITY);
-        const size_t n_mask = size_t(n_kv) * T;
-        if (staging.capacity() > 4 * n_mask && staging.capacity() > (size_t(8) << 20)) {
-            std::vector<ggml_fp16_t>().swap(staging);  // (a long prefill's mask, not kept for decoding)
-        }
-        if (staging.capacity() < n_mask) {
-            staging.reserve(n_mask + n_mask / 4);  // (room for the next few, longer prefill batches)
-        }
-        staging.resize(n_mask);
+        // a chain: row i sees keys 0 .. n_past + i; a tree: the committed context 0 .. n_past - 1, then
+        // its path's keys n_past + j (range_mask.h)
+        std::vector<int32_t> ranges(2 * size_t(T));
         for (uint32_t i = 0; i < T; ++i) {
             pos[i] = pos[T + i] = pos[2 * T + i] = static_cast<int32_t>(n_past + uint32_t(depth[i]));
             rows[i] = n_past + i;  // K/V rows in batch order (a tree commit compacts the kept path)
-            ggml_fp16_t * row = staging.data() + size_t(i) * n_kv;
-            if (parents == nullptr) {
-                std::fill_n(row, n_past + i + 1, zero);  // causal
-                std::fill(row + n_past + i + 1, row + n_kv, hidden);
-                continue;
-            }
-            std::fill_n(row, n_past, zero);
-            std::fill(row + n_past, row + n_kv, hidden);
-            for (int32_t j = int32_t(i); j >= 0; j = (*parents)[size_t(j)]) {
-                row[n_past + uint32_t(j)] = zero;  // the node and its ancestors
-            }
+            ranges[2 * i] = 0, ranges[2 * i + 1] = int32_t(parents == nullptr ? n_past + i + 1 : n_past);
         }
         ggml_backend_tensor_set(in.pos, pos.data(), 0, sizeof(int32_t) * pos.size());
         ggml_backend_tensor_set(in.kv_rows, rows.data(), 0, sizeof(int64_t) * T);
-        ggml_backend_tensor_set(in.kq_mask, staging.data(), 0, sizeof(ggml_fp16_t) * n_mask);
+        if (in.kq_ranges != nullptr) {
+            ggml_backend_tensor_set(in.kq_ranges, ranges.data(), 0, sizeof(int32_t) * ranges.size());
+        } else {  // the host writes the mask: a backend without lucebox's custom ops (a tensor split)
+            const size_t n_mask = size_t(n_kv) * T;
+            if (staging.capacity() > 4 * n_mask && staging.capacity() > (size_t(8) << 20)) {
+                std::vector<ggml_fp16_t>().swap(staging);  // (a long prefill's mask, not kept for decoding)
+            }
+            if (staging.capacity() < n_mask) {
+                staging.reserve(n_mask + n_mask / 4);  // (room for the next few, longer prefill batches)
+            }
+            staging.resize(n_mask);
+            kernels::range_mask::fill(ranges.data(), n_kv, 0, T, staging.data(), T,
+                                      parents != nullptr ? parents->data() : nullptr);
+            ggml_backend_tensor_set(in.kq_mask, staging.data(), 0, sizeof(ggml_fp16_t) * n_mask);
+        }
     }
     if (in.parents != nullptr) {
         ggml_backend_tensor_set(in.parents, parents->data(), 0, sizeof(int32_t) * T);
+    }
+    if (in.conv_rows != nullptr) {
         const std::vector<int32_t> conv_rows = qwen35_tree_conv_rows(*parents, hp.ssm_d_conv);
         ggml_backend_tensor_set(in.conv_rows, conv_rows.data(), 0, sizeof(int32_t) * conv_rows.size());
     }

@@ -48,7 +48,7 @@ struct recurrence_args {
     int64_t slot_stride = 0;         // floats
     int state_mode = 0;              // delta_net::state_out: 0 final state into slot 0, 1 the state after token t
                                      // into slot T-1-t, 2 none
-    float * out = nullptr;           // [T][Hv HEAD]; null: no outputs (replay_layers: z, norm_w unused)
+    float * out = nullptr;           // [T][Hv HEAD] (replay_layers: none; z and norm_w unused)
     int T = 0, Hk = 0, Hv = 0;
     float eps = 0.0f;
 };
@@ -179,8 +179,9 @@ constexpr int REC_CLUSTER = 4;       // CTAs per value head where the device has
 // = (v - exp(g) kv) beta, S = exp(g) S + k delta^T, o = S^T q / sqrt(HEAD); then RMSNorm(o) *
 // norm_w * SiLU(z) per token over the head's 128 outputs (with NC CTAs: each adds its columns'
 // squares, then every CTA adds the NC partial sums in rank order from distributed shared memory).
-// (The body of recurrence_kernel and replay_layers_kernel: one arithmetic for both.)
-template <int NC>
+// (The body of recurrence_kernel and replay_layers_kernel: one arithmetic for both. A replay,
+// OUTPUTS false, skips S^T q and the norm: the state goes through the same instructions.)
+template <int NC, bool OUTPUTS>
 __device__ __forceinline__ void recurrence_body(const recurrence_args & a) {
     constexpr int WARPS = HEAD / NC / REC_COLS, COLS = HEAD / NC;
     __shared__ float4 sq[CHUNK][HEAD / 4], sk[CHUNK][HEAD / 4];
@@ -206,7 +207,7 @@ __device__ __forceinline__ void recurrence_body(const recurrence_args & a) {
         for (int e = tid; e < n * HEAD; e += WARPS * 32) {
             const int t = e / HEAD, i = e % HEAD;
             const float * xt = a.x + int64_t(t0 + t) * conv_dim;
-            reinterpret_cast<float *>(sq[t])[i] = xt[kh * HEAD + i];
+            if constexpr (OUTPUTS) reinterpret_cast<float *>(sq[t])[i] = xt[kh * HEAD + i];
             reinterpret_cast<float *>(sk[t])[i] = xt[key_dim + kh * HEAD + i];
             sv[t][i] = xt[2 * key_dim + h * HEAD + i];
         }
@@ -216,7 +217,7 @@ __device__ __forceinline__ void recurrence_body(const recurrence_args & a) {
         }
         __syncthreads();
         for (int t = 0; t < n; ++t) {
-            const float4 k = sk[t][lane], q = sq[t][lane];
+            const float4 k = sk[t][lane];
             const float eg = sg[t], b = sb[t];
             float kv[REC_COLS];
 #pragma unroll
@@ -233,7 +234,6 @@ __device__ __forceinline__ void recurrence_body(const recurrence_args & a) {
             float deltas[REC_COLS];
 #pragma unroll
             for (int cc = 0; cc < REC_COLS; ++cc) deltas[cc] = __shfl_sync(0xffffffffu, my_delta, column_lane(cc));
-            float at[REC_COLS];
 #pragma unroll
             for (int cc = 0; cc < REC_COLS; ++cc) {
                 const float delta = deltas[cc];
@@ -241,20 +241,27 @@ __device__ __forceinline__ void recurrence_body(const recurrence_args & a) {
                 S[cc].y = eg * S[cc].y + k.y * delta;
                 S[cc].z = eg * S[cc].z + k.z * delta;
                 S[cc].w = eg * S[cc].w + k.w * delta;
-                at[cc] = S[cc].x * q.x;
-                at[cc] += S[cc].y * q.y;
-                at[cc] += S[cc].z * q.z;
-                at[cc] += S[cc].w * q.w;
             }
-            const float my_at = warp_sum_scatter(at, lane);
-            if ((lane & 3) == 0) so[t][cw + mc] = my_at * scale;
+            if constexpr (OUTPUTS) {
+                const float4 q = sq[t][lane];
+                float at[REC_COLS];
+#pragma unroll
+                for (int cc = 0; cc < REC_COLS; ++cc) {
+                    at[cc] = S[cc].x * q.x;
+                    at[cc] += S[cc].y * q.y;
+                    at[cc] += S[cc].z * q.z;
+                    at[cc] += S[cc].w * q.w;
+                }
+                const float my_at = warp_sum_scatter(at, lane);
+                if ((lane & 3) == 0) so[t][cw + mc] = my_at * scale;
+            }
             if (a.state_mode == 1) {
                 float4 * slot = reinterpret_cast<float4 *>(a.state_dst + int64_t(a.T - 1 - (t0 + t)) * a.slot_stride + h * D);
 #pragma unroll
                 for (int cc = 0; cc < REC_COLS; ++cc) slot[(cw + cc) * (HEAD / 4) + lane] = S[cc];
             }
         }
-        if (a.out == nullptr) continue;  // a replay (the same for the whole cluster: no barrier skipped by some)
+        if constexpr (!OUTPUTS) continue;
         __syncthreads();
         // the gated norm of the chunk's tokens, a warp per token: the sum of the head's squares
         constexpr int MINE = (CHUNK + WARPS - 1) / WARPS;  // this warp's tokens: warp + m * WARPS
@@ -310,7 +317,7 @@ __device__ __forceinline__ void recurrence_body(const recurrence_args & a) {
 
 template <int NC>
 __global__ void __launch_bounds__(HEAD / NC / REC_COLS * 32) recurrence_kernel(recurrence_args a) {
-    recurrence_body<NC>(a);
+    recurrence_body<NC, true>(a);
 }
 
 // replay_layers (delta_net_step.h): row i of `layers` = {x, state, conv window source, conv state}
@@ -335,7 +342,7 @@ __global__ void __launch_bounds__(HEAD / NC / REC_COLS * 32) replay_layers_kerne
     a.s0 = a.state_dst;
     a.x_tokens = r.x_tokens, a.T = r.T, a.Hk = r.Hk, a.Hv = r.Hv;
     a.state_mode = 0;  // final state into slot 0 (the state itself)
-    recurrence_body<NC>(a);  // (waits for the verify that wrote x and the conv source)
+    recurrence_body<NC, false>(a);  // (waits for the verify that wrote x and the conv source)
     const float * src = reinterpret_cast<const float *>(static_cast<uintptr_t>(row[2]));
     float * conv = reinterpret_cast<float *>(static_cast<uintptr_t>(row[3]));
     const int W = r.d_conv - 1, n = (2 * r.Hk + r.Hv) * HEAD * W;
@@ -372,7 +379,8 @@ inline cudaError_t run_inputs(const inputs_args & a, cudaStream_t stream) {
 }
 
 inline cudaError_t run_recurrence(const recurrence_args & a, cudaStream_t stream) {
-    if (a.T < 1 || a.T > MAX_TOKENS || a.x_tokens < a.T || a.x_tokens > MAX_TOKENS || a.Hk < 1) return cudaErrorInvalidValue;
+    if (a.T < 1 || a.T > MAX_TOKENS || a.x_tokens < a.T || a.x_tokens > MAX_TOKENS || a.Hk < 1 || a.out == nullptr)
+        return cudaErrorInvalidValue;
     int dev = 0;
     const cudaError_t err = cudaGetDevice(&dev);
     if (err != cudaSuccess) return err;

@@ -38,7 +38,7 @@ struct inputs_args {
 };
 
 struct recurrence_args {
-    const float * x = nullptr;  // the inputs kernel's out for x_tokens tokens
+    const float * x = nullptr;  // the inputs kernel's out for x_tokens tokens; 16-byte aligned (read as float4s)
     int x_tokens = 0;
     const float * z = nullptr;  // token t's Hv HEAD values at z + t * z_stride
     int64_t z_stride = 0;
@@ -185,7 +185,7 @@ template <int NC, bool OUTPUTS>
 __device__ __forceinline__ void recurrence_body(const recurrence_args & a) {
     constexpr int WARPS = HEAD / NC / REC_COLS, COLS = HEAD / NC;
     __shared__ float4 sq[CHUNK][HEAD / 4], sk[CHUNK][HEAD / 4];
-    __shared__ float sv[CHUNK][HEAD], so[CHUNK][HEAD], sg[CHUNK], sb[CHUNK], part[CHUNK];
+    __shared__ __align__(16) float sv[CHUNK][HEAD], so[CHUNK][HEAD], sg[CHUNK], sb[CHUNK], part[CHUNK];
     cuda::launch_dependents();
     const int h = blockIdx.x / NC, rank = blockIdx.x % NC, kh = h % a.Hk;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, c0 = rank * COLS;  // my first column
@@ -204,12 +204,25 @@ __device__ __forceinline__ void recurrence_body(const recurrence_args & a) {
     for (int t0 = 0; t0 < a.T; t0 += CHUNK) {
         const int n = a.T - t0 < CHUNK ? a.T - t0 : CHUNK;
         __syncthreads();  // the previous chunk's shared memory is read
-        for (int e = tid; e < n * HEAD; e += WARPS * 32) {
-            const int t = e / HEAD, i = e % HEAD;
-            const float * xt = a.x + int64_t(t0 + t) * conv_dim;
-            if constexpr (OUTPUTS) reinterpret_cast<float *>(sq[t])[i] = xt[kh * HEAD + i];
-            reinterpret_cast<float *>(sk[t])[i] = xt[key_dim + kh * HEAD + i];
-            sv[t][i] = xt[2 * key_dim + h * HEAD + i];
+        // the chunk's q, k, v rows as float4s, every load of a thread issued before the first store
+        constexpr int ROW4 = HEAD / 4, LOADS = (CHUNK * ROW4 + WARPS * 32 - 1) / (WARPS * 32);
+        float4 lq[LOADS], lk[LOADS], lv[LOADS];
+#pragma unroll
+        for (int l = 0; l < LOADS; ++l) {
+            const int e = tid + l * WARPS * 32, t = e / ROW4, i = e % ROW4;
+            if (e >= n * ROW4) break;
+            const float4 * xt = reinterpret_cast<const float4 *>(a.x + int64_t(t0 + t) * conv_dim);
+            if constexpr (OUTPUTS) lq[l] = xt[kh * ROW4 + i];
+            lk[l] = xt[(key_dim + kh * HEAD) / 4 + i];
+            lv[l] = xt[(2 * key_dim + h * HEAD) / 4 + i];
+        }
+#pragma unroll
+        for (int l = 0; l < LOADS; ++l) {
+            const int e = tid + l * WARPS * 32, t = e / ROW4, i = e % ROW4;
+            if (e >= n * ROW4) break;
+            if constexpr (OUTPUTS) sq[t][i] = lq[l];
+            sk[t][i] = lk[l];
+            reinterpret_cast<float4 *>(sv[t])[i] = lv[l];
         }
         if (tid < n) {
             sg[tid] = expf(a.x[G + int64_t(t0 + tid) * a.Hv + h]);
@@ -379,7 +392,8 @@ inline cudaError_t run_inputs(const inputs_args & a, cudaStream_t stream) {
 }
 
 inline cudaError_t run_recurrence(const recurrence_args & a, cudaStream_t stream) {
-    if (a.T < 1 || a.T > MAX_TOKENS || a.x_tokens < a.T || a.x_tokens > MAX_TOKENS || a.Hk < 1 || a.out == nullptr)
+    if (a.T < 1 || a.T > MAX_TOKENS || a.x_tokens < a.T || a.x_tokens > MAX_TOKENS || a.Hk < 1 || a.out == nullptr ||
+        reinterpret_cast<uintptr_t>(a.x) % 16 != 0)
         return cudaErrorInvalidValue;
     int dev = 0;
     const cudaError_t err = cudaGetDevice(&dev);

@@ -89,6 +89,19 @@ __device__ __forceinline__ float warp_sum_scatter(const float (&v)[8], int lane)
     return y + __shfl_xor_sync(0xffffffffu, y, 1);
 }
 
+// A lane's part of each of its warp's N state columns times v (its 4 rows of the column): out[c] =
+// S[c].x v.x + S[c].y v.y + S[c].z v.z + S[c].w v.w, in that order (S^T k and S^T q alike).
+template <int N>
+__device__ __forceinline__ void column_dots(const float4 (&S)[N], float4 v, float (&out)[N]) {
+#pragma unroll
+    for (int c = 0; c < N; ++c) {
+        out[c] = S[c].x * v.x;
+        out[c] += S[c].y * v.y;
+        out[c] += S[c].z * v.z;
+        out[c] += S[c].w * v.w;
+    }
+}
+
 constexpr int INPUT_PREFETCH = 16;  // tokens whose inputs a thread loads before it convolves them
 
 // The blocks of the inputs kernel: one per head-sized block of conv channels, then one per HEAD
@@ -233,13 +246,7 @@ __device__ __forceinline__ void recurrence_body(const recurrence_args & a) {
             const float4 k = sk[t][lane];
             const float eg = sg[t], b = sb[t];
             float kv[REC_COLS];
-#pragma unroll
-            for (int cc = 0; cc < REC_COLS; ++cc) {
-                kv[cc] = S[cc].x * k.x;
-                kv[cc] += S[cc].y * k.y;
-                kv[cc] += S[cc].z * k.z;
-                kv[cc] += S[cc].w * k.w;
-            }
+            column_dots(S, k, kv);
             static_assert(REC_COLS == 8, "warp_sum_scatter sums 8 columns");
             // my column's delta, then every column's from the lanes holding it
             const int mc = scatter_column(lane);
@@ -258,13 +265,7 @@ __device__ __forceinline__ void recurrence_body(const recurrence_args & a) {
             if constexpr (OUTPUTS) {
                 const float4 q = sq[t][lane];
                 float at[REC_COLS];
-#pragma unroll
-                for (int cc = 0; cc < REC_COLS; ++cc) {
-                    at[cc] = S[cc].x * q.x;
-                    at[cc] += S[cc].y * q.y;
-                    at[cc] += S[cc].z * q.z;
-                    at[cc] += S[cc].w * q.w;
-                }
+                column_dots(S, q, at);
                 const float my_at = warp_sum_scatter(at, lane);
                 if ((lane & 3) == 0) so[t][cw + mc] = my_at * scale;
             }

@@ -38,7 +38,7 @@ struct inputs_args {
 };
 
 struct recurrence_args {
-    const float * x = nullptr;  // the inputs kernel's out for x_tokens tokens
+    const float * x = nullptr;  // the inputs kernel's out for x_tokens tokens; 16-byte aligned (read as float4s)
     int x_tokens = 0;
     const float * z = nullptr;  // token t's Hv HEAD values at z + t * z_stride
     int64_t z_stride = 0;
@@ -48,7 +48,7 @@ struct recurrence_args {
     int64_t slot_stride = 0;         // floats
     int state_mode = 0;              // delta_net::state_out: 0 final state into slot 0, 1 the state after token t
                                      // into slot T-1-t, 2 none
-    float * out = nullptr;           // [T][Hv HEAD]; null: no outputs (replay_layers: z, norm_w unused)
+    float * out = nullptr;           // [T][Hv HEAD] (replay_layers: none; z and norm_w unused)
     int T = 0, Hk = 0, Hv = 0;
     float eps = 0.0f;
 };
@@ -87,6 +87,19 @@ __device__ __forceinline__ float warp_sum_scatter(const float (&v)[8], int lane)
     float y = (b2 ? x[1] : x[0]) + __shfl_xor_sync(0xffffffffu, b2 ? x[0] : x[1], 4);
     y += __shfl_xor_sync(0xffffffffu, y, 2);
     return y + __shfl_xor_sync(0xffffffffu, y, 1);
+}
+
+// A lane's part of each of its warp's N state columns times v (its 4 rows of the column): out[c] =
+// S[c].x v.x + S[c].y v.y + S[c].z v.z + S[c].w v.w, in that order (S^T k and S^T q alike).
+template <int N>
+__device__ __forceinline__ void column_dots(const float4 (&S)[N], float4 v, float (&out)[N]) {
+#pragma unroll
+    for (int c = 0; c < N; ++c) {
+        out[c] = S[c].x * v.x;
+        out[c] += S[c].y * v.y;
+        out[c] += S[c].z * v.z;
+        out[c] += S[c].w * v.w;
+    }
 }
 
 constexpr int INPUT_PREFETCH = 16;  // tokens whose inputs a thread loads before it convolves them
@@ -179,12 +192,13 @@ constexpr int REC_CLUSTER = 4;       // CTAs per value head where the device has
 // = (v - exp(g) kv) beta, S = exp(g) S + k delta^T, o = S^T q / sqrt(HEAD); then RMSNorm(o) *
 // norm_w * SiLU(z) per token over the head's 128 outputs (with NC CTAs: each adds its columns'
 // squares, then every CTA adds the NC partial sums in rank order from distributed shared memory).
-// (The body of recurrence_kernel and replay_layers_kernel: one arithmetic for both.)
-template <int NC>
+// (The body of recurrence_kernel and replay_layers_kernel: one arithmetic for both. A replay,
+// OUTPUTS false, skips S^T q and the norm: the state goes through the same instructions.)
+template <int NC, bool OUTPUTS>
 __device__ __forceinline__ void recurrence_body(const recurrence_args & a) {
     constexpr int WARPS = HEAD / NC / REC_COLS, COLS = HEAD / NC;
     __shared__ float4 sq[CHUNK][HEAD / 4], sk[CHUNK][HEAD / 4];
-    __shared__ float sv[CHUNK][HEAD], so[CHUNK][HEAD], sg[CHUNK], sb[CHUNK], part[CHUNK];
+    __shared__ __align__(16) float sv[CHUNK][HEAD], so[CHUNK][HEAD], sg[CHUNK], sb[CHUNK], part[CHUNK];
     cuda::launch_dependents();
     const int h = blockIdx.x / NC, rank = blockIdx.x % NC, kh = h % a.Hk;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, c0 = rank * COLS;  // my first column
@@ -203,12 +217,25 @@ __device__ __forceinline__ void recurrence_body(const recurrence_args & a) {
     for (int t0 = 0; t0 < a.T; t0 += CHUNK) {
         const int n = a.T - t0 < CHUNK ? a.T - t0 : CHUNK;
         __syncthreads();  // the previous chunk's shared memory is read
-        for (int e = tid; e < n * HEAD; e += WARPS * 32) {
-            const int t = e / HEAD, i = e % HEAD;
-            const float * xt = a.x + int64_t(t0 + t) * conv_dim;
-            reinterpret_cast<float *>(sq[t])[i] = xt[kh * HEAD + i];
-            reinterpret_cast<float *>(sk[t])[i] = xt[key_dim + kh * HEAD + i];
-            sv[t][i] = xt[2 * key_dim + h * HEAD + i];
+        // the chunk's q, k, v rows as float4s, every load of a thread issued before the first store
+        constexpr int ROW4 = HEAD / 4, LOADS = (CHUNK * ROW4 + WARPS * 32 - 1) / (WARPS * 32);
+        float4 lq[LOADS], lk[LOADS], lv[LOADS];
+#pragma unroll
+        for (int l = 0; l < LOADS; ++l) {
+            const int e = tid + l * WARPS * 32, t = e / ROW4, i = e % ROW4;
+            if (e >= n * ROW4) break;
+            const float4 * xt = reinterpret_cast<const float4 *>(a.x + int64_t(t0 + t) * conv_dim);
+            if constexpr (OUTPUTS) lq[l] = xt[kh * ROW4 + i];
+            lk[l] = xt[(key_dim + kh * HEAD) / 4 + i];
+            lv[l] = xt[(2 * key_dim + h * HEAD) / 4 + i];
+        }
+#pragma unroll
+        for (int l = 0; l < LOADS; ++l) {
+            const int e = tid + l * WARPS * 32, t = e / ROW4, i = e % ROW4;
+            if (e >= n * ROW4) break;
+            if constexpr (OUTPUTS) sq[t][i] = lq[l];
+            sk[t][i] = lk[l];
+            reinterpret_cast<float4 *>(sv[t])[i] = lv[l];
         }
         if (tid < n) {
             sg[tid] = expf(a.x[G + int64_t(t0 + tid) * a.Hv + h]);
@@ -216,16 +243,10 @@ __device__ __forceinline__ void recurrence_body(const recurrence_args & a) {
         }
         __syncthreads();
         for (int t = 0; t < n; ++t) {
-            const float4 k = sk[t][lane], q = sq[t][lane];
+            const float4 k = sk[t][lane];
             const float eg = sg[t], b = sb[t];
             float kv[REC_COLS];
-#pragma unroll
-            for (int cc = 0; cc < REC_COLS; ++cc) {
-                kv[cc] = S[cc].x * k.x;
-                kv[cc] += S[cc].y * k.y;
-                kv[cc] += S[cc].z * k.z;
-                kv[cc] += S[cc].w * k.w;
-            }
+            column_dots(S, k, kv);
             static_assert(REC_COLS == 8, "warp_sum_scatter sums 8 columns");
             // my column's delta, then every column's from the lanes holding it
             const int mc = scatter_column(lane);
@@ -233,7 +254,6 @@ __device__ __forceinline__ void recurrence_body(const recurrence_args & a) {
             float deltas[REC_COLS];
 #pragma unroll
             for (int cc = 0; cc < REC_COLS; ++cc) deltas[cc] = __shfl_sync(0xffffffffu, my_delta, column_lane(cc));
-            float at[REC_COLS];
 #pragma unroll
             for (int cc = 0; cc < REC_COLS; ++cc) {
                 const float delta = deltas[cc];
@@ -241,20 +261,21 @@ __device__ __forceinline__ void recurrence_body(const recurrence_args & a) {
                 S[cc].y = eg * S[cc].y + k.y * delta;
                 S[cc].z = eg * S[cc].z + k.z * delta;
                 S[cc].w = eg * S[cc].w + k.w * delta;
-                at[cc] = S[cc].x * q.x;
-                at[cc] += S[cc].y * q.y;
-                at[cc] += S[cc].z * q.z;
-                at[cc] += S[cc].w * q.w;
             }
-            const float my_at = warp_sum_scatter(at, lane);
-            if ((lane & 3) == 0) so[t][cw + mc] = my_at * scale;
+            if constexpr (OUTPUTS) {
+                const float4 q = sq[t][lane];
+                float at[REC_COLS];
+                column_dots(S, q, at);
+                const float my_at = warp_sum_scatter(at, lane);
+                if ((lane & 3) == 0) so[t][cw + mc] = my_at * scale;
+            }
             if (a.state_mode == 1) {
                 float4 * slot = reinterpret_cast<float4 *>(a.state_dst + int64_t(a.T - 1 - (t0 + t)) * a.slot_stride + h * D);
 #pragma unroll
                 for (int cc = 0; cc < REC_COLS; ++cc) slot[(cw + cc) * (HEAD / 4) + lane] = S[cc];
             }
         }
-        if (a.out == nullptr) continue;  // a replay (the same for the whole cluster: no barrier skipped by some)
+        if constexpr (!OUTPUTS) continue;
         __syncthreads();
         // the gated norm of the chunk's tokens, a warp per token: the sum of the head's squares
         constexpr int MINE = (CHUNK + WARPS - 1) / WARPS;  // this warp's tokens: warp + m * WARPS
@@ -310,7 +331,7 @@ __device__ __forceinline__ void recurrence_body(const recurrence_args & a) {
 
 template <int NC>
 __global__ void __launch_bounds__(HEAD / NC / REC_COLS * 32) recurrence_kernel(recurrence_args a) {
-    recurrence_body<NC>(a);
+    recurrence_body<NC, true>(a);
 }
 
 // replay_layers (delta_net_step.h): row i of `layers` = {x, state, conv window source, conv state}
@@ -335,7 +356,7 @@ __global__ void __launch_bounds__(HEAD / NC / REC_COLS * 32) replay_layers_kerne
     a.s0 = a.state_dst;
     a.x_tokens = r.x_tokens, a.T = r.T, a.Hk = r.Hk, a.Hv = r.Hv;
     a.state_mode = 0;  // final state into slot 0 (the state itself)
-    recurrence_body<NC>(a);  // (waits for the verify that wrote x and the conv source)
+    recurrence_body<NC, false>(a);  // (waits for the verify that wrote x and the conv source)
     const float * src = reinterpret_cast<const float *>(static_cast<uintptr_t>(row[2]));
     float * conv = reinterpret_cast<float *>(static_cast<uintptr_t>(row[3]));
     const int W = r.d_conv - 1, n = (2 * r.Hk + r.Hv) * HEAD * W;
@@ -372,7 +393,9 @@ inline cudaError_t run_inputs(const inputs_args & a, cudaStream_t stream) {
 }
 
 inline cudaError_t run_recurrence(const recurrence_args & a, cudaStream_t stream) {
-    if (a.T < 1 || a.T > MAX_TOKENS || a.x_tokens < a.T || a.x_tokens > MAX_TOKENS || a.Hk < 1) return cudaErrorInvalidValue;
+    if (a.T < 1 || a.T > MAX_TOKENS || a.x_tokens < a.T || a.x_tokens > MAX_TOKENS || a.Hk < 1 || a.out == nullptr ||
+        reinterpret_cast<uintptr_t>(a.x) % 16 != 0)
+        return cudaErrorInvalidValue;
     int dev = 0;
     const cudaError_t err = cudaGetDevice(&dev);
     if (err != cudaSuccess) return err;

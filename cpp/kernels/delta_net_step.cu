@@ -28,9 +28,6 @@ static_assert(delta_net::REPLAY_COLUMNS == 4, "replay_layers_kernel reads rows o
 int delta_net_step_node(const ggml_tensor * dst, void * stream) {
     const int op = delta_net::op_of(dst);
     if (op == 0) return 0;  // not a node of lucebox's
-    // a tree's (a table of conv windows, parents): the CPU's only, for now (qwen35.cpp builds them
-    // only on host buffers)
-    if ((op == 1 && delta_net::input_operand(dst, 8) != nullptr) || (op == 2 && dst->src[5] != nullptr)) return 0;
     const delta_net::shape s = delta_net::shape_of(dst);
     const delta_net::step_params p = delta_net::params_of(dst);
     if (!delta_net::cuda_step::supported(op == 2 ? 2 : int(s.d_conv), int(s.conv_dim), int(s.T))) return 0;
@@ -43,7 +40,9 @@ int delta_net_step_node(const ggml_tensor * dst, void * stream) {
         a.beta = cf(operand(1)), a.beta_stride = floats(operand(1)->nb[1]);
         a.alpha = cf(operand(2)), a.alpha_stride = floats(operand(2)->nb[1]);
         a.conv_state = cf(operand(3)), a.conv_w = cf(operand(4)), a.dt_bias = cf(operand(5)), a.a = cf(operand(6));
-        a.conv_dst = f(operand(7)), a.conv_dst_stride = floats(operand(7)->nb[1]), a.window_from = p.window_from;
+        if (operand(7) != nullptr) a.conv_dst = f(operand(7)), a.conv_dst_stride = floats(operand(7)->nb[1]);
+        a.window_from = p.window_from;
+        if (operand(8) != nullptr) a.tree_rows = static_cast<const int32_t *>(operand(8)->data);  // a tree's windows
         a.out = f(dst);
         a.T = int(s.T), a.Hk = int(s.Hk), a.Hv = int(s.Hv), a.conv_dim = int(s.conv_dim), a.d_conv = int(s.d_conv);
         a.eps = p.eps;
@@ -63,6 +62,7 @@ int delta_net_step_node(const ggml_tensor * dst, void * stream) {
         a.out = f(dst);
         a.T = int(s.T), a.Hk = int(s.Hk), a.Hv = int(s.Hv);
         a.eps = p.eps;
+        if (dst->src[5] != nullptr) a.parents = static_cast<const int32_t *>(dst->src[5]->data);  // a tree's
         err = delta_net::cuda_step::run_recurrence(a, static_cast<cudaStream_t>(stream));
     }
     if (err != cudaSuccess) GGML_ABORT("lucebox DeltaNet step (%s): %s", ggml_get_name(dst), cudaGetErrorString(err));

@@ -30,8 +30,9 @@ struct inputs_args {
     const float * dt_bias = nullptr;     // [Hv]
     const float * a = nullptr;           // [Hv]
     float * conv_dst = nullptr;          // channel c's window values from window_from on at conv_dst + c * conv_dst_stride
-    int64_t conv_dst_stride = 0;
+    int64_t conv_dst_stride = 0;         // (null with tree_rows: no window written)
     int window_from = 0;
+    const int32_t * tree_rows = nullptr;  // a tree: [T][d_conv] node t's window as indices into [carried | tokens]
     float * out = nullptr;  // [T][conv_dim] q | k | v, then g [T][Hv], then beta [T][Hv]
     int T = 0, Hk = 0, Hv = 0, conv_dim = 0, d_conv = 0;
     float eps = 0.0f;
@@ -51,6 +52,7 @@ struct recurrence_args {
     float * out = nullptr;           // [T][Hv HEAD] (replay_layers: none; z and norm_w unused)
     int T = 0, Hk = 0, Hv = 0;
     float eps = 0.0f;
+    const int32_t * parents = nullptr;  // a tree (state_mode 1): node t starts from slot T-1-parents[t], or s0 for -1
 };
 
 __device__ __forceinline__ float silu(float v) { return v / (1.0f + expf(-v)); }
@@ -136,12 +138,27 @@ __global__ void __launch_bounds__(HEAD) inputs_kernel(inputs_args a) {
     for (int i = 0; i < DC; ++i) w[i] = a.conv_w[int64_t(c) * DC + i];
 #pragma unroll
     for (int i = 0; i < DC - 1; ++i) win[i] = a.conv_state[int64_t(c) * (DC - 1) + i];
+    const bool qk = u < 2 * a.Hk;
+    if (a.tree_rows != nullptr) {  // a tree: node t's window from the table, the same sum as a chain's
+        for (int t = 0; t < a.T; ++t) {
+            float sum = 0.0f;
+#pragma unroll
+            for (int k = 0; k < DC; ++k) {
+                const int r = a.tree_rows[t * DC + k];
+                const float v = r < DC - 1 ? a.conv_state[int64_t(c) * (DC - 1) + r]  // the carried window
+                                           : a.qkv[int64_t(r - (DC - 1)) * a.qkv_stride + c];
+                sum += v * w[k];
+            }
+            const float y = silu(sum);
+            if (qk) ys[t * HEAD + j] = y;
+            else a.out[int64_t(t) * C + c] = y;
+        }
+    }
     float * cd = a.conv_dst + int64_t(c) * a.conv_dst_stride;  // window value i at cd[i - window_from]
 #pragma unroll
     for (int i = 0; i < DC - 1; ++i)
-        if (i >= a.window_from) cd[i - a.window_from] = win[i];  // (may overwrite conv_state: read above, by this thread only)
-    const bool qk = u < 2 * a.Hk;
-    for (int t0 = 0; t0 < a.T; t0 += INPUT_PREFETCH) {
+        if (a.tree_rows == nullptr && i >= a.window_from) cd[i - a.window_from] = win[i];  // (may overwrite conv_state: read above, by this thread only)
+    for (int t0 = 0; t0 < (a.tree_rows == nullptr ? a.T : 0); t0 += INPUT_PREFETCH) {
         float xv[INPUT_PREFETCH];
 #pragma unroll
         for (int i = 0; i < INPUT_PREFETCH; ++i) xv[i] = t0 + i < a.T ? a.qkv[int64_t(t0 + i) * a.qkv_stride + c] : 0.0f;
@@ -243,6 +260,15 @@ __device__ __forceinline__ void recurrence_body(const recurrence_args & a) {
         }
         __syncthreads();
         for (int t = 0; t < n; ++t) {
+            if (a.parents != nullptr) {  // a tree: node t0 + t continues its parent's state (a slot this thread wrote) or s0
+                const int node = t0 + t, p = a.parents[node];
+                if (p != node - 1) {
+                    const float4 * from =
+                        p < 0 ? s0 : reinterpret_cast<const float4 *>(a.state_dst + int64_t(a.T - 1 - p) * a.slot_stride + h * D);
+#pragma unroll
+                    for (int cc = 0; cc < REC_COLS; ++cc) S[cc] = from[(cw + cc) * (HEAD / 4) + lane];
+                }
+            }
             const float4 k = sk[t][lane];
             const float eg = sg[t], b = sb[t];
             float kv[REC_COLS];
@@ -396,6 +422,7 @@ inline cudaError_t run_recurrence(const recurrence_args & a, cudaStream_t stream
     if (a.T < 1 || a.T > MAX_TOKENS || a.x_tokens < a.T || a.x_tokens > MAX_TOKENS || a.Hk < 1 || a.out == nullptr ||
         reinterpret_cast<uintptr_t>(a.x) % 16 != 0)
         return cudaErrorInvalidValue;
+    if (a.parents != nullptr && a.state_mode != 1) return cudaErrorInvalidValue;  // a tree keeps every node's state
     int dev = 0;
     const cudaError_t err = cudaGetDevice(&dev);
     if (err != cudaSuccess) return err;

@@ -516,6 +516,9 @@ TEST_CASE(gpu_matches_cpu) {
         }
     }
     check_batch_independent(gpu, random_layer(16, 48, 4, 5), 16, 77);
+    // a tree on the kernels (its window table and parents): every node the decode steps' bits along its path
+    check_tree_equals_paths(gpu, random_layer(2, 4, 4, 61), {-1, 0, 0, 1, 1, 2, 5, 3, 7, 0}, 310);
+    check_tree_equals_paths(gpu, random_layer(16, 48, 4, 63), {-1, 0, 1, 1, 0, 4, 2, 6, 6, 3, 9, 0, 11, 12, 8, 14, 10}, 311);
     for (int64_t T : {1, 6, 16}) check_replay(gpu, random_layer(16, 48, 4, 6), T, 120 + uint32_t(T));
     ggml_backend_free(cpu);
     ggml_backend_free(gpu);

@@ -513,11 +513,9 @@ bool fused_step(const qwen35_hparams & hp, const qwen35_layer_weights & l, const
 
 // Whether a tree verify's DeltaNet layer runs the fused ops with the tree's conv windows and parents,
 // so that each node's results are the bits of decode steps along its path (which run the same ops):
-// a layer that can (fused_layer), in host memory (lucebox's CUDA kernels take no trees yet: there a
-// tree runs ggml's ops, which round otherwise than the decode steps' fused ops).
+// a tree of at most MAX_TOKENS nodes, of a layer that can (fused_layer).
 bool fused_tree(const qwen35_hparams & hp, const qwen35_layer_weights & l, const qwen35_inputs & in, int64_t T) {
-    return in.parents != nullptr && T <= delta_net::MAX_TOKENS && fused_layer(hp, l) &&
-           ggml_backend_buffer_is_host(l.ssm_conv1d->buffer);
+    return in.parents != nullptr && T <= delta_net::MAX_TOKENS && fused_layer(hp, l);
 }
 
 // A tree verify's conv sequence [carried window | batch] as [conv_dim, d_conv-1+T] (channels fastest),

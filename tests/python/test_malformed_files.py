@@ -348,11 +348,12 @@ def test_norm_stored_as_f16(base, tmp_path):
            "(expected f32)")
 
 
-def test_matrix_in_unsupported_type(base, tmp_path):
-    name = "blk.0.ffn_gate.weight"
-    p = variant(base["target"], tmp_path / "i32.gguf", lambda m: m.retype_tensor(name, QT.I32))
-    expect(GGUFError, open_target(p), f"'{p}'", f"tensor '{name}' has unsupported type i32", "matrix",
-           "expected one of")
+@pytest.mark.parametrize("type_", [QT.I32, QT.Q8_K])  # Q8_K: the K-quants' activation partner, no weight type
+def test_matrix_in_unsupported_type(base, tmp_path, type_):
+    name = "blk.0.ffn_down.weight"  # rows of N_FF = 256 values: whole Q8_K blocks
+    p = variant(base["target"], tmp_path / "bad.gguf", lambda m: m.retype_tensor(name, type_))
+    expect(GGUFError, open_target(p), f"'{p}'", f"tensor '{name}' has unsupported type {type_.name.lower().replace('_k', '_K')}",
+           "matrix", "expected f32, f16, bf16 or a quantized type")
 
 
 def test_tokens_length_differs_from_embedding_rows(base, tmp_path):

@@ -4,6 +4,7 @@
 #include <pybind11/stl.h>
 
 #include <cstring>
+#include <optional>
 
 #include "lucebox/errors.h"
 #include "lucebox/memory_plan.h"
@@ -193,23 +194,32 @@ void register_models(py::module_ & m) {
        "verifies whose fused DeltaNet layers keep their inputs instead.");
 
     m.def("quantize", [](py::array_t<float, py::array::c_style | py::array::forcecast> rows, const std::string & type_name,
-                         int n_threads) {
+                         int n_threads, std::optional<py::array_t<float, py::array::c_style | py::array::forcecast>> importance) {
         if (rows.ndim() != 2) {
             throw config_error("quantize: expected a 2-D float32 array (rows, n_per_row), got " +
                                std::to_string(rows.ndim()) + " dimensions");
         }
         const ggml_type type = parse_ggml_type(type_name);
         const int64_t n_rows = rows.shape(0), n_per_row = rows.shape(1);
+        if (importance && (importance->ndim() != 1 || importance->shape(0) != n_per_row)) {
+            throw config_error("quantize: importance must hold one value per column (" + std::to_string(n_per_row) + ")");
+        }
+        const float * imp = importance ? importance->data() : nullptr;
         std::vector<uint8_t> bytes;
         {
             py::gil_scoped_release nogil;
-            bytes = quantize_rows(rows.data(), n_rows, n_per_row, type, n_threads);
+            bytes = quantize_rows(rows.data(), n_rows, n_per_row, type, n_threads, imp);
         }
         py::array_t<uint8_t> out({n_rows, static_cast<int64_t>(bytes.size() / n_rows)});
         std::memcpy(out.mutable_data(), bytes.data(), bytes.size());
         return out;
-    }, py::arg("rows"), py::arg("type"), py::arg("n_threads") = 0,
-       "Quantize float32 rows with ggml; returns uint8 array (rows, row_bytes).");
+    }, py::arg("rows"), py::arg("type"), py::arg("n_threads") = 0, py::arg("importance") = py::none(),
+       "Quantize float32 rows with ggml; returns uint8 array (rows, row_bytes). importance: one weight per "
+       "column (an importance matrix's row), required by quantize_needs_importance(type) types.");
+
+    m.def("quantize_needs_importance", [](const std::string & type_name) {
+        return ggml_quantize_requires_imatrix(parse_ggml_type(type_name));
+    }, py::arg("type"), "Whether ggml quantizes `type` only with an importance matrix (IQ1_S, IQ2_XXS, IQ2_XS).");
 
     m.def("ggml_type_traits", [](const std::string & type_name) {
         const ggml_type t = parse_ggml_type(type_name);

@@ -252,6 +252,10 @@ tensor_split::tensor_split(const engine_config & cfg, const target_model_file & 
             devs.push_back(ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU ? cpu_slice_device() : dev);
         }
         names_ += ")";
+        const std::vector<std::string> names = tensors_to_load(target.file, qwen35_tensor_specs(hp));
+        for (ggml_backend_dev_t dev : devs) {
+            check_weights_runnable(target.file, names, dev);
+        }
         {
             std::lock_guard<std::mutex> lock(meta_device_mutex());
             meta_dev_ = ggml_backend_meta_device(devs.data(), devs.size(), split_state_callback, plan_.get());
@@ -269,8 +273,7 @@ tensor_split::tensor_split(const engine_config & cfg, const target_model_file & 
         cpu_ = ggml_backend_init_by_type(GGML_BACKEND_DEVICE_TYPE_CPU, nullptr);
         configure_cpu_backend(cpu_, n_threads);
 
-        weights_ = tensor_store::load(target.file, tensors_to_load(target.file, qwen35_tensor_specs(hp)),
-                                      buffer_type(), meta_dev_, progress);
+        weights_ = tensor_store::load(target.file, names, buffer_type(), meta_dev_, progress);
         w_ = bind_qwen35_weights(hp, weights_);
         draft_w_ = w_;
         if (draft_dev != nullptr) {  // the draft's plain copies of the shared tensors

@@ -14,8 +14,10 @@ Presets (`PRESETS`): ``tiny`` (seconds on a CPU; shapes that ggml's CUDA kernels
 ``small`` (a few hundred MB, for CPU benchmarks) and ``qwen3.6-27b`` (the real Qwen3.6-27B
 shapes: ~28.7 GB at q8_0, and a 1.8 GB draft). Every shape field can be overridden.
 
-Tensor types (``type=``): f32, f16, bf16, q8_0, q4_0, q4_k, q5_k, q6_k, q4_k_m and q5_k_m. Matrices and
-embeddings get the type; norms, vectors and the conv kernel are always F32. A matrix whose row
+Tensor types (``type=``, `TYPES`): f32, f16, bf16, every quantized type ggml stores weights in (q8_0,
+q4_0, q4_k, q5_k, q6_k, the i-quants, tq1_0, mxfp4, ...), and the mixes q4_k_m and q5_k_m. Matrices and
+embeddings get the type (the i-quants that ggml quantizes only with an importance matrix get a
+uniform one); norms, vectors and the conv kernel are always F32. A matrix whose row
 length (ggml ``ne[0]``) is not a multiple of the type's block size falls back to q8_0, else f16,
 else f32; fallbacks are listed in the returned summary. ``q4_k_m`` / ``q5_k_m`` are the mixes that
 llama.cpp's quantizer (the pinned version, ``LLAMA_FTYPE_MOSTLY_Q4_K_M`` / ``_Q5_K_M``) writes for
@@ -84,7 +86,11 @@ __all__ = [
 ]
 
 #: Tensor type choices (``type=`` / ``--type``).
-TYPES: tuple[str, ...] = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", "q5_k", "q6_k", "q4_k_m", "q5_k_m")
+TYPES: tuple[str, ...] = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", "q5_k", "q6_k", "q4_k_m", "q5_k_m",
+                          # the other weight types of ggml, one type for all matrices (not q2_0: the gguf
+                          # package, 0.19, cannot write it yet; the loader reads it)
+                          "q4_1", "q5_0", "q5_1", "q2_k", "q3_k", "iq1_s", "iq1_m", "iq2_xxs", "iq2_xs", "iq2_s",
+                          "iq3_xxs", "iq3_s", "iq4_nl", "iq4_xs", "tq1_0", "tq2_0", "mxfp4", "nvfp4", "q1_0")
 #: Fill modes: random weights, or all-zero data written as a sparse file.
 FILLS: tuple[str, ...] = ("random", "zeros")
 #: Draft GGUF schemas: upstream llama.cpp ``dflash``, or the original lucebox ``qwen35-dflash-draft``.
@@ -97,15 +103,16 @@ POOL_ELEMENTS = 8 << 20
 
 # Per-tensor ggml type name (as ggml spells it) of each --type choice; q4_k_m and q5_k_m are mixes
 # (_wanted_types) of their base type and q6_K.
-_GGML_NAME = {"f32": "f32", "f16": "f16", "bf16": "bf16", "q8_0": "q8_0", "q4_0": "q4_0",
-              "q4_k": "q4_K", "q5_k": "q5_K", "q6_k": "q6_K"}
+_GGML_NAME = {t: t[:-1] + "K" if t[-2:] == "_k" else t for t in TYPES if t not in ("q4_k_m", "q5_k_m")}
 # The mixes' type for the tensors llama.cpp does not raise to q6_K.
 _MIX_BASE = {"q4_k_m": "q4_K", "q5_k_m": "q5_K"}
 # Fallback chain for a row length that is not a multiple of the block size.
 _FALLBACKS = ("q8_0", "f16", "f32")
 # general.file_type (llama_ftype) written for each choice.
-_FILE_TYPE = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 7, "q4_k": 14, "q4_k_m": 15, "q5_k": 16, "q5_k_m": 17,
-              "q6_k": 18, "bf16": 32}
+_FILE_TYPE = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7, "q5_0": 8, "q5_1": 9, "q2_k": 10, "q3_k": 11,
+              "q4_k": 14, "q4_k_m": 15, "q5_k": 16, "q5_k_m": 17, "q6_k": 18, "iq2_xxs": 19, "iq2_xs": 20,
+              "iq3_xxs": 23, "iq1_s": 24, "iq4_nl": 25, "iq3_s": 26, "iq2_s": 28, "iq4_xs": 30, "iq1_m": 31,
+              "bf16": 32, "tq1_0": 36, "tq2_0": 37, "mxfp4": 38, "nvfp4": 39, "q1_0": 40}
 _QUANTIZATION_VERSION = 2  # GGML_QNT_VERSION
 _CHUNK_BYTES = 32 << 20  # largest single write
 
@@ -602,11 +609,15 @@ def _values(t: _Tensor, rng: np.random.Generator, d_conv: int) -> np.ndarray:
 
 
 def _encode(rows: np.ndarray, ggml_type: str) -> np.ndarray:
-    """float32 rows -> uint8 rows of `ggml_type`."""
+    """float32 rows -> uint8 rows of `ggml_type`. The types ggml quantizes only with an importance
+    matrix (IQ1_S, IQ2_XXS, IQ2_XS) get a uniform one: every column weighs alike, as nothing about a
+    random model's activations says otherwise."""
     rows = np.ascontiguousarray(rows, dtype=np.float32)
     if ggml_type == "f32":
         return rows.view(np.uint8)
-    return _core().quantize(rows, ggml_type)
+    core = _core()
+    importance = np.ones(rows.shape[1], np.float32) if core.quantize_needs_importance(ggml_type) else None
+    return core.quantize(rows, ggml_type, importance=importance)
 
 
 class _Pools:

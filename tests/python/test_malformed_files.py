@@ -305,6 +305,16 @@ def test_rope_sections_wrong_length(base, tmp_path):
     expect(GGUFError, open_target(p), f"'{p}'", f"key '{key}' has 2 entries", "expected 4")
 
 
+def test_rope_sections_wider_than_the_rotated_dims(base, tmp_path):
+    """Found by a fuzz of the metadata: ggml's multi-section rope aborts the process (GGML_ASSERT
+    sect_dims <= ne0) at the first attention layer when the sections sum to more than the rotated
+    dimensions (16 in the tiny model)."""
+    key = "qwen35.rope.dimension_sections"
+    p = variant(base["target"], tmp_path / "sec.gguf", lambda m: m.set(key, VT.ARRAY, [8, 8, 8, 0], VT.INT32))
+    expect(GGUFError, open_target(p), f"'{p}'", "rope.dimension_sections sum to 24",
+           "more than rope.dimension_count = 16")
+
+
 def test_draft_block_size_out_of_range(base, tmp_path):
     p = variant(base["draft"], tmp_path / "bs.gguf", lambda m: m.set_value("dflash.block_size", 1000))
     expect(GGUFError, open_draft(p), f"'{p}'", "block_size 1000", "must be in [2, 64]")
@@ -348,11 +358,12 @@ def test_norm_stored_as_f16(base, tmp_path):
            "(expected f32)")
 
 
-def test_matrix_in_unsupported_type(base, tmp_path):
-    name = "blk.0.ffn_gate.weight"
-    p = variant(base["target"], tmp_path / "i32.gguf", lambda m: m.retype_tensor(name, QT.I32))
-    expect(GGUFError, open_target(p), f"'{p}'", f"tensor '{name}' has unsupported type i32", "matrix",
-           "expected one of")
+@pytest.mark.parametrize("type_", [QT.I32, QT.Q8_K])  # Q8_K: the K-quants' activation partner, no weight type
+def test_matrix_in_unsupported_type(base, tmp_path, type_):
+    name = "blk.0.ffn_down.weight"  # rows of N_FF = 256 values: whole Q8_K blocks
+    p = variant(base["target"], tmp_path / "bad.gguf", lambda m: m.retype_tensor(name, type_))
+    expect(GGUFError, open_target(p), f"'{p}'", f"tensor '{name}' has unsupported type {type_.name.lower().replace('_k', '_K')}",
+           "matrix", "expected f32, f16, bf16 or a quantized type")
 
 
 def test_tokens_length_differs_from_embedding_rows(base, tmp_path):
@@ -367,6 +378,26 @@ def test_tokens_length_differs_from_embedding_rows(base, tmp_path):
 def test_tokens_not_an_array_in_target(base, tmp_path):
     p = variant(base["target"], tmp_path / "tokstr.gguf", lambda m: m.set("tokenizer.ggml.tokens", VT.STRING, "abc"))
     expect(GGUFError, open_target(p), f"'{p}'", "'tokenizer.ggml.tokens'", "expected an array")
+
+
+def _broken_merge(m: gm.GGUFModel) -> None:
+    merges = list(m.kv["tokenizer.ggml.merges"].value)
+    merges[5] = "no-space-here"
+    m.set_value("tokenizer.ggml.merges", merges)
+
+
+@pytest.mark.parametrize("edit, fragment", [
+    (lambda m: m.set("tokenizer.chat_template", VT.STRING, "{% if messages %}never closed"), "chat template"),
+    (_broken_merge, "merge #5 'no-space-here'"),
+])
+def test_engine_names_the_file_of_a_broken_vocabulary_or_template(base, tmp_path, edit, fragment):
+    """The tokenizer and chat template are built in Python when the Engine opens a file: their
+    errors are GGUFErrors naming the file too (a mutation fuzz of the tiny file found both as plain
+    ValueErrors without it)."""
+    import lucebox
+
+    p = variant(base["target"], tmp_path / "vocab.gguf", edit)
+    expect(GGUFError, lambda: lucebox.Engine(str(p), ctx=64, device="cpu"), f"file '{p}'", fragment)
 
 
 # --------------------------------------------------------------------------------------------

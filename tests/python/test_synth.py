@@ -546,7 +546,7 @@ def test_bad_preset_and_type(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="preset"):
         synth.write_target(tmp_path / "t.gguf", "huge")
     with pytest.raises(ConfigError, match="type"):
-        synth.write_target(tmp_path / "t.gguf", "tiny", type="q2_k")
+        synth.write_target(tmp_path / "t.gguf", "tiny", type="q2_0")
     with pytest.raises(ConfigError, match="fill"):
         synth.write_target(tmp_path / "t.gguf", "tiny", fill="ones")
     assert list(tmp_path.iterdir()) == []
@@ -622,7 +622,7 @@ def test_cli_rejects_unknown_preset_and_type() -> None:
     with pytest.raises(SystemExit):
         _parse(["nope", "-o", "x.gguf"])
     with pytest.raises(SystemExit):
-        _parse(["tiny", "-o", "x.gguf", "--type", "q3_k"])
+        _parse(["tiny", "-o", "x.gguf", "--type", "q8_k"])
 
 
 # --------------------------------------------------------------------------------------------

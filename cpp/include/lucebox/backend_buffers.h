@@ -19,6 +19,15 @@ class gguf_file;
 // Called with (bytes done, bytes total) while loading.
 using progress_callback = std::function<void(uint64_t, uint64_t)>;
 
+// Throws unsupported_error, naming the tensor, its type and the device, if `dev`'s ggml backend
+// cannot run what the engine does with one of the named tensors of `file`: a product (MUL_MAT with
+// F32 activations) for every weight of two or more dimensions, and a row lookup (GET_ROWS) for
+// token_embd.weight too. A file may hold any weight type (tensor_spec.h) while a device has
+// kernels for fewer (ggml's CUDA backend multiplies no TQ1_0 / TQ2_0, for example); without the
+// check such a model would load and then abort inside its first graph. tensor_store::load runs it
+// for plain devices; a tensor split runs it for each device it splits over.
+void check_weights_runnable(const gguf_file & file, const std::vector<std::string> & names, ggml_backend_dev_t dev);
+
 class tensor_store {
   public:
     tensor_store() = default;

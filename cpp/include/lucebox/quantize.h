@@ -14,9 +14,11 @@ namespace lucebox {
 ggml_type parse_ggml_type(const std::string & name);
 
 // Quantizes `n_rows` rows of `n_per_row` floats (row-major, contiguous) to `type`.
-// n_per_row must be a multiple of the type's block size; types that need an importance matrix
-// are rejected. Runs on up to `n_threads` threads (0: hardware concurrency).
+// n_per_row must be a multiple of the type's block size. importance: null, or n_per_row weights of
+// the columns' squared errors (an importance matrix's row, as llama.cpp's quantizer passes it); the
+// types that need one (ggml_quantize_requires_imatrix: IQ1_S, IQ2_XXS, IQ2_XS) are rejected
+// without. Runs on up to `n_threads` threads (0: hardware concurrency).
 std::vector<uint8_t> quantize_rows(const float * data, int64_t n_rows, int64_t n_per_row, ggml_type type,
-                                   int n_threads = 0);
+                                   int n_threads = 0, const float * importance = nullptr);
 
 }  // namespace lucebox

@@ -30,7 +30,8 @@ struct tensor_spec {
     bool required = true;
 };
 
-// Weight types the engine accepts for matrices and embeddings.
+// Weight types a file may hold for matrices and embeddings: f32, f16, bf16 and every quantized type
+// ggml stores weights in (not q8_K). Whether a device multiplies it: check_weights_runnable.
 bool is_supported_weight_type(ggml_type type);
 // Whether `type` is acceptable for a tensor of `role`.
 bool type_allowed_for(tensor_role role, ggml_type type);

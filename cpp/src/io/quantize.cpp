@@ -25,7 +25,7 @@ ggml_type parse_ggml_type(const std::string & name) {
 }
 
 std::vector<uint8_t> quantize_rows(const float * data, int64_t n_rows, int64_t n_per_row, ggml_type type,
-                                   int n_threads) {
+                                   int n_threads, const float * importance) {
     if (n_rows <= 0 || n_per_row <= 0) {
         throw config_error("quantize: empty input");
     }
@@ -33,7 +33,7 @@ std::vector<uint8_t> quantize_rows(const float * data, int64_t n_rows, int64_t n
         throw config_error("quantize: row length " + std::to_string(n_per_row) + " is not a multiple of the " +
                            ggml_type_name(type) + " block size " + std::to_string(ggml_blck_size(type)));
     }
-    if (ggml_quantize_requires_imatrix(type)) {
+    if (importance == nullptr && ggml_quantize_requires_imatrix(type)) {
         throw config_error(std::string("quantize: type ") + ggml_type_name(type) + " needs an importance matrix");
     }
     const size_t row_size = ggml_row_size(type, n_per_row);
@@ -47,7 +47,7 @@ std::vector<uint8_t> quantize_rows(const float * data, int64_t n_rows, int64_t n
     for (int64_t r0 = 0; r0 < n_rows; r0 += per) {
         const int64_t nr = std::min(per, n_rows - r0);
         workers.emplace_back([=, &out] {
-            ggml_quantize_chunk(type, data, out.data(), r0 * n_per_row, nr, n_per_row, nullptr);  // start is an element index
+            ggml_quantize_chunk(type, data, out.data(), r0 * n_per_row, nr, n_per_row, importance);  // start is an element index
         });
     }
     for (auto & w : workers) {

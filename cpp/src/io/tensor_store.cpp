@@ -120,6 +120,42 @@ std::vector<std::vector<const gguf_tensor_entry *>> stackable_runs(const gguf_fi
 }
 }  // namespace
 
+void check_weights_runnable(const gguf_file & file, const std::vector<std::string> & names, ggml_backend_dev_t dev) {
+    ggml_init_params ip{ggml_tensor_overhead() * 8, nullptr, /*no_alloc=*/true};
+    std::unique_ptr<ggml_context, void (*)(ggml_context *)> ctx(ggml_init(ip), &ggml_free);
+    if (!ctx) {
+        throw out_of_memory_error("could not create a ggml context to check the weights of '" + file.path() + "'");
+    }
+    // One probe per (type, row length, lookup or not): the shapes that ggml's support checks read.
+    std::unordered_set<std::string> probed;
+    for (const std::string & n : names) {
+        const gguf_tensor_entry * e = file.find_tensor(n);
+        if (e == nullptr || e->ne[1] == 1) {  // missing (load reports it) or 1-D: no product
+            continue;
+        }
+        const bool lookup = n == "token_embd.weight";
+        if (!probed.insert(std::to_string(e->type) + ":" + std::to_string(e->ne[0]) + (lookup ? ":rows" : "")).second) {
+            continue;
+        }
+        ggml_tensor * w = ggml_new_tensor_2d(ctx.get(), e->type, e->ne[0], e->ne[1]);
+        ggml_tensor * x = ggml_new_tensor_2d(ctx.get(), GGML_TYPE_F32, e->ne[0], 1);
+        ggml_tensor * ids = ggml_new_tensor_1d(ctx.get(), GGML_TYPE_I32, 1);
+        const char * what = nullptr;
+        if (!ggml_backend_dev_supports_op(dev, ggml_mul_mat(ctx.get(), w, x))) {
+            what = "multiply";
+        } else if (lookup && !ggml_backend_dev_supports_op(dev, ggml_get_rows(ctx.get(), w, ids))) {
+            what = "look up rows of";
+        }
+        ggml_reset(ctx.get());
+        if (what != nullptr) {
+            throw unsupported_error(file.where() + "tensor '" + n + "' is " + ggml_type_name(e->type) + " with rows of " +
+                                    std::to_string(e->ne[0]) + " values, and ggml's " + ggml_backend_dev_name(dev) +
+                                    " backend cannot " + what + " such a tensor: requantize the model to a type that " +
+                                    ggml_backend_dev_name(dev) + " supports (q8_0, q4_K, ...), or run it on another device");
+        }
+    }
+}
+
 tensor_store tensor_store::load(const gguf_file & file, const std::vector<std::string> & names,
                                 ggml_backend_buffer_type_t buft, ggml_backend_dev_t dev, const progress_callback & progress,
                                 const std::vector<std::vector<std::string>> & stacks) {
@@ -139,6 +175,9 @@ tensor_store tensor_store::load(const gguf_file & file, const std::vector<std::s
     // their own: each is set whole, so ggml can deal its slices to the devices.
     ggml_backend_dev_t buft_dev = ggml_backend_buft_get_device(buft);
     const bool meta = buft_dev != nullptr && ggml_backend_dev_type(buft_dev) == GGML_BACKEND_DEVICE_TYPE_META;
+    if (!meta && dev != nullptr) {  // a tensor split checks each of its devices itself
+        check_weights_runnable(file, names, dev);
+    }
     std::vector<std::vector<const gguf_tensor_entry *>> stacked;
     std::unordered_set<std::string> in_stack;
     for (const auto & group : meta ? std::vector<std::vector<std::string>>{} : stacks) {

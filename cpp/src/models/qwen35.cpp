@@ -106,6 +106,9 @@ void qwen35_hparams::validate() const {
             sum += s;
         }
         require(sum > 0, "rope.dimension_sections must not all be zero");
+        require(sum <= int32_t(n_rot), "rope.dimension_sections sum to " + std::to_string(sum) +
+                                           ", more than rope.dimension_count = " + std::to_string(n_rot) +
+                                           " (ggml's multi-section rope needs them to fit)");
         require(rope_freq_base > 0.0f, "rope.freq_base must be > 0");
     }
     if (n_recurrent_layers() > 0) {

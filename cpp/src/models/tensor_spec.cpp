@@ -19,15 +19,16 @@ const char * role_name(tensor_role role) {
 }
 
 bool is_supported_weight_type(ggml_type type) {
-    switch (type) {
-        case GGML_TYPE_F32: case GGML_TYPE_F16: case GGML_TYPE_BF16:
-        case GGML_TYPE_Q4_0: case GGML_TYPE_Q4_1: case GGML_TYPE_Q5_0: case GGML_TYPE_Q5_1:
-        case GGML_TYPE_Q8_0: case GGML_TYPE_Q2_K: case GGML_TYPE_Q3_K: case GGML_TYPE_Q4_K:
-        case GGML_TYPE_Q5_K: case GGML_TYPE_Q6_K: case GGML_TYPE_IQ4_NL: case GGML_TYPE_IQ4_XS:
-            return true;
-        default:
-            return false;
+    if (type == GGML_TYPE_F32 || type == GGML_TYPE_F16 || type == GGML_TYPE_BF16) {
+        return true;
     }
+    // Every quantized type ggml can turn back into floats, except Q8_K: it is the activations'
+    // partner of the K-quants in ggml's CPU dot products, with no dot product of its own. Removed
+    // types (Q4_2, ...) have no size. Whether the device can multiply it is checked at load
+    // (check_weights_runnable).
+    const ggml_type_traits * tr = type < GGML_TYPE_COUNT ? ggml_get_type_traits(type) : nullptr;
+    return tr != nullptr && ggml_is_quantized(type) && tr->type_size > 0 && tr->to_float != nullptr &&
+           type != GGML_TYPE_Q8_K;
 }
 
 bool type_allowed_for(tensor_role role, ggml_type type) {
@@ -77,7 +78,7 @@ void check_tensors(const gguf_file & file, const std::vector<tensor_spec> & spec
                              spec.role == tensor_role::conv;
             throw gguf_error(file.where() + "tensor '" + spec.name + "' has unsupported type " +
                              ggml_type_name(t->type) + " for a " + role_name(spec.role) + " tensor (expected " +
-                             (vec ? "f32" : "one of f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q2_K..q6_K, iq4_nl, iq4_xs") +
+                             (vec ? "f32" : "f32, f16, bf16 or a quantized type that ggml stores weights in") +
                              ")");
         }
     }

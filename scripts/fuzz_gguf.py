@@ -7,8 +7,10 @@ after it. Cases are numbered and seeded by their number, so `--start N --cases 1
 
     python scripts/fuzz_gguf.py bytes target --cases 3000     # flips, edge integers, splices, cuts
     python scripts/fuzz_gguf.py keys draft --cases 1500       # one numeric metadata key edited
+    python scripts/fuzz_gguf.py tensors target --cases 1000   # one tensor retyped or reshaped
 
-Mutations touch the header (metadata and tensor infos), not the tensor data. The files are the tiny
+Mutations touch the header (metadata and tensor infos), not the tensor data (a retyped or reshaped
+tensor gets zero data of its new size). The files are the tiny
 synthetic pair (`lucebox synth`), written once into --dir. tests/python/gguf_mutations.py edits keys.
 """
 from __future__ import annotations
@@ -75,6 +77,26 @@ def _mutate_key(src: Path, dst: Path, r: random.Random) -> str:
     return key
 
 
+def _mutate_tensor(src: Path, dst: Path, r: random.Random) -> str:
+    """One tensor retyped (to any type whose blocks fit its rows, data zero) or reshaped."""
+    import gguf_mutations as gm
+    from gguf import GGML_QUANT_SIZES
+    from gguf import GGMLQuantizationType as QT
+
+    m = gm.GGUFModel.read(src)
+    t = r.choice(m.tensors)
+    if r.random() < 0.7:
+        fits = [q for q in QT if q in GGML_QUANT_SIZES and t.ne[0] % GGML_QUANT_SIZES[q][0] == 0]
+        m.retype_tensor(t.name, r.choice(fits))
+    else:
+        ne = list(t.ne)
+        i = r.randrange(len(ne))
+        ne[i] = r.choice([1, 2, ne[i] // 2 or 1, ne[i] * 2, ne[i] + 32])
+        m.retype_tensor(t.name, t.type, tuple(ne))
+    m.write(dst)
+    return t.name
+
+
 def _worker(args: argparse.Namespace) -> None:
     """Run cases [start, start + cases), writing each case's number to --progress first."""
     import gguf
@@ -94,8 +116,10 @@ def _worker(args: argparse.Namespace) -> None:
         what = ""
         if args.mode == "bytes":
             out.write_bytes(_mutate_bytes(base, header, r))
-        else:
+        elif args.mode == "keys":
             what = _mutate_key(src, out, r)
+        else:
+            what = _mutate_tensor(src, out, r)
         try:
             if args.file == "target":
                 engine = lucebox.Engine(str(out), ctx=64, device="cpu")
@@ -114,7 +138,7 @@ def _worker(args: argparse.Namespace) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("mode", choices=("bytes", "keys"))
+    ap.add_argument("mode", choices=("bytes", "keys", "tensors"))
     ap.add_argument("file", choices=("target", "draft"))
     ap.add_argument("--cases", type=int, default=1000)
     ap.add_argument("--start", type=int, default=0)

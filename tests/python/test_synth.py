@@ -542,6 +542,21 @@ def test_bad_draft_arguments_raise_and_leave_no_file(tmp_path: Path, kwargs: dic
     assert list(tmp_path.iterdir()) == []
 
 
+def test_quantize_importance() -> None:
+    """The i-quants that ggml quantizes only with an importance matrix are refused without one (an
+    abort inside ggml otherwise) and take one value per column; other types are unchanged by none."""
+    rows = np.random.default_rng(0).standard_normal((4, 256), dtype=np.float32)
+    assert _core.quantize_needs_importance("iq2_xxs") and not _core.quantize_needs_importance("q4_K")
+    with pytest.raises(ConfigError, match="needs an importance matrix"):
+        _core.quantize(rows, "iq2_xxs")
+    with pytest.raises(ConfigError, match="one value per column"):
+        _core.quantize(rows, "iq2_xxs", importance=np.ones(255, np.float32))
+    out = _core.quantize(rows, "iq2_xxs", importance=np.ones(256, np.float32))
+    assert out.shape == (4, 66)  # one 66-byte block of 256 values a row
+    back = gguf.quants.dequantize(out, gguf.GGMLQuantizationType.IQ2_XXS).reshape(4, 256)
+    assert np.corrcoef(back.ravel(), rows.ravel())[0, 1] > 0.8  # a 2-bit code of these rows, not noise
+
+
 def test_bad_preset_and_type(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="preset"):
         synth.write_target(tmp_path / "t.gguf", "huge")

@@ -237,11 +237,16 @@ class ChatTemplate:
 
     @classmethod
     def from_gguf(cls, path: str | os.PathLike[str]) -> "ChatTemplate":
-        """The ``tokenizer.chat_template`` of the GGUF file at `path`, or the default if absent."""
+        """The ``tokenizer.chat_template`` of the GGUF file at `path`, or the default if absent; a
+        template that does not compile is a GGUFError naming the file."""
+        from .errors import GGUFError
         from .vocab import read_chat_template
 
         source = read_chat_template(path)
-        return cls(source if source is not None else DEFAULT_CHAT_TEMPLATE)
+        try:
+            return cls(source if source is not None else DEFAULT_CHAT_TEMPLATE)
+        except ValueError as e:
+            raise GGUFError(f"file '{os.fspath(path)}': {e}") from e
 
     def render(
         self,

@@ -16,7 +16,7 @@ import numpy as np
 from lucebox import _core
 from lucebox.chat_template import ChatTemplate
 from lucebox.config import EngineConfig, SamplingConfig, check_snapshot_location, stop_list
-from lucebox.errors import ConfigError, GGUFError
+from lucebox.errors import ConfigError
 from lucebox.tokenizer import Tokenizer
 
 Prompt = Union[str, Sequence[int], Sequence[dict]]
@@ -109,13 +109,8 @@ class Engine:
             _core.validate_draft(target, draft_file)
         elif spec in ("chain", "tree"):
             raise ConfigError(f"spec={spec!r} needs a DFlash draft")
-        try:  # a broken vocabulary or chat template is a broken file: say which
-            self.tokenizer = Tokenizer.from_gguf(self.model_path)
-            self.chat_template = ChatTemplate.from_gguf(self.model_path)
-        except GGUFError:
-            raise
-        except ValueError as e:
-            raise GGUFError(f"file '{self.model_path}': {e}") from e
+        self.tokenizer = Tokenizer.from_gguf(self.model_path)
+        self.chat_template = ChatTemplate.from_gguf(self.model_path)
         core_cfg = self.config.to_core(self.model_path)
         if self.draft_path is not None and spec != "off":  # spec="off": validated above, not loaded
             core_cfg.draft_path = self.draft_path

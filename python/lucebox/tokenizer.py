@@ -17,6 +17,7 @@ import os
 import re
 from collections.abc import Iterable, Sequence
 
+from .errors import GGUFError
 from .vocab import (
     PRE_TOKENIZER_PATTERNS,
     TOKEN_TYPE_CONTROL,
@@ -145,8 +146,13 @@ class Tokenizer:
 
     @classmethod
     def from_gguf(cls, path: str | os.PathLike[str]) -> "Tokenizer":
-        """Build a tokenizer from the tokenizer metadata of the GGUF file at `path`."""
-        return cls(read_vocab(path))
+        """Build a tokenizer from the tokenizer metadata of the GGUF file at `path`; a vocabulary the
+        tokenizer cannot be built from (a broken merge list, say) is a GGUFError naming the file."""
+        vocab = read_vocab(path)
+        try:
+            return cls(vocab)
+        except ValueError as e:
+            raise GGUFError(f"file '{os.fspath(path)}': {e}") from e
 
     @property
     def vocab(self) -> GGUFVocab:

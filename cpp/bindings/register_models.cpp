@@ -217,6 +217,22 @@ void register_models(py::module_ & m) {
        "Quantize float32 rows with ggml; returns uint8 array (rows, row_bytes). importance: one weight per "
        "column (an importance matrix's row), required by quantize_needs_importance(type) types.");
 
+    m.def("dequantize", [](py::array_t<uint8_t, py::array::c_style | py::array::forcecast> data,
+                           const std::string & type_name, int64_t n_per_row) {
+        const ggml_type type = parse_ggml_type(type_name);
+        std::vector<float> values;
+        {
+            py::gil_scoped_release nogil;
+            values = dequantize_rows(data.data(), size_t(data.size()), n_per_row, type);
+        }
+        const int64_t n_rows = int64_t(values.size()) / n_per_row;
+        py::array_t<float> out({n_rows, n_per_row});
+        std::memcpy(out.mutable_data(), values.data(), values.size() * sizeof(float));
+        return out;
+    }, py::arg("data"), py::arg("type"), py::arg("n_per_row"),
+       "The float32 values (rows, n_per_row) that `type`-encoded bytes stand for (ggml's to_float); the bytes "
+       "must be whole rows.");
+
     m.def("quantize_needs_importance", [](const std::string & type_name) {
         return ggml_quantize_requires_imatrix(parse_ggml_type(type_name));
     }, py::arg("type"), "Whether ggml quantizes `type` only with an importance matrix (IQ1_S, IQ2_XXS, IQ2_XS).");

@@ -620,6 +620,23 @@ def _encode(rows: np.ndarray, ggml_type: str) -> np.ndarray:
     return core.quantize(rows, ggml_type, importance=importance)
 
 
+def decoded_weights(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
+    """The float32 values every tensor of the GGUF at `path` stands for (ggml's dequantization),
+    keyed by name, numpy shape = ggml ne reversed: `write_target(..., type="f32", weights=...)`
+    with them writes the float model a quantized file approximates (tests measure each backend's
+    quantized arithmetic against it)."""
+    import gguf
+
+    core = _core()
+    out: dict[str, np.ndarray] = {}
+    for t in gguf.GGUFReader(path).tensors:
+        ne = [int(d) for d in t.shape]
+        raw = np.ascontiguousarray(t.data).view(np.uint8)
+        rows = core.dequantize(raw, gguf.GGMLQuantizationType(t.tensor_type).name.lower(), ne[0])
+        out[t.name] = rows.reshape(list(reversed(ne)))
+    return out
+
+
 class _Pools:
     """Random rows per (type, row length, scale), generated and encoded once per file."""
 

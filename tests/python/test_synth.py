@@ -557,6 +557,52 @@ def test_quantize_importance() -> None:
     assert np.corrcoef(back.ravel(), rows.ravel())[0, 1] > 0.8  # a 2-bit code of these rows, not noise
 
 
+@pytest.mark.parametrize("type_", ["q8_0", "q4_K", "iq4_xs", "mxfp4", "f16", "bf16", "f32"])
+def test_dequantize_is_ggmls_decoding(type_: str) -> None:
+    """_core.dequantize gives the values gguf's own decoder reads from the same bytes."""
+    rows = np.random.default_rng(1).standard_normal((3, 512), dtype=np.float32)
+    data = _core.quantize(rows, type_)
+    back = _core.dequantize(data, type_, 512)
+    assert back.shape == (3, 512) and back.dtype == np.float32
+    qt = gguf.GGMLQuantizationType[type_.upper()]
+    want = rows if type_ == "f32" else gguf.quants.dequantize(data, qt).reshape(3, 512)
+    np.testing.assert_array_equal(back, want)
+
+
+def test_dequantize_refuses_partial_rows() -> None:
+    data = _core.quantize(np.ones((2, 256), np.float32), "q4_K")  # 144 bytes a row
+    with pytest.raises(ConfigError, match="not whole rows of 256 q4_K values"):
+        _core.dequantize(data.ravel()[:200], "q4_K", 256)
+    with pytest.raises(ConfigError, match="block size"):
+        _core.dequantize(data, "q4_K", 100)
+    with pytest.raises(ConfigError, match="unknown ggml type"):
+        _core.dequantize(data, "q9_z", 256)
+
+
+def test_decoded_weights_rebuild_the_model_in_f32(tmp_path: Path) -> None:
+    """decoded_weights + write_target(type="f32") give the float model the quantized file stands
+    for: every tensor has the decoded values, and its logits are close to the quantized model's
+    (which differs only by quantized activations on the CPU)."""
+    import lucebox
+
+    q, f = tmp_path / "q.gguf", tmp_path / "f.gguf"
+    synth.write_target(q, "tiny", type="q4_k", seed=2)
+    w = synth.decoded_weights(q)
+    synth.write_target(f, "tiny", type="f32", weights=w)
+    reader = gguf.GGUFReader(f)
+    assert {gguf.GGMLQuantizationType(t.tensor_type) for t in reader.tensors} == {gguf.GGMLQuantizationType.F32}
+    for t in reader.tensors:
+        np.testing.assert_array_equal(np.asarray(t.data).reshape(w[t.name].shape), w[t.name])
+    emb = gguf.GGUFReader(q).get_tensor(0)
+    assert emb.name == "token_embd.weight"
+    np.testing.assert_array_equal(w[emb.name].ravel(), gguf.quants.dequantize(emb.data, emb.tensor_type).ravel())
+    ids = [5, 17, 99, 3, 250]
+    a = lucebox.Engine(str(q), ctx=64, device="cpu").session().eval(ids)
+    b = lucebox.Engine(str(f), ctx=64, device="cpu").session().eval(ids)
+    scale = float(np.sqrt(np.mean(np.square(b))))
+    assert 0 < np.sqrt(np.mean(np.square(a - b))) / scale < 0.1
+
+
 def test_bad_preset_and_type(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="preset"):
         synth.write_target(tmp_path / "t.gguf", "huge")

@@ -1,11 +1,26 @@
 #include "lucebox/quantize.h"
 
 #include <algorithm>
+#include <cstring>
 #include <thread>
 
 #include "lucebox/errors.h"
 
 namespace lucebox {
+
+namespace {
+
+void check_rows(const char * what, int64_t n_rows, int64_t n_per_row, ggml_type type) {
+    if (n_rows <= 0 || n_per_row <= 0) {
+        throw config_error(std::string(what) + ": empty input");
+    }
+    if (n_per_row % ggml_blck_size(type) != 0) {
+        throw config_error(std::string(what) + ": row length " + std::to_string(n_per_row) + " is not a multiple of the " +
+                           ggml_type_name(type) + " block size " + std::to_string(ggml_blck_size(type)));
+    }
+}
+
+}  // namespace
 
 ggml_type parse_ggml_type(const std::string & name) {
     for (int t = 0; t < GGML_TYPE_COUNT; ++t) {
@@ -26,13 +41,7 @@ ggml_type parse_ggml_type(const std::string & name) {
 
 std::vector<uint8_t> quantize_rows(const float * data, int64_t n_rows, int64_t n_per_row, ggml_type type,
                                    int n_threads, const float * importance) {
-    if (n_rows <= 0 || n_per_row <= 0) {
-        throw config_error("quantize: empty input");
-    }
-    if (n_per_row % ggml_blck_size(type) != 0) {
-        throw config_error("quantize: row length " + std::to_string(n_per_row) + " is not a multiple of the " +
-                           ggml_type_name(type) + " block size " + std::to_string(ggml_blck_size(type)));
-    }
+    check_rows("quantize", n_rows, n_per_row, type);
     if (importance == nullptr && ggml_quantize_requires_imatrix(type)) {
         throw config_error(std::string("quantize: type ") + ggml_type_name(type) + " needs an importance matrix");
     }
@@ -52,6 +61,30 @@ std::vector<uint8_t> quantize_rows(const float * data, int64_t n_rows, int64_t n
     }
     for (auto & w : workers) {
         w.join();
+    }
+    return out;
+}
+
+std::vector<float> dequantize_rows(const uint8_t * data, size_t n_bytes, int64_t n_per_row, ggml_type type) {
+    check_rows("dequantize", 1, n_per_row, type);
+    const size_t row_size = ggml_row_size(type, n_per_row);
+    if (n_bytes == 0 || n_bytes % row_size != 0) {
+        throw config_error("dequantize: " + std::to_string(n_bytes) + " bytes are not whole rows of " +
+                           std::to_string(n_per_row) + " " + ggml_type_name(type) + " values (" +
+                           std::to_string(row_size) + " bytes each)");
+    }
+    const int64_t n_rows = int64_t(n_bytes / row_size);
+    std::vector<float> out(size_t(n_rows) * size_t(n_per_row));
+    if (type == GGML_TYPE_F32) {  // (ggml has no conversion for what is already floats)
+        std::memcpy(out.data(), data, n_bytes);
+        return out;
+    }
+    const ggml_to_float_t to_float = ggml_get_type_traits(type)->to_float;
+    if (to_float == nullptr) {
+        throw config_error(std::string("dequantize: ggml cannot convert ") + ggml_type_name(type) + " to floats");
+    }
+    for (int64_t r = 0; r < n_rows; ++r) {
+        to_float(data + size_t(r) * row_size, out.data() + size_t(r) * size_t(n_per_row), n_per_row);
     }
     return out;
 }

@@ -62,8 +62,8 @@ void register_system(py::module_ & m) {
           "How many attention masks were built in a graph from their rows' key ranges (cpp/kernels/range_mask.h), "
           "on the CPU or on lucebox's CUDA kernel (a captured CUDA graph counts once), not written on the host.");
     m.def("set_range_masks", &kernels::range_mask::set_enabled, py::arg("enabled"),
-          "Whether graphs built from now on build their chain and draft attention masks from each row's key "
-          "range (default True) or take host-written masks (the A/B of the masks' cost).");
+          "Whether graphs built from now on build the target's (chain and tree) and the draft's attention masks "
+          "from each row's key range (default True) or take host-written masks (the A/B of the masks' cost).");
     m.def("tiles_declined", &kernels::tiles_declined,
           "Fused products of row-tiled weights that lucebox's kernel left to ggml to split (expected 0).");
 

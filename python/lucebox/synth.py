@@ -101,10 +101,10 @@ LUCEBOX_DRAFT_ARCH = "qwen35-dflash-draft"
 #: random rows of (about) this many values.
 POOL_ELEMENTS = 8 << 20
 
-# Per-tensor ggml type name (as ggml spells it) of each --type choice; q4_k_m and q5_k_m are mixes
-# (_wanted_types) of their base type and q6_K.
 # The mixes' type for the tensors llama.cpp does not raise to q6_K.
 _MIX_BASE = {"q4_k_m": "q4_K", "q5_k_m": "q5_K"}
+# Per-tensor ggml type name (as ggml spells it) of each single-type --type choice; q4_k_m and
+# q5_k_m are mixes (_wanted_types) of their base type and q6_K.
 _GGML_NAME = {t: t[:-1] + "K" if t.endswith("_k") else t for t in TYPES if t not in _MIX_BASE}
 # Fallback chain for a row length that is not a multiple of the block size.
 _FALLBACKS = ("q8_0", "f16", "f32")

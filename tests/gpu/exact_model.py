@@ -28,8 +28,7 @@ def exact_logits(path: str, ids: list[int], overrides: Mapping[str, Any], tmp_pa
                  ubatch: int = 512) -> np.ndarray:
     """Logits of the F32 decoding of the tiny-preset target at `path` (written with `overrides`)."""
     exact = tmp_path / (Path(path).stem + "-exact-f32.gguf")
-    if not exact.exists():
-        synth.write_target(exact, "tiny", type="f32", overrides=dict(overrides), weights=synth.decoded_weights(path))
+    synth.write_target(exact, "tiny", type="f32", overrides=dict(overrides), weights=synth.decoded_weights(path))
     return lucebox.Engine(str(exact), ctx=ctx, device="cpu", ubatch=ubatch).session().eval(ids)
 
 

@@ -122,8 +122,8 @@ struct qwen35_inputs {
     ggml_tensor * pos = nullptr;       // [4*T] I32: IMRoPE streams (t, h, w = position; extra = 0); null without attention layers
     ggml_tensor * kq_mask = nullptr;   // [n_kv, T] F16: 0 where visible, -inf elsewhere: an input, or built
                                        // from kq_ranges in the graph (kernels/range_mask.h)
-    ggml_tensor * kq_ranges = nullptr; // [2, T] I32: each row's visible keys [first, end) (a chain's mask
-                                       // built in the graph; null where kq_mask is an input)
+    ggml_tensor * kq_ranges = nullptr; // [2, T] I32: each row's visible keys [first, end) (a mask built in
+                                       // the graph, a tree's with its parents; null where kq_mask is an input)
     ggml_tensor * kv_rows = nullptr;   // [T] I64: cache rows written by this batch (= positions)
     ggml_tensor * ring_rows = nullptr; // [T] I64: feature ring rows (positions mod ring size), if capturing
     ggml_tensor * out_rows = nullptr;  // [n_out] I32: batch rows whose logits are produced (null: all rows)
@@ -184,7 +184,7 @@ ggml_cgraph * build_qwen35_backup_graph(ggml_context * ctx, const qwen35_hparams
 // Fills the inputs `g` has (layer-range graphs have a subset) for a batch of T tokens appended at
 // n_past: tokens, IMRoPE positions (n_past + i; a tree node: n_past + its depth), KV rows n_past + i,
 // the attention mask over n_kv rows (causal; a tree: the committed context plus the node's
-// ancestors and itself; a chain's as each row's key range where the graph builds it, in.kq_ranges),
+// ancestors and itself; as each row's key range, in.kq_ranges, where the graph builds it),
 // feature-ring rows (mod ring_size), the last output row, and for a tree its parents and conv-window
 // table. parents: null for a chain, else a tree in batch order (parents[0] = -1, parents[i] < i).
 // staging: host memory a host-written mask is written in before its upload, kept by the caller from step to

@@ -61,8 +61,15 @@ void register_engine(py::module_ & m) {
         .def_readwrite("draft_device", &engine_config::draft_device)
         .def("validate", &engine_config::validate);
 
+    py::class_<token_logprobs>(m, "TokenLogprobs",
+                               "An emitted token's log probability and its most likely alternatives (engine.h).")
+        .def_readonly("logprob", &token_logprobs::logprob)
+        .def_readonly("top", &token_logprobs::top);
+    m.attr("MAX_TOP_LOGPROBS") = MAX_TOP_LOGPROBS;
+
     py::class_<generate_result>(m, "GenerateResult")
         .def_readonly("tokens", &generate_result::tokens)
+        .def_readonly("logprobs", &generate_result::logprobs)
         .def_readonly("finish_reason", &generate_result::finish_reason)
         .def_property_readonly("n_prompt", [](const generate_result & r) { return r.stats.n_prompt; })
         .def_property_readonly("n_generated", [](const generate_result & r) { return r.stats.n_generated; })
@@ -114,9 +121,10 @@ void register_engine(py::module_ & m) {
         .def("generate", [](session & s, const std::vector<int32_t> & prompt, uint32_t max_tokens,
                             const sampling_params & sampling, const std::vector<int32_t> & stop_tokens,
                             py::object on_token, py::object on_prefill, py::object propose, uint32_t block_size,
-                            bool phase_timings, py::object propose_tree) {
+                            bool phase_timings, py::object propose_tree, int32_t logprobs) {
             generate_params p;
             p.max_tokens = max_tokens;
+            p.logprobs = logprobs;
             p.sampling = sampling;
             p.stop_tokens = stop_tokens;
             if (!on_prefill.is_none()) {
@@ -142,9 +150,9 @@ void register_engine(py::module_ & m) {
             }
             token_callback cb;
             if (!on_token.is_none()) {
-                cb = [on_token](int32_t t) {
+                cb = [on_token](int32_t t, const token_logprobs * lp) {  // on_token(t), or (t, lp) with logprobs
                     py::gil_scoped_acquire gil;
-                    py::object r = on_token(t);
+                    py::object r = lp != nullptr ? on_token(t, *lp) : on_token(t);
                     return r.is_none() || r.cast<bool>();
                 };
             }
@@ -152,7 +160,8 @@ void register_engine(py::module_ & m) {
             return s.generate(prompt, p, cb);
         }, py::arg("prompt"), py::arg("max_tokens"), py::arg("sampling"), py::arg("stop_tokens"),
            py::arg("on_token") = py::none(), py::arg("on_prefill") = py::none(), py::arg("propose") = py::none(),
-           py::arg("block_size") = 0, py::arg("phase_timings") = false, py::arg("propose_tree") = py::none())
+           py::arg("block_size") = 0, py::arg("phase_timings") = false, py::arg("propose_tree") = py::none(),
+           py::arg("logprobs") = -1)
         .def("reset", &session::reset, py::call_guard<py::gil_scoped_release>())
         .def("snapshot", [](session & s, const std::string & location) {
             const snapshot_location where = parse_snapshot_location(location);

@@ -381,7 +381,7 @@ namespace {
 struct kept_graph {
     std::vector<uint8_t> meta;
     ggml_context * ctx = nullptr;
-    std::array<uint32_t, 8> key{};
+    std::array<uint32_t, 9> key{};
     uint64_t id = 0;  // unique per build (over all kept graphs), 0 = empty
 
     kept_graph() = default;
@@ -642,13 +642,15 @@ std::vector<float> session::run_target(const int32_t * tokens, uint32_t T, bool 
         return e.split->forward(*st_->split, tokens, n_past, T, n_kv, all_logits, argmax_last, verify, argmax_rows);
     }
     const bool want_argmax = argmax_last != nullptr || argmax_rows != nullptr;
+    const bool log_norm = n_cand > 0 && cands->log_norm;
     graph_cache & cache = st_->target_graph;
-    const std::array<uint32_t, 8> key{T,      n_kv,   n_out,  uint32_t(want_argmax), uint32_t(verify),
-                                      uint32_t(tree != nullptr), n_cand, n_extra};
+    const std::array<uint32_t, 9> key{T,      n_kv,   n_out,  uint32_t(want_argmax), uint32_t(verify),
+                                      uint32_t(tree != nullptr), n_cand, n_extra, uint32_t(log_norm)};
     if (cache.id == 0 || cache.key != key || (e.tsplit && cache.meta_epoch != e.meta_epoch)) {
         ggml_context * ctx = cache.rebuild();
         cache.graph = build_qwen35_graph(ctx, hp, e.w, st, T, n_kv, n_out, want_argmax, verify, tree != nullptr);
-        cache.cand = n_cand > 0 ? graph::build_candidates(ctx, cache.graph.gf, cache.graph.logits, n_cand, n_extra)
+        cache.cand = n_cand > 0 ? graph::build_candidates(ctx, cache.graph.gf, cache.graph.logits, n_cand, n_extra,
+                                                          log_norm)
                                 : graph::candidate_outputs{};
         cache.key = key;
     }
@@ -683,6 +685,13 @@ std::vector<float> session::run_target(const int32_t * tokens, uint32_t T, bool 
             ggml_backend_tensor_get(cache.cand.extra_logits, extra_logits.data(), 0,
                                     sizeof(float) * extra_logits.size());
         }
+        std::vector<float> row_max, sum_exp;
+        if (log_norm) {
+            row_max.resize(n_out);
+            sum_exp.resize(n_out);
+            ggml_backend_tensor_get(cache.cand.row_max, row_max.data(), 0, sizeof(float) * n_out);
+            ggml_backend_tensor_get(cache.cand.sum_exp, sum_exp.data(), 0, sizeof(float) * n_out);
+        }
         const size_t n_ext = cands->extra_ids.size();
         cands->rows.assign(n_out, {});
         for (uint32_t r = 0; r < n_out; ++r) {
@@ -695,6 +704,9 @@ std::vector<float> session::run_target(const int32_t * tokens, uint32_t T, bool 
             row.ids.insert(row.ids.end(), cands->extra_ids.begin(), cands->extra_ids.end());
             const auto ext_l = extra_logits.begin() + size_t(r) * n_extra;
             row.logits.insert(row.logits.end(), ext_l, ext_l + n_ext);
+            if (log_norm) {
+                row.log_norm = float(double(row_max[r]) + std::log(double(sum_exp[r])));
+            }
         }
     }
 
@@ -724,9 +736,16 @@ namespace {
 constexpr size_t MAX_EXTRA_IDS = 1024;
 }  // namespace
 
-session::row_candidates session::candidates_for(const sampler & smp) const {
+session::row_candidates session::candidates_for(const sampler & smp, int32_t n_top) const {
     row_candidates c;
-    c.n_cand = eng_->split ? 0 : static_cast<uint32_t>(smp.wanted_candidates());  // a split returns whole rows
+    if (eng_->split) {
+        return c;  // a layer split returns whole rows
+    }
+    c.n_cand = static_cast<uint32_t>(smp.wanted_candidates());
+    if (n_top >= 0) {  // logprobs: the top alternatives and the token itself, usually among 64
+        c.n_cand = std::max<uint32_t>(c.n_cand, 64);
+        c.log_norm = true;
+    }
     return c;
 }
 
@@ -746,15 +765,22 @@ bool session::plan_candidates(row_candidates & cands, const sampler & smp, const
 
 int32_t session::forward_and_sample(const int32_t * tokens, uint32_t n, sampler & smp,
                                     const std::vector<int32_t> & history, row_candidates & cands,
-                                    const progress_callback & progress) {
+                                    const progress_callback & progress, token_logprobs * lp, uint32_t n_top) {
     const int32_t V = static_cast<int32_t>(n_vocab());
+    logit_row row;
     if (plan_candidates(cands, smp, history, nullptr, 0)) {
         cands.all_rows = false;
         forward(tokens, n, false, nullptr, progress, &cands);
-        return smp.sample(sampling_row(cands, 0), V, history);
+        row = sampling_row(cands, 0);
+    } else {
+        cands.logits = forward(tokens, n, false, nullptr, progress);
+        row.full = [&cands] { return static_cast<const float *>(cands.logits.data()); };
     }
-    cands.logits = forward(tokens, n, false, nullptr, progress);
-    return smp.sample(cands.logits.data(), V, history);
+    const int32_t tok = smp.sample(row, V, history);
+    if (lp != nullptr) {
+        *lp = logprobs_of(row, tok, n_top, V);
+    }
+    return tok;
 }
 
 std::function<logit_row(size_t)> session::run_target_sampled(const int32_t * tokens, uint32_t n, bool verify,
@@ -812,7 +838,7 @@ std::vector<int32_t> session::run_draft(int32_t last, uint32_t block, spec::draf
     // the proposal block [last, MASK x (block-1)] at positions n_past..: a kept graph (only its
     // inputs change from step to step)
     draft_block_cache & cache = st_->draft_block;
-    const std::array<uint32_t, 8> key{block, n_kv, top_k, 0, 0, 0, 0, 0};
+    const std::array<uint32_t, 9> key{block, n_kv, top_k, 0, 0, 0, 0, 0, 0};
     if (cache.id == 0 || cache.key != key) {
         ggml_context * ctx = cache.rebuild();
         cache.graph = build_dflash_graph(ctx, dh, e.dw, st_->draft_state, st_->draft_rings, 0, block, n_kv,
@@ -1271,6 +1297,10 @@ generate_result session::generate(const std::vector<int32_t> & prompt, const gen
         throw config_error("generate: block_size " + std::to_string(params.block_size) + " exceeds " +
                            std::to_string(MAX_FORCED_BLOCK));
     }
+    if (params.logprobs < -1 || params.logprobs > int32_t(MAX_TOP_LOGPROBS)) {
+        throw config_error("generate: logprobs " + std::to_string(params.logprobs) + " must be -1 (off) or in [0, " +
+                           std::to_string(MAX_TOP_LOGPROBS) + "]");
+    }
 
     if (params.propose && params.propose_tree) {
         throw config_error("generate: pass propose or propose_tree, not both");
@@ -1293,7 +1323,8 @@ generate_result session::generate(const std::vector<int32_t> & prompt, const gen
     pending_ = -1;
 
     const sampling_params & sp = params.sampling;
-    const bool greedy = sp.is_greedy() && !sp.has_penalties();
+    const bool with_logprobs = params.logprobs >= 0;  // then every row goes through the sampler's candidates
+    const bool greedy = sp.is_greedy() && !sp.has_penalties() && !with_logprobs;
     const bool spec_available = (eng_->draft && eng_->cfg.spec != "off") || params.propose || params.propose_tree;
 
     if (spec_available) {
@@ -1309,14 +1340,16 @@ generate_result session::generate(const std::vector<int32_t> & prompt, const gen
     history.insert(history.end(), pending.begin(), pending.end());
     // Sampling reads the device's candidates of the new row (the full row only when they cannot
     // decide), so each forward and its pick run under the engine lock; emission runs outside it.
-    row_candidates cands = candidates_for(smp);
+    row_candidates cands = candidates_for(smp, params.logprobs);
     int32_t next = -1;
+    token_logprobs next_lp;
     auto forward_and_pick = [&](const int32_t * toks, uint32_t n, const progress_callback & progress) {
         std::lock_guard<std::mutex> lock(eng_->compute_mutex);
         if (greedy) {
             forward(toks, n, false, &next, progress);
         } else {
-            next = forward_and_sample(toks, n, smp, history, cands, progress);
+            next = forward_and_sample(toks, n, smp, history, cands, progress, with_logprobs ? &next_lp : nullptr,
+                                      uint32_t(std::max(params.logprobs, 0)));
         }
     };
     const auto t0 = clock::now();
@@ -1333,7 +1366,10 @@ generate_result session::generate(const std::vector<int32_t> & prompt, const gen
         }
         res.tokens.push_back(next);
         history.push_back(next);
-        if (on_token && !on_token(next)) {
+        if (with_logprobs) {
+            res.logprobs.push_back(next_lp);
+        }
+        if (on_token && !on_token(next, with_logprobs ? &next_lp : nullptr)) {
             res.finish_reason = "cancelled";
             break;
         }
@@ -1368,11 +1404,27 @@ generate_result session::generate_speculative(const std::vector<int32_t> & pendi
     };
 
     const sampling_params & sp = params.sampling;
-    const bool greedy = sp.is_greedy() && !sp.has_penalties();
+    const bool with_logprobs = params.logprobs >= 0;  // then every row goes through the sampler's candidates
+    const uint32_t n_top = uint32_t(std::max(params.logprobs, 0));
+    const bool greedy = sp.is_greedy() && !sp.has_penalties() && !with_logprobs;
     const stream_drain drain{e.backend};
     sampler smp(sp);
     // sampled steps read the device's candidates of each row (the full row only when they cannot decide)
-    row_candidates cands = candidates_for(smp);
+    row_candidates cands = candidates_for(smp, params.logprobs);
+    // A step's tokens go out through emit_step in row order; with logprobs, step_lps[j] is the j-th's.
+    std::vector<token_logprobs> step_lps(1);
+    size_t step_emitted = 0;
+    const std::function<bool(int32_t)> emit_step = [&](int32_t tok) {
+        const token_logprobs * lp = nullptr;
+        if (with_logprobs) {
+            if (step_emitted >= step_lps.size()) {
+                throw error("internal: a step emitted more tokens than it has logprobs for");
+            }
+            lp = &step_lps[step_emitted++];
+            res.logprobs.push_back(*lp);
+        }
+        return !on_token || on_token(tok, lp);
+    };
     const auto t0 = clock::now();
     int32_t last = -1;  // emitted, not yet evaluated
     {
@@ -1383,7 +1435,8 @@ generate_result session::generate_speculative(const std::vector<int32_t> & pendi
         } else {
             std::vector<int32_t> history(tokens_);
             history.insert(history.end(), pending.begin(), pending.end());
-            last = forward_and_sample(pending.data(), n_pending, smp, history, cands, params.on_prefill);
+            last = forward_and_sample(pending.data(), n_pending, smp, history, cands, params.on_prefill,
+                                      with_logprobs ? &step_lps[0] : nullptr, n_top);
         }
     }
     stats.n_prompt = static_cast<uint32_t>(pending.size());
@@ -1402,7 +1455,7 @@ generate_result session::generate_speculative(const std::vector<int32_t> & pendi
     res.tokens.push_back(last);
     // (cancelled at the first token, e.g. by a stop string inside it: no step runs, and the end below
     // counts the token and leaves it pending)
-    const bool cancelled_first = on_token && !on_token(last);
+    const bool cancelled_first = !emit_step(last);
     if (cancelled_first) {
         res.finish_reason = "cancelled";
     }
@@ -1435,7 +1488,8 @@ generate_result session::generate_speculative(const std::vector<int32_t> & pendi
             break;
         }
         if (tree) {
-            if (!next_step(tree_step(last, room, params, stats, res, is_stop, on_token, smp, cands))) {
+            step_emitted = 0;
+            if (!next_step(tree_step(last, room, params, stats, res, is_stop, emit_step, smp, cands, step_lps))) {
                 break;
             }
             continue;
@@ -1489,13 +1543,20 @@ generate_result session::generate_speculative(const std::vector<int32_t> & pendi
         } else {
             const auto rows = run_target_sampled(verified.data(), n, checkpoints, nullptr, smp, cands);
             a = spec::accept_sampled(verified, rows, static_cast<int32_t>(n_vocab()), smp, tokens_, target);
+            if (with_logprobs) {  // row j chose target[j], the j-th token the step may emit
+                step_lps.resize(a + 1);
+                for (uint32_t j = 0; j <= a; ++j) {
+                    step_lps[j] = logprobs_of(rows(j), target[j], n_top, static_cast<int32_t>(n_vocab()));
+                }
+            }
         }
         if (params.phase_timings) {
             stats.verify_seconds += seconds_since(tp);
         }
 
         const uint32_t budget = params.max_tokens - static_cast<uint32_t>(res.tokens.size());
-        const spec::commit_plan plan = spec::plan_commit(verified, target, a, budget, is_stop, on_token);
+        step_emitted = 0;
+        const spec::commit_plan plan = spec::plan_commit(verified, target, a, budget, is_stop, emit_step);
         if (speculating) {
             stats.count_step(n - 1, a);
         } else {
@@ -1540,8 +1601,9 @@ generate_result session::generate_speculative(const std::vector<int32_t> & pendi
 // commit it and emit its tokens plus the bonus token.
 spec::commit_plan session::tree_step(int32_t last, uint32_t room, const generate_params & params,
                                      generate_stats & stats, generate_result & res,
-                                     const std::function<bool(int32_t)> & is_stop, const token_callback & on_token,
-                                     sampler & smp, row_candidates & cands) {
+                                     const std::function<bool(int32_t)> & is_stop,
+                                     const std::function<bool(int32_t)> & emit, sampler & smp, row_candidates & cands,
+                                     std::vector<token_logprobs> & step_lps) {
     engine::impl & e = *eng_;
     if (!st_->model_state.has_state_checkpoints()) {  // a tree (propose_tree) in a session allocated for chains
         st_->model_state.add_state_checkpoints(e.target.hparams, ggml_backend_dev_buffer_type(e.dev), e.dev);
@@ -1601,13 +1663,14 @@ spec::commit_plan session::tree_step(int32_t last, uint32_t room, const generate
     tp = clock::now();
     const uint32_t n = t.size();
     spec::tree_acceptance acc;
-    if (params.sampling.is_greedy() && !params.sampling.has_penalties()) {
+    std::function<logit_row(size_t)> rows;  // sampled: the verify's rows, for logprobs
+    if (params.sampling.is_greedy() && !params.sampling.has_penalties() && params.logprobs < 0) {
         std::vector<int32_t> target;
         run_target(t.tokens.data(), n, false, nullptr, /*verify=*/true, &target, &t);
         acc.path = spec::accept_tree_greedy(t, target);
         acc.bonus = target[size_t(acc.path.back())];
     } else {  // each node's history: the committed tokens, the root and its path (all in the batch)
-        const auto rows = run_target_sampled(t.tokens.data(), n, /*verify=*/true, &t, smp, cands);
+        rows = run_target_sampled(t.tokens.data(), n, /*verify=*/true, &t, smp, cands);
         acc = spec::accept_tree_sampled(t, rows, V, smp, tokens_);
     }
     const std::vector<int32_t> & path = acc.path;
@@ -1621,9 +1684,15 @@ spec::commit_plan session::tree_step(int32_t last, uint32_t room, const generate
         verified.push_back(t.tokens[size_t(path[j])]);
         chosen.push_back(j + 1 < path.size() ? t.tokens[size_t(path[j + 1])] : acc.bonus);
     }
+    if (params.logprobs >= 0) {  // chosen[j] was the choice of node path[j]'s row
+        step_lps.resize(path.size());
+        for (size_t j = 0; j < path.size(); ++j) {
+            step_lps[j] = logprobs_of(rows(size_t(path[j])), chosen[j], uint32_t(params.logprobs), V);
+        }
+    }
     const uint32_t a = static_cast<uint32_t>(path.size() - 1);
     const uint32_t budget = params.max_tokens - static_cast<uint32_t>(res.tokens.size());
-    const spec::commit_plan plan = spec::plan_commit(verified, chosen, a, budget, is_stop, on_token);
+    const spec::commit_plan plan = spec::plan_commit(verified, chosen, a, budget, is_stop, emit);
     stats.count_step(n - 1, a);
 
     tp = clock::now();

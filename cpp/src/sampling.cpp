@@ -608,3 +608,102 @@ std::vector<std::pair<int32_t, float>> sampler::distribution(const float * logit
 }
 
 }  // namespace lucebox
+
+namespace lucebox {
+
+namespace {
+
+struct scored {
+    float logit;
+    int32_t id;
+};
+
+// The n best of `items` (ids distinct) in the order logit desc, id asc, into items[0, n).
+void keep_best(std::vector<scored> & items, size_t n) {
+    n = std::min(n, items.size());
+    const better order;
+    std::partial_sort(items.begin(), items.begin() + std::ptrdiff_t(n), items.end(), order);
+    items.resize(n);
+}
+
+token_logprobs from_subset(std::vector<scored> best, float token_logit, double log_norm, uint32_t n_top) {
+    token_logprobs out;
+    out.logprob = float(double(token_logit) - log_norm);
+    keep_best(best, n_top);
+    for (const scored & s : best) {
+        out.top.emplace_back(s.id, float(double(s.logit) - log_norm));
+    }
+    return out;
+}
+
+}  // namespace
+
+token_logprobs logprobs_of(const logit_row & row, int32_t token, uint32_t n_top, int32_t n_vocab) {
+    if (token < 0 || token >= n_vocab) {
+        throw error("logprobs: token id " + std::to_string(token) + " is outside the vocabulary");
+    }
+    if (n_top > MAX_TOP_LOGPROBS) {
+        throw error("logprobs: " + std::to_string(n_top) + " top alternatives asked, at most " +
+                    std::to_string(MAX_TOP_LOGPROBS));
+    }
+    if (const candidate_row * c = row.candidates; c != nullptr && std::isfinite(c->log_norm)) {
+        std::vector<scored> subset;  // distinct ids (the extra ids may repeat top ones)
+        subset.reserve(c->ids.size());
+        for (size_t i = 0; i < c->ids.size(); ++i) {
+            subset.push_back({c->logits[i], c->ids[i]});
+        }
+        std::sort(subset.begin(), subset.end(), [](const scored & a, const scored & b) { return a.id < b.id; });
+        subset.erase(std::unique(subset.begin(), subset.end(),
+                                 [](const scored & a, const scored & b) { return a.id == b.id; }),
+                     subset.end());
+        auto it = std::lower_bound(subset.begin(), subset.end(), token,
+                                   [](const scored & a, int32_t id) { return a.id < id; });
+        bool decided = it != subset.end() && it->id == token;
+        for (const scored & s : subset) {
+            if (std::isnan(s.logit) || s.logit == std::numeric_limits<float>::infinity()) bad_logit(s.logit, s.id);
+        }
+        if (decided && n_top > 0) {  // the n_top-th best must beat every id outside the subset
+            std::vector<scored> best = subset;
+            keep_best(best, n_top);
+            decided = best.size() == n_top && best.back().logit > c->floor;
+        }
+        if (decided) {
+            return from_subset(std::move(subset), it->logit, double(c->log_norm), n_top);
+        }
+    }
+    const float * logits = row.full();
+    float mx = -std::numeric_limits<float>::infinity();
+    for (int32_t i = 0; i < n_vocab; ++i) {
+        const float v = logits[i];
+        if (std::isnan(v) || v == std::numeric_limits<float>::infinity()) bad_logit(v, i);
+        mx = std::max(mx, v);
+    }
+    double sum = 0.0;
+    if (mx > -std::numeric_limits<float>::infinity()) {
+        for (int32_t i = 0; i < n_vocab; ++i) {
+            sum += std::exp(double(logits[i]) - double(mx));
+        }
+    }
+    const double log_norm = double(mx) + std::log(sum);  // every logit -inf: -inf, and all logprobs NaN
+    if (!std::isfinite(log_norm)) {
+        throw error("logprobs: every logit of the row is -inf");
+    }
+    std::vector<scored> best;
+    if (n_top > 0) {  // a bounded pass keeps memory small: the n_top best seen so far
+        const better order;
+        for (int32_t i = 0; i < n_vocab; ++i) {
+            const scored s{logits[i], i};
+            if (best.size() < n_top) {
+                best.push_back(s);
+                std::push_heap(best.begin(), best.end(), order);
+            } else if (order(s, best.front())) {
+                std::pop_heap(best.begin(), best.end(), order);
+                best.back() = s;
+                std::push_heap(best.begin(), best.end(), order);
+            }
+        }
+    }
+    return from_subset(std::move(best), logits[token], log_norm, n_top);
+}
+
+}  // namespace lucebox

@@ -17,12 +17,12 @@ from lucebox.config import EngineConfig, SamplingConfig
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from lucebox.engine import (Engine, GenerationChunk, GenerationResult, GenerationStats, Session,
-                                load_snapshot)
+                                TokenLogprob, load_snapshot)
 
 # The engine needs the compiled core (lucebox._core); it is imported on first use so that the
 # pure-Python parts (vocab, tokenizer, chat templates, the demo-pair trainer) work without it.
 _ENGINE_NAMES = ("Engine", "GenerationChunk", "GenerationResult", "GenerationStats", "Session",
-                 "load_snapshot")
+                 "TokenLogprob", "load_snapshot")
 
 
 def __getattr__(name: str) -> Any:
@@ -46,6 +46,7 @@ __all__ = [
     "GenerationStats",
     "SamplingConfig",
     "Session",
+    "TokenLogprob",
     "load_snapshot",
     "ConfigError",
     "DraftMismatchError",

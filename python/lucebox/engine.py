@@ -55,27 +55,43 @@ class GenerationStats:
         return self.n_generated / self.decode_seconds if self.decode_seconds > 0 else 0.0
 
 
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A generated token's log probability under the model: the log-softmax of its raw logits (no
+    temperature, penalties or top-k/p, as OpenAI reports them), and its `top` most likely
+    alternatives as (token id, logprob), best first (the lower id first on ties)."""
+
+    token: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)
+
+
 @dataclass
 class GenerationResult:
     """A finished generation: text (stop string excluded), token ids, why it ended, and stats.
     finish_reason is "stop" (stop token or string), "length" (max_tokens), "context" (the
-    context is full) or "cancelled"."""
+    context is full) or "cancelled". logprobs: with logprobs=N, one TokenLogprob per token of
+    `tokens`; else None."""
 
     text: str
     tokens: list[int]
     finish_reason: str
     stats: GenerationStats
+    logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass
 class GenerationChunk:
-    """One streamed piece: new text and the token ids that produced it. The last chunk has
-    finish_reason set and carries the final stats."""
+    """One streamed piece: new text and the token ids generated since the previous chunk (their
+    concatenation over a stream is the result's `tokens`; a token whose text is held back, e.g. as
+    a possible stop string's start, comes with the chunk that releases it). logprobs: one per id
+    of `tokens` with logprobs=N. The last chunk has finish_reason set and carries the final stats."""
 
     text: str
     tokens: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     stats: GenerationStats | None = None
+    logprobs: list[TokenLogprob] | None = None
 
 
 class Engine:
@@ -170,17 +186,18 @@ class Engine:
                  seed: int = 0, stop: str | Sequence[str] | None = None, stream: bool = False, tools: list[dict[str, Any]] | None = None,
                  enable_thinking: bool | None = None,
                  prefill_progress: Callable[[int, int], None] | None = None,
-                 phase_timings: bool = False) -> GenerationResult | Iterator[GenerationChunk]:
+                 phase_timings: bool = False, logprobs: int | None = None) -> GenerationResult | Iterator[GenerationChunk]:
         """Generate from a fresh session. Returns a GenerationResult, or an iterator of chunks when
-        stream=True. Raises ConfigError for invalid parameters or a prompt longer than the context,
-        before any work."""
+        stream=True. logprobs=N (0..20) reports each token's log probability and its N most likely
+        alternatives (TokenLogprob). Raises ConfigError for invalid parameters or a prompt longer
+        than the context, before any work."""
         ids = self.encode_prompt(prompt, tools=tools, enable_thinking=enable_thinking)
         session = self.session()
         kwargs = dict(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                       presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
                       repetition_penalty=repetition_penalty, penalty_last_n=penalty_last_n, seed=seed, stop=stop,
                       prefill_progress=prefill_progress,
-                      phase_timings=phase_timings)
+                      phase_timings=phase_timings, logprobs=logprobs)
         if stream:
             return session.stream(ids, **kwargs)
         return session.generate(ids, **kwargs)
@@ -253,35 +270,49 @@ class Session:
         """Append tokens (prefill) without returning logits."""
         self._core.eval([int(t) for t in tokens], False)
 
-    def _prepare(self, prompt: Prompt, max_tokens: int, stop: str | Sequence[str] | None,
+    def _prepare(self, prompt: Prompt, max_tokens: int, stop: str | Sequence[str] | None, logprobs: int | None,
                  **sampling: Any) -> tuple[list[int], SamplingConfig, list[str]]:
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
             raise ConfigError(f"max_tokens={max_tokens!r} must be a non-negative integer")
+        if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int)
+                                     or not 0 <= logprobs <= _core.MAX_TOP_LOGPROBS):
+            raise ConfigError(f"logprobs={logprobs!r} must be None or an integer in [0, {_core.MAX_TOP_LOGPROBS}] "
+                              "(the number of alternatives reported per token)")
         ids = self.engine.encode_prompt(prompt) if not (isinstance(prompt, (list, tuple)) and not prompt) else []
         return ids, SamplingConfig(**sampling), stop_list(stop)
 
     def _run(self, ids: list[int], max_tokens: int, sampling: SamplingConfig, stops: list[str],
-             emit: Callable[[str, list[int]], None],
+             emit: Callable[[str, list[int], list[TokenLogprob]], None],
              cancelled: Callable[[], bool] = lambda: False,
              prefill_progress: Callable[[int, int], None] | None = None,
              propose: Propose | None = None, block_size: int = 0,
-             phase_timings: bool = False, propose_tree: ProposeTree | None = None) -> tuple[Any, str, list[int]]:
-        """Runs the C++ generation; `emit(text, ids)` receives decoded pieces. Returns the core
-        result, the full text (cut at a stop string) and the kept token ids."""
+             phase_timings: bool = False, propose_tree: ProposeTree | None = None,
+             logprobs: int | None = None) -> tuple[Any, str, list[int], list[TokenLogprob]]:
+        """Runs the C++ generation; `emit(text, ids, logprobs)` receives decoded pieces with the
+        ids (and their logprobs, if asked for) generated since the previous piece. Returns the core
+        result, the full text (cut at a stop string), the kept token ids and their logprobs."""
         tok = self.engine.tokenizer
         decoder = tok.incremental_decoder()
         text_parts: list[str] = []
         kept: list[int] = []
+        kept_lps: list[TokenLogprob] = []
+        unsent = [0]  # kept[unsent[0]:] have not gone out with a piece yet
         state = {"text": "", "stopped": False, "held": ""}
         longest = max((len(s) for s in stops), default=0)
 
-        def on_token(t: int) -> bool:
+        def send(text: str) -> None:
+            text_parts.append(text)
+            emit(text, kept[unsent[0]:], kept_lps[unsent[0]:])
+            unsent[0] = len(kept)
+
+        def on_token(t: int, lp: Any = None) -> bool:
             kept.append(t)
+            if lp is not None:
+                kept_lps.append(TokenLogprob(t, lp.logprob, [(int(i), float(v)) for i, v in lp.top]))
             piece = decoder.feed(t)
             if not stops:
                 if piece:
-                    text_parts.append(piece)
-                    emit(piece, [t])
+                    send(piece)
                 return not cancelled()
             state["held"] += piece
             full = state["text"] + state["held"]
@@ -290,9 +321,8 @@ class Session:
             if hits:
                 cut = min(hits)
                 out = full[len(state["text"]):cut]
-                if out:
-                    text_parts.append(out)
-                    emit(out, [t])
+                if out or unsent[0] < len(kept):  # the stop string's own tokens go out too, with no text
+                    send(out)
                 state["stopped"] = True
                 return False
             # hold back a tail that could start a stop string
@@ -301,19 +331,18 @@ class Session:
                 out = full[len(state["text"]):safe]
                 state["text"] = full[:safe]
                 state["held"] = full[safe:]
-                text_parts.append(out)
-                emit(out, [t])
+                send(out)
             return not cancelled()
 
         stop_ids = sorted(tok.eos_ids)
         res = self._core.generate(ids, max_tokens, sampling.to_core(), stop_ids, on_token, prefill_progress,
-                                  propose, block_size, phase_timings, propose_tree)
+                                  propose, block_size, phase_timings, propose_tree,
+                                  -1 if logprobs is None else logprobs)
         if not state["stopped"]:
             tail = state["held"] + decoder.flush()
-            if tail:
-                text_parts.append(tail)
-                emit(tail, [])
-        return res, "".join(text_parts), kept
+            if tail or unsent[0] < len(kept):
+                send(tail)
+        return res, "".join(text_parts), kept, kept_lps
 
     @staticmethod
     def _stats(res: Any) -> GenerationStats:
@@ -324,7 +353,7 @@ class Session:
                  prefill_progress: Callable[[int, int], None] | None = None,
                  propose: Propose | None = None, block_size: int = 0,
                  phase_timings: bool = False, propose_tree: ProposeTree | None = None,
-                 **sampling: Any) -> GenerationResult:
+                 logprobs: int | None = None, **sampling: Any) -> GenerationResult:
         """Append `prompt` (text, messages or ids) and generate up to max_tokens tokens.
         prefill_progress(done, total) is called after each prefill micro-batch. `propose(context,
         last, n)` (tests; context: the session's tokens, a read-only int32 array) replaces the
@@ -332,34 +361,37 @@ class Session:
         `propose_tree(context, last, max_nodes)` (tests, the same context) replaces the
         draft's tree: it returns (tokens, parents) of at most max_nodes non-root nodes, node i+1
         with parent parents[i] in [0, i] (0 = the root), verified as with spec="tree";
-        phase_timings measures draft/verify/commit time."""
-        ids, cfg, stops = self._prepare(prompt, max_tokens, stop, **sampling)
-        res, text, kept = self._run(ids, max_tokens, cfg, stops, lambda _t, _i: None,
-                                    prefill_progress=prefill_progress, propose=propose, block_size=block_size,
-                                    phase_timings=phase_timings, propose_tree=propose_tree)
+        phase_timings measures draft/verify/commit time; logprobs=N (0..20) fills the result's
+        logprobs (TokenLogprob: each token's log probability and its N most likely alternatives)."""
+        ids, cfg, stops = self._prepare(prompt, max_tokens, stop, logprobs, **sampling)
+        res, text, kept, lps = self._run(ids, max_tokens, cfg, stops, lambda _t, _i, _l: None,
+                                         prefill_progress=prefill_progress, propose=propose, block_size=block_size,
+                                         phase_timings=phase_timings, propose_tree=propose_tree, logprobs=logprobs)
         finish = "stop" if res.finish_reason == "cancelled" and stops else res.finish_reason
-        return GenerationResult(text=text, tokens=kept if stops else list(res.tokens), finish_reason=finish,
-                                stats=self._stats(res))
+        return GenerationResult(text=text, tokens=kept, finish_reason=finish, stats=self._stats(res),
+                                logprobs=lps if logprobs is not None else None)
 
     def stream(self, prompt: Prompt = (), *, max_tokens: int = 256, stop: str | Sequence[str] | None = None,
                prefill_progress: Callable[[int, int], None] | None = None, phase_timings: bool = False,
-               **sampling: Any) -> Iterator[GenerationChunk]:
-        """Like generate(), yielding chunks as tokens are committed. Parameters are validated
-        before the first chunk; closing the iterator cancels the generation."""
-        ids, cfg, stops = self._prepare(prompt, max_tokens, stop, **sampling)
+               logprobs: int | None = None, **sampling: Any) -> Iterator[GenerationChunk]:
+        """Like generate(), yielding chunks as tokens are committed (with logprobs=N, each chunk's
+        logprobs). Parameters are validated before the first chunk; closing the iterator cancels
+        the generation."""
+        ids, cfg, stops = self._prepare(prompt, max_tokens, stop, logprobs, **sampling)
         q: queue.Queue[Any] = queue.Queue()
         cancel = threading.Event()
         done = object()
 
-        def emit(text: str, toks: list[int]) -> None:
-            q.put(GenerationChunk(text=text, tokens=toks))
+        def emit(text: str, toks: list[int], lps: list[TokenLogprob]) -> None:
+            q.put(GenerationChunk(text=text, tokens=toks, logprobs=lps if logprobs is not None else None))
 
         def worker() -> None:
             try:
-                res, _text, _kept = self._run(ids, max_tokens, cfg, stops, emit, cancel.is_set, prefill_progress,
-                                              phase_timings=phase_timings)
+                res, _text, _kept, _lps = self._run(ids, max_tokens, cfg, stops, emit, cancel.is_set,
+                                                    prefill_progress, phase_timings=phase_timings, logprobs=logprobs)
                 finish = "stop" if res.finish_reason == "cancelled" and not cancel.is_set() else res.finish_reason
-                q.put(GenerationChunk(text="", finish_reason=finish, stats=self._stats(res)))
+                q.put(GenerationChunk(text="", finish_reason=finish, stats=self._stats(res),
+                                      logprobs=[] if logprobs is not None else None))
             except BaseException as exc:  # delivered to the consumer
                 q.put(exc)
             finally:

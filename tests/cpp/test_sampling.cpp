@@ -948,4 +948,67 @@ TEST_CASE(speculative_rows_draw_what_sample_draws) {
     }
 }
 
+// logprobs_of: the log-softmax of the raw logits (no penalties, no temperature), from the candidates when
+// they decide it exactly, else from the full row, with the same numbers either way.
+TEST_CASE(logprobs_are_the_raw_log_softmax) {
+    const int32_t V = 3000;
+    int from_candidates = 0;
+    for (uint64_t trial = 0; trial < 60; ++trial) {
+        std::vector<float> logits = random_logits(V, 7000 + trial, 4.0f);
+        if (trial % 5 == 0) {
+            for (int32_t i = 0; i < V; i += 3) logits[i] = NEG_INF;  // masked ids
+        }
+        if (trial % 6 == 0) {  // ties at the top: lower id first
+            logits[11] = logits[700] = *std::max_element(logits.begin(), logits.end()) + 1.0f;
+        }
+        double mx = NEG_INF;
+        for (float v : logits) mx = std::max(mx, double(v));
+        double sum = 0.0;
+        for (float v : logits) sum += std::exp(double(v) - mx);
+        const double lse = mx + std::log(sum);
+        std::vector<int32_t> order(V);
+        std::iota(order.begin(), order.end(), 0);
+        std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
+        const uint32_t n_top = uint32_t(trial % (MAX_TOP_LOGPROBS + 1));
+        candidate_row cand = device_candidates(logits, 64, {5, int32_t(trial % V)});
+        cand.log_norm = float(lse);
+        for (int32_t tok : {order[0], order[3], order[40], int32_t((trial * 977) % V)}) {
+            int full_calls = 0;
+            const logit_row row{&cand, [&] { ++full_calls; return logits.data(); }};
+            const token_logprobs lp = logprobs_of(row, tok, n_top, V);
+            from_candidates += full_calls == 0;
+            if (std::isinf(logits[tok])) {
+                CHECK(std::isinf(lp.logprob) && lp.logprob < 0);
+            } else {
+                CHECK(near(lp.logprob, double(logits[tok]) - lse, 1e-4));
+            }
+            CHECK(lp.top.size() == n_top);
+            for (uint32_t j = 0; j < lp.top.size(); ++j) {
+                CHECK(lp.top[j].first == order[j]);
+                CHECK(near(lp.top[j].second, double(logits[order[j]]) - lse, 1e-4));
+            }
+            const token_logprobs whole = logprobs_of(logit_row{nullptr, [&] { return logits.data(); }}, tok, n_top, V);
+            CHECK(whole.top.size() == lp.top.size());
+            for (size_t j = 0; j < whole.top.size() && j < lp.top.size(); ++j) {
+                CHECK(whole.top[j].first == lp.top[j].first && near(whole.top[j].second, lp.top[j].second, 1e-4));
+            }
+            CHECK(near(whole.logprob, lp.logprob, 1e-4) || (std::isinf(whole.logprob) && std::isinf(lp.logprob)));
+            if (tok == order[0] || tok == order[3]) {
+                CHECK(full_calls == 0);  // in the top 64 and n_top <= 20 < 64: decided by the candidates
+            }
+        }
+        cand.log_norm = std::numeric_limits<float>::quiet_NaN();  // not asked of the device: the full row
+        int full_calls = 0;
+        logprobs_of(logit_row{&cand, [&] { ++full_calls; return logits.data(); }}, order[0], n_top, V);
+        CHECK(full_calls == 1);
+    }
+    CHECK(from_candidates > 100);
+    std::vector<float> bad(10, 0.0f);
+    bad[4] = std::numeric_limits<float>::quiet_NaN();
+    const logit_row row{nullptr, [&] { return bad.data(); }};
+    CHECK_THROWS(logprobs_of(row, 1, 2, 10), error, "NaN");
+    CHECK_THROWS(logprobs_of(row, 10, 2, 10), error, "outside the vocabulary");
+    CHECK_THROWS(logprobs_of(row, 1, MAX_TOP_LOGPROBS + 1, 10), error, "at most");
+}
+
 TEST_MAIN()

@@ -76,6 +76,10 @@ struct generate_params {
     std::function<std::pair<std::vector<int32_t>, std::vector<int32_t>>(const std::vector<int32_t> &, int32_t, uint32_t)>
         propose_tree;
     bool phase_timings = false;        // measure draft / verify / commit time (adds device syncs)
+    // -1: no logprobs. 0..MAX_TOP_LOGPROBS: each emitted token comes with its log probability under the
+    // model's distribution and this many most likely alternatives (token_logprobs). The tokens are
+    // those of a generation without logprobs (greedy ones then go through the sampler's candidates).
+    int32_t logprobs = -1;
 };
 
 struct generate_stats {
@@ -100,13 +104,15 @@ struct generate_stats {
 
 struct generate_result {
     std::vector<int32_t> tokens;  // generated ids (stop token excluded)
+    std::vector<token_logprobs> logprobs;  // with generate_params::logprobs >= 0: one per token, in order
     std::string finish_reason;    // "stop" | "length" | "context" | "cancelled"
     generate_stats stats;
 };
 
-// Receives each committed token; return false to stop generating. Called on the generating
-// thread, possibly while the engine is busy: it must not call into the same engine.
-using token_callback = std::function<bool(int32_t)>;
+// Receives each committed token and, when logprobs were asked for, its token_logprobs (else null);
+// return false to stop generating. Called on the generating thread, possibly while the engine is
+// busy: it must not call into the same engine.
+using token_callback = std::function<bool(int32_t, const token_logprobs *)>;
 
 class session;
 
@@ -224,20 +230,24 @@ class session {
     struct row_candidates {
         uint32_t n_cand = 0;               // 0: whole rows (no candidates wanted, or a layer split)
         bool all_rows = false;
+        bool log_norm = false;             // also each row's softmax normalizer (candidate_row::log_norm)
         std::vector<int32_t> extra_ids;
         std::vector<candidate_row> rows;  // filled by run_target
         std::vector<float> logits;        // whole rows, or the one row fetched when candidates cannot decide
     };
-    row_candidates candidates_for(const sampler & smp) const;
+    // n_top: generate_params::logprobs (-1: none).
+    row_candidates candidates_for(const sampler & smp, int32_t n_top) const;
     // The extra ids of a sampled batch: the penalty window of `history` plus, with penalties, the
     // batch's own tokens (they join later rows' windows). False: whole rows this time (no
     // candidates, or more penalized ids than are worth gathering).
     bool plan_candidates(row_candidates & cands, const sampler & smp, const std::vector<int32_t> & history,
                          const int32_t * batch, uint32_t n_batch) const;
     // Runs `n` tokens through forward() (the caller holds the engine lock) and samples the token
-    // after them with `smp` over `history` (the evaluated tokens including these).
+    // after them with `smp` over `history` (the evaluated tokens including these). With lp, also
+    // fills its logprobs with n_top alternatives.
     int32_t forward_and_sample(const int32_t * tokens, uint32_t n, sampler & smp, const std::vector<int32_t> & history,
-                               row_candidates & cands, const progress_callback & progress);
+                               row_candidates & cands, const progress_callback & progress,
+                               token_logprobs * lp = nullptr, uint32_t n_top = 0);
     // Runs a sampled verify batch (a chain, or `tree`) and returns the sampler's view of each row
     // (valid until the next target batch; the caller holds the engine lock).
     std::function<logit_row(size_t)> run_target_sampled(const int32_t * tokens, uint32_t n, bool verify,
@@ -270,10 +280,12 @@ class session {
                                          const token_callback & on_token);
     // One tree-verification step of generate_speculative (spec tree or propose_tree); appends the
     // emitted tokens to res.tokens and returns the step's commit plan (spec/chain.h). Sampled
-    // requests draw with smp (cands: generate_speculative's).
+    // requests draw with smp (cands: generate_speculative's). With logprobs, step_lps[j] is filled
+    // for the j-th token the step may emit before `emit` is called for any of them.
     spec::commit_plan tree_step(int32_t last, uint32_t room, const generate_params & params, generate_stats & stats,
                                 generate_result & res, const std::function<bool(int32_t)> & is_stop,
-                                const token_callback & on_token, sampler & smp, row_candidates & cands);
+                                const std::function<bool(int32_t)> & emit, sampler & smp, row_candidates & cands,
+                                std::vector<token_logprobs> & step_lps);
     void check_fits(size_t n_new) const;
 
     engine::impl * eng_;

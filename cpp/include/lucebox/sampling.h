@@ -35,6 +35,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <utility>
 #include <vector>
 
@@ -67,6 +68,9 @@ struct candidate_row {
     std::vector<int32_t> ids;
     std::vector<float> logits;
     float floor = 0.0f;
+    // log of the sum of exp(logit) over the whole row (the softmax normalizer), when the device was
+    // asked for it (logprobs); NaN otherwise.
+    float log_norm = std::numeric_limits<float>::quiet_NaN();
 };
 
 // One row as the sampler takes it: optional device candidates, and the full row on demand.
@@ -80,6 +84,20 @@ struct logit_row {
     const candidate_row * candidates = nullptr;
     std::function<const float *()> full;
 };
+
+// Log probabilities of an emitted token under the model's own distribution: the softmax of the raw
+// logits (no penalties, temperature, top-k/p or min-p), as OpenAI's and llama.cpp's logprobs.
+struct token_logprobs {
+    float logprob = 0.0f;                         // log p(token); -inf for a masked token
+    std::vector<std::pair<int32_t, float>> top;   // the n most likely ids and their log p, best first (lower id on ties)
+};
+constexpr uint32_t MAX_TOP_LOGPROBS = 20;  // top alternatives a token can report (OpenAI's limit)
+
+// logprobs of `token` in `row` with its n_top (<= MAX_TOP_LOGPROBS) best alternatives. Reads only the
+// candidates when they decide it exactly (their log_norm is known, `token` is among them, and the
+// n_top-th best candidate is strictly above `floor`); otherwise the full row. Throws lucebox::error on
+// a NaN or +inf logit or a token outside [0, n_vocab).
+token_logprobs logprobs_of(const logit_row & row, int32_t token, uint32_t n_top, int32_t n_vocab);
 
 class sampler {
   public:

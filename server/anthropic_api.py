@@ -200,7 +200,7 @@ async def messages(body: MessagesRequest, request: Request) -> Response:
         taken, ended = await start_stream(svc, job, request)
         return EventStreamResponse(_stream(svc, job, prepared, mid, taken, ended), on_disconnect=job.cancel,
                                    on_close=job.cancel)
-    (out,), (res,) = await collect_chat(job, prepared, 1, request)
+    (out,), (res,), _ = await collect_chat(job, prepared, 1, request)
     return JSONResponse({
         "id": mid, "type": "message", "role": "assistant", "model": svc.model_name, "content": _blocks(out),
         "stop_reason": _stop_reason(res, bool(out.tool_calls)), "stop_sequence": res.stop_sequence,

@@ -90,8 +90,13 @@ class ChoiceResult:
 
 @dataclass
 class TextEvent:
+    """Text of one choice, in order; logprobs: the lucebox.TokenLogprob entries of the tokens
+    generated since the previous event (when the plan asked for them; text injected by the plan
+    has none, and a token's entry may come before or after its text)."""
+
     choice: int
     text: str
+    logprobs: list[Any] | None = None
 
 
 @dataclass
@@ -139,7 +144,7 @@ def _ending_with(tokenizer: Any, generated: Sequence[int], candidates: Sequence[
 
 
 def _phase(session: Any, tokenizer: Any, prompt: Sequence[int], max_tokens: int, stop: Sequence[str],
-           sampling: dict[str, Any], emit: Callable[[str], None],
+           sampling: dict[str, Any], emit: Callable[[str, list[Any] | None], None],
            cancel: threading.Event) -> tuple[str, Any, tuple[str, str] | None]:
     """One `Session.stream` call: (finish reason, stats or None, (stop string, text from it to
     the end) when a stop string ended it)."""
@@ -148,8 +153,8 @@ def _phase(session: Any, tokenizer: Any, prompt: Sequence[int], max_tokens: int,
     it = session.stream(list(prompt), max_tokens=max_tokens, stop=list(stop) or None, **sampling)
     try:
         for chunk in it:
-            if chunk.text:
-                emit(chunk.text)
+            if chunk.text or chunk.logprobs:
+                emit(chunk.text, chunk.logprobs)
             if chunk.finish_reason is not None:
                 finish, stats = chunk.finish_reason, chunk.stats
             if cancel.is_set():
@@ -162,20 +167,21 @@ def _phase(session: Any, tokenizer: Any, prompt: Sequence[int], max_tokens: int,
     return finish, stats, matched
 
 
-def run_plan(session: Any, tokenizer: Any, plan: GenerationPlan, emit: Callable[[str], None],
+def run_plan(session: Any, tokenizer: Any, plan: GenerationPlan, emit: Callable[[str, list[Any] | None], None],
              cancel: threading.Event, n_ctx: int, prefix_cache: Any = None) -> ChoiceResult:
-    """Execute `plan` on `session` (reset first, or restored from `prefix_cache`); `emit(text)`
-    receives the answer's text in order. Raises what the engine raises (ConfigError,
+    """Execute `plan` on `session` (reset first, or restored from `prefix_cache`); `emit(text,
+    logprobs)` receives the answer's text in order, with the generated tokens' logprobs when the
+    plan's sampling asks for them (else None). Raises what the engine raises (ConfigError,
     OutOfMemoryError, LuceboxError)."""
     first_ids, start_seconds = start_session(session, plan.prompt_ids, prefix_cache, plan.cache_points)
     prefix_pending = [plan.echo_prefix]
 
-    def out(text: str) -> None:
+    def out(text: str, logprobs: list[Any] | None = None) -> None:
         if prefix_pending[0]:
-            emit(prefix_pending[0])
+            emit(prefix_pending[0], None)
             prefix_pending[0] = ""
-        if text:
-            emit(text)
+        if text or logprobs:
+            emit(text, logprobs)
 
     result = ChoiceResult("stop", len(plan.prompt_ids), 0, prefill_seconds=start_seconds)
     remaining = plan.max_tokens
@@ -276,8 +282,8 @@ class GenerationJob:
                 if self._cancel.is_set():
                     break
                 result = run_plan(self._slot.session, self._tokenizer, plan,
-                                  lambda text, i=i: self._put(TextEvent(i, text)), self._cancel, self._n_ctx,
-                                  self._prefix_cache)
+                                  lambda text, lps, i=i: self._put(TextEvent(i, text, lps)), self._cancel,
+                                  self._n_ctx, self._prefix_cache)
                 if self._on_choice is not None:
                     self._on_choice(result)
                 self._put(ChoiceDone(i, result))

@@ -6,6 +6,10 @@ after the headers went out is sent as ``data: {"error": {...}}`` and ends the st
 [DONE]), so a failure never looks like a finished answer. While nothing is generated for a
 while (a long prefill) the stream carries SSE comments (``: ping``) to keep proxies patient.
 
+Logprobs (server/logprobs.py): chat ``logprobs: true`` with ``top_logprobs: N``, completions
+``logprobs: N`` (N <= 20); a streamed chunk carries the entries of the tokens generated since the
+previous chunk of its choice.
+
 Extensions: ``reasoning_content`` in messages and deltas (text of the think block);
 ``chat_template_kwargs`` (e.g. ``{"enable_thinking": false}``); ``max_reasoning_tokens`` (a
 thinking budget); ``top_k``, ``min_p``, ``repetition_penalty``; a ``timings`` object in
@@ -24,6 +28,7 @@ from fastapi.responses import JSONResponse, Response
 from .chat_output import ChatOutput, OutputDelta, finish_reason_for
 from .errors import APIError, api_error_from, invalid
 from .generation import ChoiceDone, ChoiceResult, ErrorEvent, GenerationJob, TextEvent
+from .logprobs import LogprobFormatter, chat_logprobs_n, completion_logprobs_n
 from .schemas import ChatCompletionRequest, CompletionRequest, NamedToolChoice, SamplingFields
 from .service import ChatSpec, PreparedChat, Service
 from .streaming import ClientDisconnected, EventStreamResponse, sse, unless_disconnected
@@ -41,10 +46,6 @@ def service_of(request: Request) -> Service:
 
 def check_common(body: SamplingFields, svc: Service) -> None:
     """Fields every OpenAI endpoint rejects or bounds the same way."""
-    if body.logprobs not in (None, False, 0):
-        raise invalid("logprobs are not supported by this server", param="logprobs", code="unsupported")
-    if body.top_logprobs:
-        raise invalid("top_logprobs are not supported by this server", param="top_logprobs", code="unsupported")
     if body.logit_bias:
         raise invalid("logit_bias is not supported by this server", param="logit_bias", code="unsupported")
     if body.n > svc.config.max_n:
@@ -71,6 +72,11 @@ def timings_of(results: Sequence[ChoiceResult | None]) -> dict[str, Any]:
     return out
 
 
+def with_logprobs(sampling: dict[str, Any], n_top: int | None) -> dict[str, Any]:
+    """Session.stream arguments that also ask for logprobs with n_top alternatives (None: none)."""
+    return sampling if n_top is None else {**sampling, "logprobs": n_top}
+
+
 def chat_spec_from_openai(body: ChatCompletionRequest, svc: Service) -> ChatSpec:
     kwargs = dict(body.chat_template_kwargs or {})
     enable_thinking = kwargs.pop("enable_thinking", None)
@@ -93,21 +99,26 @@ def chat_spec_from_openai(body: ChatCompletionRequest, svc: Service) -> ChatSpec
         messages=body.messages, tools=tools, tool_choice=choice, forced_name=forced,
         parallel_tool_calls=body.parallel_tool_calls is not False, enable_thinking=enable_thinking,
         template_kwargs=kwargs, max_tokens=body.max_completion_tokens or body.max_tokens,
-        sampling=svc.sampling(body.model_dump(), body.seed), stop=body.stop_list(), n=body.n,
+        sampling=with_logprobs(svc.sampling(body.model_dump(), body.seed),
+                               chat_logprobs_n(body.logprobs, body.top_logprobs)),
+        stop=body.stop_list(), n=body.n,
         reasoning_budget=body.max_reasoning_tokens)
 
 
-async def collect_chat(job: GenerationJob, prepared: PreparedChat, n: int,
-                       request: Request) -> tuple[list[ChatOutput], list[ChoiceResult]]:
-    """Run a job to its end (non-streaming). Raises the mapped APIError of an engine failure,
-    or ClientDisconnected (after cancelling the job) when the client leaves."""
+async def collect_chat(job: GenerationJob, prepared: PreparedChat, n: int, request: Request
+                       ) -> tuple[list[ChatOutput], list[ChoiceResult], list[list[Any]]]:
+    """Run a job to its end (non-streaming): each choice's output, result and token logprobs.
+    Raises the mapped APIError of an engine failure, or ClientDisconnected (after cancelling the
+    job) when the client leaves."""
     outputs = [ChatOutput(prepared.think_open, prepared.parse_tools) for _ in range(n)]
     results: list[ChoiceResult | None] = [None] * n
+    logprobs: list[list[Any]] = [[] for _ in range(n)]
 
     async def run() -> None:
         async for ev in job.events():
             if isinstance(ev, TextEvent):
                 outputs[ev.choice].feed(ev.text)
+                logprobs[ev.choice].extend(ev.logprobs or [])
             elif isinstance(ev, ChoiceDone):
                 outputs[ev.choice].finish()
                 results[ev.choice] = ev.result
@@ -119,7 +130,7 @@ async def collect_chat(job: GenerationJob, prepared: PreparedChat, n: int,
     except ClientDisconnected:
         job.cancel()
         raise
-    return outputs, [r if r is not None else ChoiceResult("cancelled", 0, 0) for r in results]
+    return outputs, [r if r is not None else ChoiceResult("cancelled", 0, 0) for r in results], logprobs
 
 
 def message_of(out: ChatOutput) -> dict[str, Any]:
@@ -189,28 +200,37 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     rid = "chatcmpl-" + secrets.token_hex(12)
     created = int(time.time())
     base = {"id": rid, "created": created, "model": svc.model_name, "system_fingerprint": svc.fingerprint}
+    fmt = LogprobFormatter(svc.tokenizer) if "logprobs" in spec.sampling else None
     if body.stream:
         taken, ended = await start_stream(svc, job, request)
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return EventStreamResponse(
-            _chat_stream(svc, job, prepared, body.n, base, include_usage, taken, ended),
+            _chat_stream(svc, job, prepared, body.n, base, include_usage, taken, ended, fmt),
             on_disconnect=job.cancel, on_close=job.cancel)
-    outputs, results = await collect_chat(job, prepared, body.n, request)
+    outputs, results, logprobs = await collect_chat(job, prepared, body.n, request)
     choices = []
     for i, (out, res) in enumerate(zip(outputs, results)):
-        choices.append({"index": i, "message": message_of(out), "logprobs": None,
+        choices.append({"index": i, "message": message_of(out),
+                        "logprobs": fmt.chat_object(logprobs[i]) if fmt else None,
                         "finish_reason": finish_reason_for(res.finish_reason, bool(out.tool_calls))})
     return JSONResponse({**base, "object": "chat.completion", "choices": choices,
                          "usage": usage_of(prepared.n_prompt, results), "timings": timings_of(results)})
 
 
 async def _chat_stream(svc: Service, job: GenerationJob, prepared: PreparedChat, n: int, base: dict[str, Any],
-                       include_usage: bool, taken: list[Any], ended: bool) -> AsyncIterator[str]:
+                       include_usage: bool, taken: list[Any], ended: bool,
+                       fmt: LogprobFormatter | None) -> AsyncIterator[str]:
     obj = {**base, "object": "chat.completion.chunk"}
     extra = {"usage": None} if include_usage else {}
+    # token logprobs not sent yet, per choice: they go with that choice's next chunk
+    pending: list[list[Any]] = [[] for _ in range(n)]
 
     def chunk(index: int, delta: dict[str, Any], finish: str | None = None) -> str:
-        return sse({**obj, "choices": [{"index": index, "delta": delta, "logprobs": None,
+        lps = None
+        if fmt is not None and pending[index]:
+            lps = fmt.chat_object(pending[index])
+            pending[index] = []
+        return sse({**obj, "choices": [{"index": index, "delta": delta, "logprobs": lps,
                                         "finish_reason": finish}], **extra})
 
     outputs = [ChatOutput(prepared.think_open, prepared.parse_tools) for _ in range(n)]
@@ -222,6 +242,7 @@ async def _chat_stream(svc: Service, job: GenerationJob, prepared: PreparedChat,
             if ev is None:
                 yield ": ping\n\n"
             elif isinstance(ev, TextEvent):
+                pending[ev.choice].extend(ev.logprobs or [])
                 for d in _merge_text_deltas(outputs[ev.choice].feed(ev.text)):
                     yield chunk(ev.choice, delta_of(d))
             elif isinstance(ev, ChoiceDone):
@@ -263,25 +284,29 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
         prompts = [p]
     else:
         prompts = list(p)
-    sampling = svc.sampling(body.model_dump(), body.seed)
+    n_top = completion_logprobs_n(body.logprobs, body.top_logprobs)
+    sampling = with_logprobs(svc.sampling(body.model_dump(), body.seed), n_top)
     plans, n_prompt = svc.prepare_prompts(prompts, body.max_tokens, sampling, body.stop_list(), body.n)
     job = await svc.start(plans, request)
     rid = "cmpl-" + secrets.token_hex(12)
     base = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": svc.model_name,
             "system_fingerprint": svc.fingerprint}
     n_choices = len(plans)
+    fmt = LogprobFormatter(svc.tokenizer) if n_top is not None else None
     if body.stream:
         taken, ended = await start_stream(svc, job, request)
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return EventStreamResponse(_completion_stream(svc, job, n_choices, n_prompt, base, include_usage, taken,
-                                                      ended), on_disconnect=job.cancel, on_close=job.cancel)
+                                                      ended, fmt), on_disconnect=job.cancel, on_close=job.cancel)
     texts = [""] * n_choices
     results: list[ChoiceResult | None] = [None] * n_choices
+    logprobs: list[list[Any]] = [[] for _ in range(n_choices)]
 
     async def run() -> None:
         async for ev in job.events():
             if isinstance(ev, TextEvent):
                 texts[ev.choice] += ev.text
+                logprobs[ev.choice].extend(ev.logprobs or [])
             elif isinstance(ev, ChoiceDone):
                 results[ev.choice] = ev.result
             elif isinstance(ev, ErrorEvent):
@@ -292,7 +317,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     except ClientDisconnected:
         job.cancel()
         raise
-    choices = [{"index": i, "text": texts[i], "logprobs": None,
+    choices = [{"index": i, "text": texts[i], "logprobs": fmt.completion_object(logprobs[i])[0] if fmt else None,
                 "finish_reason": finish_reason_for(r.finish_reason if r else "stop", False)}
                for i, r in enumerate(results)]
     return JSONResponse({**base, "choices": choices, "usage": usage_of(n_prompt, results),
@@ -300,15 +325,20 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
 
 
 async def _completion_stream(svc: Service, job: GenerationJob, n: int, n_prompt: int, base: dict[str, Any],
-                             include_usage: bool, taken: list[Any], ended: bool) -> AsyncIterator[str]:
+                             include_usage: bool, taken: list[Any], ended: bool,
+                             fmt: LogprobFormatter | None) -> AsyncIterator[str]:
     extra = {"usage": None} if include_usage else {}
     results: list[ChoiceResult | None] = [None] * n
+    offsets = [0] * n  # text_offset of each choice's next token
     try:
         async for ev in job_events(job, taken, ended):
             if ev is None:
                 yield ": ping\n\n"
             elif isinstance(ev, TextEvent):
-                yield sse({**base, "choices": [{"index": ev.choice, "text": ev.text, "logprobs": None,
+                lps = None
+                if fmt is not None:
+                    lps, offsets[ev.choice] = fmt.completion_object(ev.logprobs or [], offsets[ev.choice])
+                yield sse({**base, "choices": [{"index": ev.choice, "text": ev.text, "logprobs": lps,
                                                 "finish_reason": None}], **extra})
             elif isinstance(ev, ChoiceDone):
                 results[ev.choice] = ev.result

@@ -116,6 +116,9 @@ def chat_spec_from_responses(body: ResponsesRequest, svc: Service) -> ChatSpec:
     if body.previous_response_id:
         raise invalid("previous_response_id is not supported: this server stores no responses; send the "
                       "whole conversation in input", param="previous_response_id", code="unsupported")
+    if body.top_logprobs is not None or "message.output_text.logprobs" in (body.include or []):
+        raise invalid("logprobs are not supported on /v1/responses (use /v1/chat/completions with logprobs: true)",
+                      param="top_logprobs" if body.top_logprobs is not None else "include", code="unsupported")
     tools = []
     for k, t in enumerate(body.tools or []):
         if t.get("type") != "function":
@@ -186,7 +189,7 @@ async def responses(body: ResponsesRequest, request: Request) -> Response:
         taken, ended = await start_stream(svc, job, request)
         return EventStreamResponse(_stream(svc, body, job, prepared, rid, created, taken, ended),
                                    on_disconnect=job.cancel, on_close=job.cancel)
-    (out,), (res,) = await collect_chat(job, prepared, 1, request)
+    (out,), (res,), _ = await collect_chat(job, prepared, 1, request)
     incomplete = res.finish_reason == "length"
     resp = _envelope(body, svc, rid, created, "incomplete" if incomplete else "completed", _items(out))
     if incomplete:

@@ -1,8 +1,9 @@
 """Request bodies of the HTTP API (pydantic v2), validated before any work.
 
 Unknown fields are accepted and ignored (clients send vendor extensions); a field this server
-cannot honour *and* that would change the answer (logprobs, logit_bias, a JSON
-response_format, echo, suffix, best_of) is rejected with a 400 by the endpoint, never ignored.
+cannot honour *and* that would change the answer (logit_bias, a JSON response_format, echo,
+suffix, best_of, the Responses API's logprobs) is rejected with a 400 by the endpoint, never
+ignored.
 Numbers must be finite. Value ranges follow the OpenAI API where it states them.
 """
 from __future__ import annotations
@@ -172,3 +173,5 @@ class ResponsesRequest(_Lenient):
     reasoning: Optional[dict[str, Any]] = None
     previous_response_id: Optional[str] = None
     store: Optional[bool] = None
+    include: Optional[list[str]] = None
+    top_logprobs: Optional[int] = None

@@ -136,6 +136,16 @@ def test_responses_rejects_previous_response_id(client):
         client.responses.create(model="tiny", input="x", previous_response_id="resp_123")
 
 
+def test_responses_refuse_logprobs_but_take_other_includes(client):
+    import openai
+
+    for kw in (dict(top_logprobs=2), dict(include=["message.output_text.logprobs"])):
+        with pytest.raises(openai.BadRequestError, match="logprobs"):
+            client.responses.create(model="tiny", input="x", max_output_tokens=2, **kw)
+    r = client.responses.create(model="tiny", input="x", max_output_tokens=2, include=["reasoning.encrypted_content"])
+    assert r.output
+
+
 def test_responses_rejects_an_empty_input(client):
     import openai
 

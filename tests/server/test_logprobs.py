@@ -1,0 +1,96 @@
+"""Token logprobs over the OpenAI API: chat (``logprobs`` + ``top_logprobs``) and completions
+(``logprobs: N``), streamed and not, equal to what `lucebox.Engine.generate(logprobs=N)` reports for
+the same tokens (whose values tests/integration/test_logprobs.py checks against the exact
+log-softmax), in OpenAI's formats."""
+from __future__ import annotations
+
+import json
+import math
+
+import httpx
+import pytest
+
+import lucebox
+
+MSG = [{"role": "user", "content": "Tell me something"}]
+PROMPT = [5, 17, 300, 42, 8, 99, 1000, 3]
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_models):
+    return lucebox.Engine(tiny_models[0], ctx=1024, device="cpu")
+
+
+def post(server, path: str, body: dict) -> dict:
+    r = httpx.post(server.base_url + path, json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def stream(server, path: str, body: dict) -> list[dict]:
+    with httpx.stream("POST", server.base_url + path, json={**body, "stream": True}, timeout=60) as r:
+        assert r.status_code == 200
+        lines = [line for line in r.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]"
+    return [json.loads(line[6:]) for line in lines[:-1]]
+
+
+def token_text(engine, tid: int) -> str:
+    return engine.tokenizer.token_bytes(tid).decode("utf-8", errors="replace")
+
+
+@pytest.mark.parametrize("n_top", [0, 3])
+def test_completions_logprobs_match_the_engine(server, engine, n_top):
+    body = {"prompt": PROMPT, "max_tokens": 12, "temperature": 0, "logprobs": n_top}
+    got = post(server, "/v1/completions", body)["choices"][0]["logprobs"]
+    ref = engine.generate(PROMPT, max_tokens=12, logprobs=n_top)
+    assert got["tokens"] == [token_text(engine, t) for t in ref.tokens]
+    assert len(got["token_logprobs"]) == len(ref.tokens)
+    for g, r in zip(got["token_logprobs"], ref.logprobs):
+        assert g == pytest.approx(r.logprob, abs=1e-5) and g <= 0
+    for g, r in zip(got["top_logprobs"], ref.logprobs):
+        assert g == pytest.approx({token_text(engine, t): v for t, v in r.top}, abs=1e-5)
+        assert len(r.top) == n_top
+    offsets = [0]
+    for t in got["tokens"][:-1]:
+        offsets.append(offsets[-1] + len(t))
+    assert got["text_offset"] == offsets
+    parts = stream(server, "/v1/completions", body)
+    streamed = {k: [v for p in parts if p["choices"] and p["choices"][0]["logprobs"]
+                    for v in p["choices"][0]["logprobs"][k]] for k in got}
+    assert streamed == got
+
+
+def test_chat_logprobs_with_the_openai_client(client, server):
+    r = client.chat.completions.create(model="tiny", messages=MSG, max_tokens=16, temperature=0,
+                                       logprobs=True, top_logprobs=4)
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens
+    for e in content:
+        assert e.logprob <= 0 and len(e.top_logprobs) == 4
+        assert bytes(e.bytes).decode("utf-8", errors="replace") == e.token
+        assert e.top_logprobs[0].logprob >= e.logprob - 1e-6  # the best alternative is at least as likely
+        assert [a.logprob for a in e.top_logprobs] == sorted((a.logprob for a in e.top_logprobs), reverse=True)
+        assert sum(math.exp(a.logprob) for a in e.top_logprobs) <= 1 + 1e-5
+    assert r.choices[0].logprobs.refusal is None
+    # greedy: the top alternative is the token itself
+    assert all(e.top_logprobs[0].token == e.token for e in content)
+    body = {"messages": MSG, "max_tokens": 16, "temperature": 0, "logprobs": True, "top_logprobs": 4}
+    parts = stream(server, "/v1/chat/completions", body)
+    streamed = [e for p in parts if p["choices"] and p["choices"][0]["logprobs"]
+                for e in p["choices"][0]["logprobs"]["content"]]
+    assert streamed == json.loads(r.model_dump_json())["choices"][0]["logprobs"]["content"]
+
+
+def test_no_logprobs_unless_asked(client):
+    r = client.chat.completions.create(model="tiny", messages=MSG, max_tokens=4, temperature=0)
+    assert r.choices[0].logprobs is None
+    r = client.chat.completions.create(model="tiny", messages=MSG, max_tokens=4, temperature=0, logprobs=False)
+    assert r.choices[0].logprobs is None
+
+
+@pytest.mark.parametrize("body", [{"logprobs": 21}, {"logprobs": -1}, {"logprobs": "3"}, {"logprobs": 2, "top_logprobs": 2}])
+def test_completions_refuse_bad_logprobs(server, body):
+    r = httpx.post(server.base_url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2, **body}, timeout=30)
+    assert r.status_code == 400
+    assert r.json()["error"]["param"] in ("logprobs", "top_logprobs")

@@ -118,6 +118,8 @@ void register_engine(py::module_ & m) {
             std::memcpy(out.mutable_data(), logits.data(), logits.size() * sizeof(float));
             return out;
         }, py::arg("tokens"), py::arg("all_logits") = true)
+        .def("score", &session::score, py::arg("tokens"), py::arg("n_top") = 0, py::arg("next") = -1,
+             py::call_guard<py::gil_scoped_release>())
         .def("generate", [](session & s, const std::vector<int32_t> & prompt, uint32_t max_tokens,
                             const sampling_params & sampling, const std::vector<int32_t> & stop_tokens,
                             py::object on_token, py::object on_prefill, py::object propose, uint32_t block_size,

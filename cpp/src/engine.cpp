@@ -628,7 +628,12 @@ std::vector<float> session::run_target(const int32_t * tokens, uint32_t T, bool 
     // so that a growing penalty window rebuilds the graph only a few times
     const uint32_t n_cand = cands != nullptr ? std::min(cands->n_cand, V) : 0;
     uint32_t n_extra = 0;
-    if (cands != nullptr && !cands->extra_ids.empty()) {
+    if (cands != nullptr && !cands->row_ids.empty()) {
+        if (!cands->extra_ids.empty() || cands->row_ids.size() != T || !cands->all_rows) {
+            throw error("internal: per-row candidate ids need every row and no shared ids");
+        }
+        n_extra = 16;  // the row's id, repeated (the shape of a short penalty window: no new graph)
+    } else if (cands != nullptr && !cands->extra_ids.empty()) {
         n_extra = 16;
         while (n_extra < cands->extra_ids.size()) {
             n_extra *= 2;
@@ -664,10 +669,16 @@ std::vector<float> session::run_target(const int32_t * tokens, uint32_t T, bool 
 
     set_qwen35_inputs(g, hp, tokens, n_past, T, n_kv, st.ring_size, tree ? &tree->parents : nullptr,
                       st_->mask_staging);
-    if (cache.cand.extra_ids != nullptr) {  // the same ids for every row, padded with the first
-        std::vector<int32_t> ids(size_t(n_extra) * n_out, cands->extra_ids[0]);
+    if (cache.cand.extra_ids != nullptr) {  // the same ids for every row, padded with the first; or each row's own
+        std::vector<int32_t> ids(size_t(n_extra) * n_out);
         for (uint32_t r = 0; r < n_out; ++r) {
-            std::copy(cands->extra_ids.begin(), cands->extra_ids.end(), ids.begin() + size_t(r) * n_extra);
+            const auto row = ids.begin() + size_t(r) * n_extra;
+            if (!cands->row_ids.empty()) {
+                std::fill(row, row + n_extra, cands->row_ids[r]);
+            } else {
+                std::fill(row, row + n_extra, cands->extra_ids[0]);
+                std::copy(cands->extra_ids.begin(), cands->extra_ids.end(), row);
+            }
         }
         ggml_backend_tensor_set(cache.cand.extra_ids, ids.data(), 0, sizeof(int32_t) * ids.size());
     }
@@ -692,7 +703,7 @@ std::vector<float> session::run_target(const int32_t * tokens, uint32_t T, bool 
             ggml_backend_tensor_get(cache.cand.row_max, row_max.data(), 0, sizeof(float) * n_out);
             ggml_backend_tensor_get(cache.cand.sum_exp, sum_exp.data(), 0, sizeof(float) * n_out);
         }
-        const size_t n_ext = cands->extra_ids.size();
+        const size_t n_ext = cands->row_ids.empty() ? cands->extra_ids.size() : 1;
         cands->rows.assign(n_out, {});
         for (uint32_t r = 0; r < n_out; ++r) {
             candidate_row & row = cands->rows[r];
@@ -701,7 +712,11 @@ std::vector<float> session::run_target(const int32_t * tokens, uint32_t T, bool 
             row.ids.assign(top, top + n_cand);
             row.logits.assign(top_l, top_l + n_cand);
             row.floor = *std::min_element(top_l, top_l + n_cand);
-            row.ids.insert(row.ids.end(), cands->extra_ids.begin(), cands->extra_ids.end());
+            if (cands->row_ids.empty()) {
+                row.ids.insert(row.ids.end(), cands->extra_ids.begin(), cands->extra_ids.end());
+            } else {
+                row.ids.push_back(cands->row_ids[r]);
+            }
             const auto ext_l = extra_logits.begin() + size_t(r) * n_extra;
             row.logits.insert(row.logits.end(), ext_l, ext_l + n_ext);
             if (log_norm) {
@@ -1277,6 +1292,73 @@ std::vector<float> session::eval(const std::vector<int32_t> & tokens, bool all_l
     }
     std::lock_guard<std::mutex> lock(eng_->compute_mutex);
     return forward(tokens.data(), static_cast<uint32_t>(tokens.size()), all_logits, nullptr);
+}
+
+std::vector<token_logprobs> session::score(const std::vector<int32_t> & tokens, uint32_t n_top, int32_t next) {
+    if (n_top > MAX_TOP_LOGPROBS) {
+        throw config_error("score: " + std::to_string(n_top) + " alternatives asked, at most " +
+                           std::to_string(MAX_TOP_LOGPROBS));
+    }
+    const uint32_t V = n_vocab();
+    if (next >= 0 && static_cast<uint32_t>(next) >= V) {
+        throw config_error("score: next token id " + std::to_string(next) + " is outside the vocabulary [0, " +
+                           std::to_string(V) + ")");
+    }
+    if (tokens.empty()) {
+        throw config_error("score: no tokens given");
+    }
+    if (pending_ >= 0) {
+        throw config_error("score: the session has a pending generated token; pass it first or reset");
+    }
+    check_fits(tokens.size());
+    for (size_t i = 0; i < tokens.size(); ++i) {
+        if (tokens[i] < 0 || static_cast<uint32_t>(tokens[i]) >= V) {
+            throw config_error("token id " + std::to_string(tokens[i]) + " at index " + std::to_string(i) +
+                               " is outside the vocabulary [0, " + std::to_string(V) + ")");
+        }
+    }
+    engine::impl & e = *eng_;
+    std::lock_guard<std::mutex> lock(e.compute_mutex);
+    const uint32_t n = static_cast<uint32_t>(tokens.size());
+    std::vector<token_logprobs> out;
+    out.reserve(n);
+    row_candidates cands;
+    cands.n_cand = e.split ? 0 : 64;  // a layer split returns whole rows
+    cands.all_rows = true;
+    cands.log_norm = true;
+    for (uint32_t done = 0; done < n;) {
+        const uint32_t T = std::min(e.cfg.n_ubatch, n - done);
+        // row r scores the token after it: the next micro-batch's first, or `next` after the last row
+        auto target = [&](uint32_t r) { return done + r + 1 < n ? tokens[done + r + 1] : next; };
+        std::vector<float> whole;
+        if (cands.n_cand > 0) {
+            cands.row_ids.resize(T);
+            for (uint32_t r = 0; r < T; ++r) {
+                cands.row_ids[r] = std::max(target(r), 0);  // a row with nothing to score looks up id 0
+            }
+            run_target(tokens.data() + done, T, false, nullptr, false, nullptr, nullptr, &cands);
+        } else {
+            whole = run_target(tokens.data() + done, T, true, nullptr, false, nullptr);
+        }
+        for (uint32_t r = 0; r < T; ++r) {
+            if (target(r) < 0) {
+                continue;
+            }
+            logit_row row;
+            if (cands.n_cand > 0) {
+                row = sampling_row(cands, r);
+            } else {
+                row.full = [&whole, r, V] { return static_cast<const float *>(whole.data() + size_t(r) * V); };
+            }
+            out.push_back(logprobs_of(row, target(r), n_top, static_cast<int32_t>(V)));
+        }
+        tokens_.insert(tokens_.end(), tokens.begin() + done, tokens.begin() + done + T);
+        if (e.draft) {
+            run_draft(-1, 0);  // keep the draft's context in step (the feature ring holds one micro-batch)
+        }
+        done += T;
+    }
+    return out;
 }
 
 generate_result session::generate(const std::vector<int32_t> & prompt, const generate_params & params,

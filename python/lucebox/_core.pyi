@@ -190,6 +190,7 @@ class GenerateResult:
 
 class Session:
     def eval(self, tokens: list[int], all_logits: bool = True) -> npt.NDArray[np.float32]: ...
+    def score(self, tokens: list[int], n_top: int = 0, next: int = -1) -> list[TokenLogprobs]: ...
     def generate(self, prompt: list[int], max_tokens: int, sampling: SamplingParams, stop_tokens: list[int],
                  on_token: Callable[..., bool | None] | None = None,  # (token) or, with logprobs, (token, TokenLogprobs)
                  on_prefill: Callable[[int, int], None] | None = None,

@@ -266,6 +266,20 @@ class Session:
         """Append tokens and return their logits, float32 [len(tokens) or 1, n_vocab]."""
         return self._core.eval([int(t) for t in tokens], all_logits)
 
+    def score(self, tokens: Sequence[int], *, top_logprobs: int = 0, next: int | None = None) -> list[TokenLogprob]:
+        """Append `tokens` (like eval) and return the logprobs of tokens[1:], each after the context
+        and the tokens before it, then, if `next` is given, of `next` after all of them (it is not
+        appended): each a TokenLogprob with `top_logprobs` (0..20) most likely alternatives. The
+        rows stay on the device (only their top candidates and normalizers come back), so long
+        prompts cost no vocabulary-sized copies."""
+        if isinstance(top_logprobs, bool) or not isinstance(top_logprobs, int) or \
+                not 0 <= top_logprobs <= _core.MAX_TOP_LOGPROBS:
+            raise ConfigError(f"top_logprobs={top_logprobs!r} must be an integer in [0, {_core.MAX_TOP_LOGPROBS}]")
+        ids = [int(t) for t in tokens]
+        entries = self._core.score(ids, top_logprobs, -1 if next is None else int(next))
+        targets = ids[1:] + ([int(next)] if next is not None else [])
+        return [TokenLogprob(t, e.logprob, [(int(i), float(v)) for i, v in e.top]) for t, e in zip(targets, entries)]
+
     def append(self, tokens: Sequence[int]) -> None:
         """Append tokens (prefill) without returning logits."""
         self._core.eval([int(t) for t in tokens], False)

@@ -131,3 +131,41 @@ def test_bad_logprobs_are_refused(pair: tuple[str, str], bad) -> None:
         engine.generate([1, 2, 3], max_tokens=4, logprobs=bad)
     with pytest.raises(ConfigError, match="logprobs"):
         engine.session().stream([1, 2, 3], max_tokens=4, logprobs=bad)
+
+
+@pytest.mark.parametrize("ubatch", [512, 7])
+def test_score_is_the_exact_log_softmax_of_the_prompt(pair: tuple[str, str], ubatch: int) -> None:
+    """Session.score: every token after the first, across micro-batch boundaries, then `next`."""
+    target, draft = pair
+    engine = lucebox.Engine(target, draft, ctx=512, device="cpu", ubatch=ubatch, spec="chain")
+    p = prompts(2)[1] + prompts(1)[0]
+    for n_top, nxt in ((0, None), (6, 123)):
+        s = engine.session()
+        got = s.score(p, top_logprobs=n_top, next=nxt)
+        assert s.tokens == p  # appended like eval; `next` is not
+        scored = p[1:] + ([nxt] if nxt is not None else [])
+        assert [e.token for e in got] == scored
+        exact = exact_logprobs(engine, p[:1], scored, n_top)
+        for e, (want, top_ids, all_lp) in zip(got, exact):
+            assert abs(e.logprob - want) < TOL
+            assert [i for i, _ in e.top] == top_ids
+        # the session goes on as after eval: generation continues the scored context
+        ref = engine.session()
+        ref.append(p)
+        assert s.generate([7], max_tokens=8).tokens == ref.generate([7], max_tokens=8).tokens
+    with pytest.raises(ConfigError, match="outside the vocabulary"):
+        engine.session().score([1, 2], next=10**6)
+    with pytest.raises(ConfigError, match="top_logprobs"):
+        engine.session().score([1, 2], top_logprobs=21)
+
+
+def test_score_on_a_layer_split(tmp_path) -> None:
+    path = str(tmp_path / "t.gguf")
+    synth.write_target(path, "tiny", type="f32", seed=8)
+    single = lucebox.Engine(path, ctx=256, device="cpu")
+    split = lucebox.Engine(path, ctx=256, devices=["cpu:0", "cpu:1"], split="layer")
+    p = prompts(1)[0]
+    a, b = split.session().score(p, top_logprobs=3), single.session().score(p, top_logprobs=3)
+    assert [e.token for e in a] == [e.token for e in b]
+    for x, y in zip(a, b):
+        assert abs(x.logprob - y.logprob) < TOL and [i for i, _ in x.top] == [i for i, _ in y.top]

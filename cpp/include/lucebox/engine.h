@@ -191,6 +191,13 @@ class session {
     // fit in the context or are outside the vocabulary; the session is unchanged then.
     std::vector<float> eval(const std::vector<int32_t> & tokens, bool all_logits);
 
+    // Appends `tokens` like eval and returns the logprobs (token_logprobs with n_top alternatives,
+    // n_top <= MAX_TOP_LOGPROBS) of tokens[1..] each after everything before it, then, if next >= 0,
+    // of `next` after all of them (not appended): tokens.size() - 1 (+1) entries. The rows' normalizers
+    // and alternatives come from the device's candidates, so no vocabulary row crosses to the host
+    // (but on a layer split). Throws config_error like eval; the session is unchanged then.
+    std::vector<token_logprobs> score(const std::vector<int32_t> & tokens, uint32_t n_top, int32_t next = -1);
+
     // Appends `prompt` and generates. The last emitted token is not evaluated until the next call
     // (which feeds it first), so a one-shot generation costs no extra forward; `prompt` may be empty
     // when such a pending token exists.
@@ -232,6 +239,7 @@ class session {
         bool all_rows = false;
         bool log_norm = false;             // also each row's softmax normalizer (candidate_row::log_norm)
         std::vector<int32_t> extra_ids;
+        std::vector<int32_t> row_ids;      // or one id per output row (score: each row's next token)
         std::vector<candidate_row> rows;  // filled by run_target
         std::vector<float> logits;        // whole rows, or the one row fetched when candidates cannot decide
     };

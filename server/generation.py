@@ -28,11 +28,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Sequence, Union
 
 from lucebox.prefix_cache import start_session
 
+from .logprobs import UnscoredToken
 from .reasoning import THINK_CLOSE
 from .scheduler import Scheduler, Slot
 
@@ -57,6 +59,9 @@ class GenerationPlan:
     only). after_reasoning: text appended when the reasoning ends (a forced tool-call opening).
     cache_points: prompt prefix lengths to snapshot into the prefix cache besides the cache's
     own `boundaries` (the ends of chat turns, so a later request sharing the turns hits them).
+    echo_prompt: the answer begins with the prompt's text (completions' ``echo``); with
+    ``logprobs`` in `sampling`, with the prompt tokens' logprobs too (the first token's unscored),
+    which needs every prompt row: the prompt is then scored from an empty session, not the cache.
     """
 
     prompt_ids: Sequence[int]
@@ -68,6 +73,7 @@ class GenerationPlan:
     reasoning_budget: int | None = None
     after_reasoning: str = ""
     cache_points: tuple[int, ...] = ()  # extra prefix lengths to snapshot (chat-turn boundaries)
+    echo_prompt: bool = False
 
     @property
     def two_phase(self) -> bool:
@@ -167,13 +173,34 @@ def _phase(session: Any, tokenizer: Any, prompt: Sequence[int], max_tokens: int,
     return finish, stats, matched
 
 
+def _score_prompt(session: Any, tokenizer: Any, prompt_ids: Sequence[int], n_top: int,
+                  emit: Callable[[str, list[Any] | None], None]) -> tuple[list[int], float]:
+    """Echo with logprobs: reset `session`, score the prompt less its last token (whose entry comes
+    from the last scored row), emit the prompt's text with every token's entry, and return the
+    ids left to generate from (the last one) and the seconds spent."""
+    t0 = time.perf_counter()
+    ids = [int(t) for t in prompt_ids]
+    session.reset()
+    entries: list[Any] = [UnscoredToken(ids[0])]
+    if len(ids) > 1:
+        entries += session.score(ids[:-1], top_logprobs=n_top, next=ids[-1])
+    emit(tokenizer.decode(ids), entries)
+    return ids[-1:], time.perf_counter() - t0
+
+
 def run_plan(session: Any, tokenizer: Any, plan: GenerationPlan, emit: Callable[[str, list[Any] | None], None],
              cancel: threading.Event, n_ctx: int, prefix_cache: Any = None) -> ChoiceResult:
     """Execute `plan` on `session` (reset first, or restored from `prefix_cache`); `emit(text,
     logprobs)` receives the answer's text in order, with the generated tokens' logprobs when the
     plan's sampling asks for them (else None). Raises what the engine raises (ConfigError,
     OutOfMemoryError, LuceboxError)."""
-    first_ids, start_seconds = start_session(session, plan.prompt_ids, prefix_cache, plan.cache_points)
+    n_top = plan.sampling.get("logprobs")
+    if plan.echo_prompt and n_top is not None:
+        first_ids, start_seconds = _score_prompt(session, tokenizer, plan.prompt_ids, n_top, emit)
+    else:
+        first_ids, start_seconds = start_session(session, plan.prompt_ids, prefix_cache, plan.cache_points)
+        if plan.echo_prompt:
+            emit(tokenizer.decode(list(plan.prompt_ids)), None)
     prefix_pending = [plan.echo_prefix]
 
     def out(text: str, logprobs: list[Any] | None = None) -> None:

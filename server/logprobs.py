@@ -9,7 +9,8 @@ decoded as UTF-8 (a token that ends inside a character shows U+FFFD; `bytes` has
   generated token (reasoning and tool-call tokens included: they are generated text too);
 * completions (``logprobs: N``): ``{"tokens": [...], "token_logprobs": [...], "top_logprobs":
   [{token: logprob, ...}, ...], "text_offset": [...]}``, a token's offset being the characters of
-  the token strings before it (the generated text's, unless a token ends inside a character).
+  the token strings before it (the generated text's, unless a token ends inside a character). With
+  ``echo``, the prompt's tokens come first, the first of them with null logprob and alternatives.
 
 `chat_logprobs_n` / `completion_logprobs_n` validate the request fields (400 on misuse).
 """
@@ -20,7 +21,7 @@ from typing import Any, Sequence
 
 from .errors import invalid
 
-__all__ = ["MAX_TOP", "chat_logprobs_n", "completion_logprobs_n", "LogprobFormatter"]
+__all__ = ["MAX_TOP", "chat_logprobs_n", "completion_logprobs_n", "LogprobFormatter", "UnscoredToken"]
 
 MAX_TOP = 20  # alternatives per token (OpenAI's limit; lucebox._core.MAX_TOP_LOGPROBS)
 
@@ -53,6 +54,15 @@ def completion_logprobs_n(logprobs: Any, top_logprobs: Any) -> int | None:
     return logprobs
 
 
+@dataclass(frozen=True)
+class UnscoredToken:
+    """An echoed prompt's first token: nothing before it, so no logprob (null in the answer)."""
+
+    token: int
+    logprob: None = None
+    top: None = None
+
+
 @dataclass
 class LogprobFormatter:
     """Turns TokenLogprob entries into OpenAI's objects with the model's tokenizer."""
@@ -81,14 +91,14 @@ class LogprobFormatter:
         """The legacy object for `entries`, the first at character `offset` of the generated
         text; also returns the offset after them (for the next streamed piece)."""
         tokens: list[str] = []
-        logprobs: list[float] = []
-        tops: list[dict[str, float]] = []
+        logprobs: list[float | None] = []
+        tops: list[dict[str, float] | None] = []
         offsets: list[int] = []
         for e in entries:
             text, _ = self._token(e.token)
             tokens.append(text)
             logprobs.append(e.logprob)
-            tops.append({self._token(tid)[0]: lp for tid, lp in e.top})
+            tops.append(None if e.top is None else {self._token(tid)[0]: lp for tid, lp in e.top})
             offsets.append(offset)
             offset += len(text)
         return {"tokens": tokens, "token_logprobs": logprobs, "top_logprobs": tops, "text_offset": offsets}, offset

@@ -8,7 +8,9 @@ while (a long prefill) the stream carries SSE comments (``: ping``) to keep prox
 
 Logprobs (server/logprobs.py): chat ``logprobs: true`` with ``top_logprobs: N``, completions
 ``logprobs: N`` (N <= 20); a streamed chunk carries the entries of the tokens generated since the
-previous chunk of its choice.
+previous chunk of its choice. Completions' ``echo: true`` starts each answer with its prompt (with
+``logprobs``, the prompt tokens' entries too, the first one null: how evaluation harnesses score
+a text).
 
 Extensions: ``reasoning_content`` in messages and deltas (text of the think block);
 ``chat_template_kwargs`` (e.g. ``{"enable_thinking": false}``); ``max_reasoning_tokens`` (a
@@ -270,8 +272,6 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     svc = service_of(request)
     svc.check_model(body.model)
     check_common(body, svc)
-    if body.echo:
-        raise invalid("echo is not supported by this server", param="echo", code="unsupported")
     if body.suffix:
         raise invalid("suffix is not supported by this server", param="suffix", code="unsupported")
     if body.best_of not in (None, 1):
@@ -286,7 +286,8 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
         prompts = list(p)
     n_top = completion_logprobs_n(body.logprobs, body.top_logprobs)
     sampling = with_logprobs(svc.sampling(body.model_dump(), body.seed), n_top)
-    plans, n_prompt = svc.prepare_prompts(prompts, body.max_tokens, sampling, body.stop_list(), body.n)
+    plans, n_prompt = svc.prepare_prompts(prompts, body.max_tokens, sampling, body.stop_list(), body.n,
+                                          echo=body.echo)
     job = await svc.start(plans, request)
     rid = "cmpl-" + secrets.token_hex(12)
     base = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": svc.model_name,

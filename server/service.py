@@ -308,9 +308,10 @@ class Service:
         return tuple(points)
 
     def prepare_prompts(self, prompts: Sequence[str | Sequence[int]], max_tokens: int | None,
-                        sampling: dict[str, Any], stop: list[str], n: int) -> tuple[list[GenerationPlan], int]:
-        """Plans for raw prompts (text, parsed with special tokens, or token ids), n per prompt.
-        Returns (plans, total prompt tokens)."""
+                        sampling: dict[str, Any], stop: list[str], n: int,
+                        echo: bool = False) -> tuple[list[GenerationPlan], int]:
+        """Plans for raw prompts (text, parsed with special tokens, or token ids), n per prompt
+        (echo: each answer begins with its prompt). Returns (plans, total prompt tokens)."""
         plans: list[GenerationPlan] = []
         n_prompt_total = 0
         vocab = self.tokenizer.n_vocab
@@ -331,7 +332,7 @@ class Service:
                 s = dict(sampling)
                 s["seed"] = (base_seed + p_index * n + i) % (1 << 64)
                 plans.append(GenerationPlan(prompt_ids=ids, max_tokens=self._max_tokens(max_tokens, room),
-                                            sampling=s, stop=tuple(stop)))
+                                            sampling=s, stop=tuple(stop), echo_prompt=echo))
         return plans, n_prompt_total
 
     # -- running ------------------------------------------------------------------------------

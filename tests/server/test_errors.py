@@ -88,7 +88,7 @@ def test_tool_choice_errors(server):
 
 
 def test_completions_errors(server):
-    assert_error(post(server, {"prompt": "x", "echo": True}, "/v1/completions"), 400, param="echo")
+    assert_error(post(server, {"prompt": "x", "suffix": "y"}, "/v1/completions"), 400, param="suffix")
     assert_error(post(server, {"prompt": [5000000]}, "/v1/completions"), 400, param="prompt")
     assert_error(post(server, {"prompt": []}, "/v1/completions"), 400, param="prompt")
     assert_error(post(server, {}, "/v1/completions"), 400, param="prompt")

@@ -94,3 +94,37 @@ def test_completions_refuse_bad_logprobs(server, body):
     r = httpx.post(server.base_url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2, **body}, timeout=30)
     assert r.status_code == 400
     assert r.json()["error"]["param"] in ("logprobs", "top_logprobs")
+
+
+@pytest.mark.parametrize("stream_it", [False, True])
+def test_completions_echo_scores_the_prompt(server, engine, stream_it):
+    """echo + logprobs, as evaluation harnesses send it: the prompt's text and tokens first, the
+    first token unscored, the rest equal to Session.score, then the generated tokens."""
+    body = {"prompt": PROMPT, "max_tokens": 3, "temperature": 0, "logprobs": 2, "echo": True}
+    if stream_it:
+        parts = stream(server, "/v1/completions", body)
+        text = "".join(p["choices"][0]["text"] for p in parts if p["choices"])
+        got = {k: [v for p in parts if p["choices"] and p["choices"][0]["logprobs"]
+                   for v in p["choices"][0]["logprobs"][k]] for k in ("tokens", "token_logprobs", "top_logprobs")}
+    else:
+        choice = post(server, "/v1/completions", body)["choices"][0]
+        text, got = choice["text"], choice["logprobs"]
+    prompt_text = engine.tokenizer.decode(PROMPT)
+    gen = engine.generate(PROMPT, max_tokens=3)
+    assert text == prompt_text + gen.text
+    scored = engine.session().score(PROMPT, top_logprobs=2)
+    assert got["tokens"] == [token_text(engine, t) for t in PROMPT + gen.tokens]
+    assert got["token_logprobs"][0] is None and got["top_logprobs"][0] is None
+    for g, e in zip(got["token_logprobs"][1:len(PROMPT)], scored):
+        assert g == pytest.approx(e.logprob, abs=1e-5)
+    for g, e in zip(got["top_logprobs"][1:len(PROMPT)], scored):
+        assert g == pytest.approx({token_text(engine, t): v for t, v in e.top}, abs=1e-5)
+    assert len(got["token_logprobs"]) == len(PROMPT) + 3
+
+
+def test_completions_echo_without_logprobs(server, engine):
+    choice = post(server, "/v1/completions", {"prompt": "def f(x):", "max_tokens": 4, "temperature": 0,
+                                               "echo": True})["choices"][0]
+    assert choice["text"].startswith("def f(x):") and choice["logprobs"] is None
+    plain = post(server, "/v1/completions", {"prompt": "def f(x):", "max_tokens": 4, "temperature": 0})
+    assert choice["text"] == "def f(x):" + plain["choices"][0]["text"]

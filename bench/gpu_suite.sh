@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One pass over a single-GPU machine: builds lucebox for CUDA with its C++ tests, builds the
-# llama-bench anchor (bench/llama_anchor) in the background meanwhile, runs the GPU CTest cases and
+# llama-bench anchor (bench/llama_anchor; and llama-perplexity where the tree has it) in the background meanwhile, runs the GPU CTest cases and
 # tests/gpu, writes the qwen3.6-27b synthetic target in Q8_0 (with its draft) and Q4_K_M, then
 # bench_spec.py and bench_target.py on each: every number issue 9's bars name, in one run with the
 # anchor. About 13 minutes on one H200 with 16 cores (twenty-ninth session: 753 s; build 4 min, tests
@@ -19,7 +19,8 @@ source "$(dirname "$0")/suite_build.sh"
 rm -f "$TMP/anchor.done"
 ( cmake -S bench/llama_anchor -B "$TMP/anchor" -G Ninja -DLLAMA_CPP_ROOT="$ROOT" -DGGML_CUDA=ON \
       -DCMAKE_CUDA_ARCHITECTURES="$ARCHS" -DCMAKE_BUILD_TYPE=Release > "$OUT/anchor.log" 2>&1 &&
-  ninja -C "$TMP/anchor" llama-bench >> "$OUT/anchor.log" 2>&1; echo $? > "$TMP/anchor.done" ) &
+  ninja -C "$TMP/anchor" llama-bench $([ -d "$ROOT/tools/perplexity" ] && echo llama-perplexity) \
+      >> "$OUT/anchor.log" 2>&1; echo $? > "$TMP/anchor.done" ) &
 ( lucebox synth qwen3.6-27b -o "$TMP/t27.gguf" --draft-out "$TMP/d27.gguf" --type q8_0 > "$OUT/synth.log" 2>&1 &&
   lucebox synth qwen3.6-27b -o "$TMP/t27q4.gguf" --type q4_k_m >> "$OUT/synth.log" 2>&1
   echo $? > "$TMP/synth.done" ) &

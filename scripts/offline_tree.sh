@@ -19,9 +19,9 @@ tar xzf "$ARCHIVE" -C "$DIR/.extract" "$top/$(pin subtree)"
 mv "$DIR/.extract/$top/$(pin subtree)" "$DIR/llama.cpp"
 rm -rf "$DIR/.extract"
 cd "$DIR/llama.cpp"
-# not needed to build ggml (CPU, CUDA), libllama, common and tools/llama-bench
+# not needed to build ggml (CPU, CUDA), libllama, common, tools/llama-bench and tools/perplexity
 rm -rf models docs media benches tests conversion examples gguf-py scripts grammars .git
-find tools -mindepth 1 -maxdepth 1 ! -name llama-bench ! -name CMakeLists.txt -exec rm -rf {} +
+find tools -mindepth 1 -maxdepth 1 ! -name llama-bench ! -name perplexity ! -name CMakeLists.txt -exec rm -rf {} +
 for b in cann et hexagon metal opencl openvino rpc sycl virtgpu vulkan webgpu zdnn zendnn musa blas; do
     rm -rf "ggml/src/ggml-$b"
 done

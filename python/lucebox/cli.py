@@ -1,4 +1,4 @@
-"""The `lucebox` command line: info, synth, convert-draft, generate, serve.
+"""The `lucebox` command line: info, synth, convert-draft, generate, perplexity, serve.
 
 Each subcommand is a small function over the public Python API; heavy modules (the server, the
 synthetic-model writer) are imported only by the subcommand that needs them.
@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from typing import Any, Sequence
 
 from lucebox.errors import ConfigError, LuceboxError
@@ -235,6 +236,57 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def chunk_perplexity(engine: Any, ids: Sequence[int], n_ctx: int) -> list[list[float]]:
+    """llama.cpp's perplexity protocol (tools/perplexity): the text's tokens in consecutive chunks
+    of n_ctx, each evaluated from an empty context, and the tokens of each chunk after its first
+    n_ctx / 2 + 1 scored (each sees at least n_ctx / 2 tokens before it). Returns the negative
+    log-likelihoods of the scored tokens, a list per chunk."""
+    if n_ctx < 4:
+        raise ConfigError(f"perplexity needs chunks of at least 4 tokens, got {n_ctx}")
+    if len(ids) < n_ctx:
+        raise ConfigError(f"the text has {len(ids)} tokens, fewer than one chunk of {n_ctx} (lower --chunk)")
+    first = n_ctx // 2
+    out = []
+    session = engine.session()
+    for start in range(0, len(ids) - n_ctx + 1, n_ctx):
+        session.reset()
+        entries = session.score(ids[start:start + n_ctx])  # entries[i]: token i + 1, from row i
+        out.append([-e.logprob for e in entries[first:]])  # rows first .. n_ctx - 2
+    return out
+
+
+def _cmd_perplexity(args: argparse.Namespace) -> int:
+    import math
+
+    import lucebox
+
+    show = sys.stderr.isatty() or args.progress
+    engine = lucebox.Engine(args.model, ctx=args.chunk, kv_type_k=args.kv_type_k, kv_type_v=args.kv_type_v,
+                            device=args.device, ubatch=args.ubatch, threads=args.threads,
+                            progress=_Progress("loading", "bytes", show), **placement_kwargs(args))
+    with open(args.file, "r", encoding="utf-8", errors="replace") as f:
+        text = f.read()
+    ids = engine.tokenizer.encode(text)
+    if args.max_chunks:
+        ids = ids[:args.max_chunks * args.chunk]
+    t0 = time.perf_counter()
+    nll = nll2 = 0.0
+    count = 0
+    chunks = chunk_perplexity(engine, ids, args.chunk)
+    for k, chunk in enumerate(chunks, 1):
+        nll += sum(chunk)
+        nll2 += sum(x * x for x in chunk)
+        count += len(chunk)
+        print(f"[{k}]{math.exp(nll / count):.4f}", end=" ", flush=True)
+    mean = nll / count
+    ppl = math.exp(mean)
+    # llama.cpp's estimate: the standard error of the mean token NLL, carried to the perplexity
+    err = ppl * math.sqrt(max(nll2 / count - mean * mean, 0.0) / (count - 1)) if count > 1 else 0.0
+    print(f"\nPPL = {ppl:.4f} +/- {err:.5f} over {len(chunks)} chunks of {args.chunk} tokens "
+          f"({count} scored) in {time.perf_counter() - t0:.1f} s on {engine.device}")
+    return 0
+
+
 def _add_placement_flags(p: argparse.ArgumentParser) -> None:
     """--devices / --split / --layer-proportions / --draft-device (EngineConfig's placement fields)."""
     p.add_argument("--devices", default=None, metavar="LIST",
@@ -340,6 +392,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stats", action="store_true", help="print timing and token counts to stderr")
     p.add_argument("--progress", action="store_true", help="show load/prefill progress even when not a terminal")
     p.set_defaults(func=_cmd_generate)
+
+    p = sub.add_parser("perplexity", help="perplexity of a model on a text file (llama.cpp's protocol)",
+                       description="Split the file's tokens into chunks of --chunk tokens, evaluate each from "
+                                   "an empty context and score its second half (as llama.cpp's llama-perplexity "
+                                   "does, so the numbers compare); prints the running and final perplexity.")
+    p.add_argument("model", help="qwen35 target GGUF")
+    p.add_argument("file", help="UTF-8 text file (e.g. wikitext-2's wiki.test.raw)")
+    p.add_argument("--chunk", type=_positive_int, default=512, help="tokens per chunk (default 512, llama.cpp's)")
+    p.add_argument("--max-chunks", type=int, default=0, help="score at most this many chunks (0: all)")
+    p.add_argument("--kv-type-k", default="f16")
+    p.add_argument("--kv-type-v", default="f16")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+    p.add_argument("--ubatch", type=_positive_int, default=512)
+    p.add_argument("--threads", type=int, default=0)
+    _add_placement_flags(p)
+    p.add_argument("--progress", action="store_true", help="show load progress even when not a terminal")
+    p.set_defaults(func=_cmd_perplexity)
 
     p = sub.add_parser("serve", help="run the OpenAI-compatible HTTP server (Anthropic Messages and Responses too)",
                        description="Serve a qwen35 GGUF over HTTP: /v1/chat/completions, /v1/completions, "

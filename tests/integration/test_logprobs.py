@@ -169,3 +169,38 @@ def test_score_on_a_layer_split(tmp_path) -> None:
     assert [e.token for e in a] == [e.token for e in b]
     for x, y in zip(a, b):
         assert abs(x.logprob - y.logprob) < TOL and [i for i, _ in x.top] == [i for i, _ in y.top]
+
+
+def test_perplexity_command_is_the_exact_second_half_nll(pair: tuple[str, str], tmp_path, capsys) -> None:
+    """`lucebox perplexity`: consecutive chunks from an empty context, the tokens after each
+    chunk's first half + 1 scored (llama.cpp's protocol), against the exact log-softmax of eval's logits."""
+    import math
+
+    from lucebox import cli
+
+    target, _ = pair
+    engine = lucebox.Engine(target, ctx=64, device="cpu")
+    text = "def f(x):\n    return x * 2 + 1  # a line of code\n" * 40
+    ids = engine.tokenizer.encode(text)
+    chunk = 32
+    n_chunks = len(ids) // chunk
+    assert n_chunks >= 2
+    want = []
+    for c in range(n_chunks):
+        part = ids[c * chunk:(c + 1) * chunk]
+        exact = exact_logprobs(engine, part[:1], part[1:], 0)  # exact[i]: token i + 1
+        want.append([-lp for lp, *_ in exact[chunk // 2:]])
+    got = cli.chunk_perplexity(engine, ids, chunk)
+    assert [len(g) for g in got] == [chunk - chunk // 2 - 1] * n_chunks
+    for g, w in zip(got, want):
+        assert np.allclose(g, w, atol=TOL)
+    flat = [x for w in want for x in w]
+    path = tmp_path / "text.txt"
+    path.write_text(text, encoding="utf-8")
+    assert cli.main(["perplexity", target, str(path), "--chunk", str(chunk), "--device", "cpu"]) == 0
+    line = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("PPL = ")][0]
+    ppl = math.exp(sum(flat) / len(flat))
+    assert abs(float(line.split()[2]) - ppl) < 1e-3 * ppl
+    assert f"over {n_chunks} chunks of {chunk} tokens ({len(flat)} scored)" in line
+    with pytest.raises(ConfigError, match="fewer than one chunk"):
+        cli.chunk_perplexity(engine, ids[:10], chunk)

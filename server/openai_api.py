@@ -47,9 +47,7 @@ def service_of(request: Request) -> Service:
 
 
 def check_common(body: SamplingFields, svc: Service) -> None:
-    """Fields every OpenAI endpoint rejects or bounds the same way."""
-    if body.logit_bias:
-        raise invalid("logit_bias is not supported by this server", param="logit_bias", code="unsupported")
+    """Fields every OpenAI endpoint bounds the same way."""
     if body.n > svc.config.max_n:
         raise invalid(f"n={body.n} is larger than this server allows ({svc.config.max_n})", param="n")
 

@@ -196,10 +196,24 @@ class Service:
             if values.get(key) is not None:
                 out[key] = values[key]
         out["seed"] = (secrets.randbits(63) if seed is None else seed) % (1 << 64)
+        bias = values.get("logit_bias")
+        if bias:  # OpenAI's form: {"token id": bias}
+            parsed: dict[int, float] = {}
+            vocab = self.tokenizer.n_vocab
+            for key, b in bias.items():
+                try:
+                    tid = int(key)
+                except (TypeError, ValueError):
+                    raise invalid(f"logit_bias keys must be token ids, got {key!r}", param="logit_bias") from None
+                if not 0 <= tid < vocab:
+                    raise invalid(f"logit_bias token id {tid} is outside the vocabulary [0, {vocab})",
+                                  param="logit_bias")
+                parsed[tid] = b
+            out["logit_bias"] = parsed
         try:
             SamplingConfig(**out)
         except ConfigError as exc:
-            param = str(exc).split("=", 1)[0] if "=" in str(exc) else None
+            param = str(exc).split("=", 1)[0].split("[", 1)[0] if "=" in str(exc) else None
             raise invalid(str(exc), param=param, code="invalid_value") from None
         return out
 

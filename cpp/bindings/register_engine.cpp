@@ -38,6 +38,7 @@ void register_engine(py::module_ & m) {
         .def_readwrite("repetition_penalty", &sampling_params::repetition_penalty)
         .def_readwrite("penalty_last_n", &sampling_params::penalty_last_n)
         .def_readwrite("seed", &sampling_params::seed)
+        .def_readwrite("logit_bias", &sampling_params::logit_bias)
         .def("validate", &sampling_params::validate);
 
     py::class_<engine_config>(m, "EngineConfig")

@@ -1379,6 +1379,12 @@ generate_result session::generate(const std::vector<int32_t> & prompt, const gen
         throw config_error("generate: block_size " + std::to_string(params.block_size) + " exceeds " +
                            std::to_string(MAX_FORCED_BLOCK));
     }
+    for (const auto & [id, bias] : params.sampling.logit_bias) {
+        if (static_cast<uint32_t>(id) >= V) {
+            throw config_error("logit_bias token id " + std::to_string(id) + " is outside the vocabulary [0, " +
+                               std::to_string(V) + ")");
+        }
+    }
     if (params.logprobs < -1 || params.logprobs > int32_t(MAX_TOP_LOGPROBS)) {
         throw config_error("generate: logprobs " + std::to_string(params.logprobs) + " must be -1 (off) or in [0, " +
                            std::to_string(MAX_TOP_LOGPROBS) + "]");

@@ -65,16 +65,33 @@ void sampling_params::validate() const {
         throw config_error("sampling repetition_penalty must be finite and > 0, 1 = off (got " +
                            fmt(repetition_penalty) + ")");
     }
+    for (size_t i = 0; i < logit_bias.size(); ++i) {
+        const auto & [id, b] = logit_bias[i];
+        if (id < 0) {
+            throw config_error("sampling logit_bias token id must be >= 0 (got " + std::to_string(id) + ")");
+        }
+        if (!(b >= -100.0f && b <= 100.0f)) {
+            throw config_error("sampling logit_bias of token " + std::to_string(id) + " must be in [-100, 100] (got " +
+                               fmt(b) + ")");
+        }
+        for (size_t j = 0; j < i; ++j) {
+            if (logit_bias[j].first == id) {
+                throw config_error("sampling logit_bias names token " + std::to_string(id) + " twice");
+            }
+        }
+    }
     if (penalty_last_n < -1) {
         throw config_error("sampling penalty_last_n must be >= -1 (-1 = whole history, 0 = none; got " +
                            std::to_string(penalty_last_n) + ")");
     }
 }
 
-bool sampling_params::has_penalties() const {
+bool sampling_params::has_window_penalties() const {
     return penalty_last_n != 0 &&
            (presence_penalty != 0.0f || frequency_penalty != 0.0f || repetition_penalty != 1.0f);
 }
+
+bool sampling_params::has_penalties() const { return !logit_bias.empty() || has_window_penalties(); }
 
 sampler::sampler(const sampling_params & p) : params_(p) {
     params_.validate();
@@ -115,7 +132,23 @@ scope_exit<F> make_scope_exit(F f) { return {f}; }
 
 void sampler::count_history(int32_t n_vocab, const std::vector<int32_t> & history) const {
     if (!params_.has_penalties()) return;
-    if (counts_.size() != static_cast<size_t>(n_vocab)) counts_.assign(n_vocab, 0);
+    if (counts_.size() != static_cast<size_t>(n_vocab)) {
+        counts_.assign(n_vocab, 0);
+        bias_.assign(n_vocab, 0.0f);
+        adjusted_.assign(n_vocab, 0);
+    }
+    for (const auto & [id, b] : params_.logit_bias) {
+        if (id < 0 || id >= n_vocab) {
+            throw error("logit_bias token id " + std::to_string(id) + " is outside the vocabulary [0, " +
+                        std::to_string(n_vocab) + ")");
+        }
+        bias_[id] = b;
+        if (adjusted_[id] == 0) {
+            adjusted_[id] = 1;
+            touched_.push_back(id);
+        }
+    }
+    if (!params_.has_window_penalties()) return;
     const size_t n = history.size();
     const size_t start = params_.penalty_last_n < 0 ? 0
                          : n > static_cast<size_t>(params_.penalty_last_n) ? n - params_.penalty_last_n
@@ -126,18 +159,29 @@ void sampler::count_history(int32_t n_vocab, const std::vector<int32_t> & histor
             throw error("history token id " + std::to_string(id) + " (position " + std::to_string(i) +
                         ") is outside the vocabulary [0, " + std::to_string(n_vocab) + ")");
         }
-        if (counts_[id]++ == 0) touched_.push_back(id);
+        ++counts_[id];
+        if (adjusted_[id] == 0) {
+            adjusted_[id] = 1;
+            touched_.push_back(id);
+        }
     }
 }
 
 void sampler::clear_counts() const {
-    for (int32_t id : touched_) counts_[id] = 0;
+    for (int32_t id : touched_) {
+        counts_[id] = 0;
+        bias_[id] = 0.0f;
+        adjusted_[id] = 0;
+    }
     touched_.clear();
 }
 
-float sampler::penalized(float logit, int32_t count) const {
+float sampler::adjusted(int32_t id, float logit) const {
+    float v = logit + bias_[id];
+    const int32_t count = counts_[id];
+    if (count == 0) return v;
     const float rp = params_.repetition_penalty;
-    float v = logit > 0.0f ? logit / rp : logit * rp;
+    v = v > 0.0f ? v / rp : v * rp;
     v -= static_cast<float>(count) * params_.frequency_penalty + params_.presence_penalty;
     return v;
 }
@@ -147,8 +191,8 @@ float sampler::penalized(float logit, int32_t count) const {
 float sampler::value_at(const float * logits, int32_t i) const {
     const float v = logits[i];
     if (std::isnan(v) || v == std::numeric_limits<float>::infinity()) bad_logit(v, i);
-    if (touched_.empty() || counts_[i] == 0) return v;
-    const float p = penalized(v, counts_[i]);
+    if (touched_.empty() || adjusted_[i] == 0) return v;
+    const float p = adjusted(i, v);
     if (std::isnan(p) || p == std::numeric_limits<float>::infinity()) {
         throw error("penalties made the logit of id " + std::to_string(i) + " non-finite");
     }
@@ -156,14 +200,14 @@ float sampler::value_at(const float * logits, int32_t i) const {
 }
 
 int32_t sampler::argmax(const float * logits, int32_t n_vocab) const {
-    const int32_t * cnt = touched_.empty() ? nullptr : counts_.data();
+    const uint8_t * adj = touched_.empty() ? nullptr : adjusted_.data();
     int32_t best = -1;
     float best_v = -std::numeric_limits<float>::infinity();
     bool bad = false;
     for (int32_t i = 0; i < n_vocab; ++i) {
         float v = logits[i];
         bad |= !(v < std::numeric_limits<float>::infinity());  // NaN or +inf
-        if (cnt != nullptr && cnt[i] != 0) v = value_at(logits, i);
+        if (adj != nullptr && adj[i] != 0) v = value_at(logits, i);
         if (v > best_v) {
             best_v = v;
             best = i;
@@ -233,13 +277,13 @@ bool sampler::select_top_k(ForEach for_each, int32_t k) const {
     const better bt;
     cands_.clear();
     cands_.reserve(k);
-    const int32_t * cnt = touched_.empty() ? nullptr : counts_.data();
+    const uint8_t * adj = touched_.empty() ? nullptr : adjusted_.data();
     float thr = -std::numeric_limits<float>::infinity();
     bool bad = false;
     for_each([&](int32_t i, float v) {
         bad |= !(v < std::numeric_limits<float>::infinity());  // NaN or +inf
-        if (cnt != nullptr && cnt[i] != 0) {
-            v = penalized(v, cnt[i]);
+        if (adj != nullptr && adj[i] != 0) {
+            v = adjusted(i, v);
             bad |= !(v < std::numeric_limits<float>::infinity());
         }
         if (!(v > thr)) return;  // also skips NaN and -inf
@@ -311,8 +355,8 @@ bool sampler::prepare_candidates(const candidate_row & row, int32_t n_vocab, dou
     auto throw_if_bad = [&] {  // the same errors as value_at() on the full row
         for (const auto & [id, v] : subset_) {
             if (std::isnan(v) || v == std::numeric_limits<float>::infinity()) bad_logit(v, id);
-            if (touched_.empty() || counts_[id] == 0) continue;
-            const float p = penalized(v, counts_[id]);
+            if (touched_.empty() || adjusted_[id] == 0) continue;
+            const float p = adjusted(id, v);
             if (std::isnan(p) || p == std::numeric_limits<float>::infinity()) {
                 throw error("penalties made the logit of id " + std::to_string(id) + " non-finite");
             }
@@ -325,7 +369,7 @@ bool sampler::prepare_candidates(const candidate_row & row, int32_t n_vocab, dou
         for (const auto & [id, raw] : subset_) {
             float v = raw;
             bad |= !(v < std::numeric_limits<float>::infinity());
-            if (!touched_.empty() && counts_[id] != 0) v = penalized(v, counts_[id]);
+            if (!touched_.empty() && adjusted_[id] != 0) v = adjusted(id, v);
             bad |= !(v < std::numeric_limits<float>::infinity());
             if (v > best_v) {  // ascending ids: the lowest id wins ties, as argmax()
                 best_v = v;
@@ -361,10 +405,12 @@ int32_t sampler::wanted_candidates() const {
 
 std::vector<int32_t> sampler::penalty_ids(const std::vector<int32_t> & history) const {
     std::vector<int32_t> ids;
-    if (!params_.has_penalties()) return ids;
-    const size_t n = history.size();
-    const size_t w = params_.penalty_last_n < 0 ? n : static_cast<size_t>(params_.penalty_last_n);
-    ids.assign(history.begin() + (n > w ? n - w : 0), history.end());
+    for (const auto & [id, b] : params_.logit_bias) ids.push_back(id);
+    if (params_.has_window_penalties()) {
+        const size_t n = history.size();
+        const size_t w = params_.penalty_last_n < 0 ? n : static_cast<size_t>(params_.penalty_last_n);
+        ids.insert(ids.end(), history.begin() + (n > w ? n - w : 0), history.end());
+    }
     std::sort(ids.begin(), ids.end());
     ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
     return ids;
@@ -414,13 +460,13 @@ double sampler::prepare(const float * logits, int32_t n_vocab) const {
     bucket_idx_.resize(n_vocab);
     double * mass = bucket_mass_.data();
     uint16_t * bidx = bucket_idx_.data();
-    const int32_t * cnt = touched_.empty() ? nullptr : counts_.data();
+    const uint8_t * adj = touched_.empty() ? nullptr : adjusted_.data();
     const double * table = exp_table();
     const double mx = max_logit_;
     const double inv_t = inv_t_;
     cand worst{max_logit_, best, 1.0};  // the worst token with w >= min_p and w > 0
     for (int32_t i = 0; i < n_vocab; ++i) {
-        const float v = cnt != nullptr && cnt[i] != 0 ? penalized(logits[i], cnt[i]) : logits[i];
+        const float v = adj != nullptr && adj[i] != 0 ? adjusted(i, logits[i]) : logits[i];
         if (v == neg_inf) {
             bidx[i] = masked_bucket;
             continue;

@@ -138,6 +138,7 @@ class SamplingParams:
     repetition_penalty: float
     penalty_last_n: int
     seed: int
+    logit_bias: list[tuple[int, float]]
     def __init__(self) -> None: ...
     def validate(self) -> None: ...
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from lucebox.errors import ConfigError
 
@@ -169,10 +169,11 @@ class EngineConfig:
 
 @dataclass(frozen=True)
 class SamplingConfig:
-    """Token sampling. temperature 0 is greedy; the filters apply in the order penalties,
-    top_k, temperature, top_p, min_p (temperature before top_p / min_p, as in HF transformers,
-    vLLM and SGLang; llama.cpp's default chain applies it after min_p). See
-    cpp/include/lucebox/sampling.h."""
+    """Token sampling. temperature 0 is greedy; the filters apply in the order logit_bias,
+    penalties, top_k, temperature, top_p, min_p (temperature before top_p / min_p, as in HF
+    transformers, vLLM and SGLang; llama.cpp's default chain applies it after min_p). logit_bias:
+    {token id: bias in [-100, 100]} (or (id, bias) pairs) added to those logits, as OpenAI's; -100
+    bans a token in practice. See cpp/include/lucebox/sampling.h."""
 
     temperature: float = 0.0
     top_k: int = 0
@@ -183,8 +184,20 @@ class SamplingConfig:
     repetition_penalty: float = 1.0
     penalty_last_n: int = 64
     seed: int = 0
+    logit_bias: Any = ()  # Mapping[int, float] or (id, bias) pairs; stored as sorted pairs
 
     def __post_init__(self) -> None:
+        items = self.logit_bias.items() if isinstance(self.logit_bias, Mapping) else self.logit_bias
+        try:
+            pairs = [(tid, b) for tid, b in items]
+        except (TypeError, ValueError):
+            raise ConfigError(f"logit_bias={self.logit_bias!r} must map token ids to biases") from None
+        for tid, b in pairs:
+            _check_int("logit_bias token id", tid, 0, (1 << 31) - 1)
+            _check_float(f"logit_bias[{tid}]", b, -100.0, 100.0)
+        if len({tid for tid, _ in pairs}) != len(pairs):
+            raise ConfigError("logit_bias names a token id twice")
+        object.__setattr__(self, "logit_bias", tuple(sorted((int(t), float(b)) for t, b in pairs)))
         _check_float("temperature", self.temperature, 0.0, math.inf, lo_open=False)
         _check_int("top_k", self.top_k, 0, 1 << 31)
         _check_float("top_p", self.top_p, 0.0, 1.0, lo_open=True)
@@ -202,6 +215,7 @@ class SamplingConfig:
         for name in ("temperature", "top_k", "top_p", "min_p", "presence_penalty", "frequency_penalty",
                      "repetition_penalty", "penalty_last_n", "seed"):
             setattr(p, name, getattr(self, name))
+        p.logit_bias = list(self.logit_bias)
         return p
 
 

@@ -183,7 +183,8 @@ class Engine:
     def generate(self, prompt: Prompt, *, max_tokens: int = 256, temperature: float = 0.0, top_k: int = 0,
                  top_p: float = 1.0, min_p: float = 0.0, presence_penalty: float = 0.0,
                  frequency_penalty: float = 0.0, repetition_penalty: float = 1.0, penalty_last_n: int = 64,
-                 seed: int = 0, stop: str | Sequence[str] | None = None, stream: bool = False, tools: list[dict[str, Any]] | None = None,
+                 seed: int = 0, logit_bias: Any = (), stop: str | Sequence[str] | None = None, stream: bool = False,
+                 tools: list[dict[str, Any]] | None = None,
                  enable_thinking: bool | None = None,
                  prefill_progress: Callable[[int, int], None] | None = None,
                  phase_timings: bool = False, logprobs: int | None = None) -> GenerationResult | Iterator[GenerationChunk]:
@@ -195,7 +196,8 @@ class Engine:
         session = self.session()
         kwargs = dict(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                       presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
-                      repetition_penalty=repetition_penalty, penalty_last_n=penalty_last_n, seed=seed, stop=stop,
+                      repetition_penalty=repetition_penalty, penalty_last_n=penalty_last_n, seed=seed,
+                      logit_bias=logit_bias, stop=stop,
                       prefill_progress=prefill_progress,
                       phase_timings=phase_timings, logprobs=logprobs)
         if stream:

@@ -401,6 +401,48 @@ TEST_CASE(penalties_equal_prepenalized_logits) {
     }
 }
 
+TEST_CASE(logit_bias_equals_prebiased_logits) {
+    // logit_bias adds to the raw logits before the penalties: the same distribution (and greedy
+    // pick) as logits biased by hand, with and without penalties, top_k and full-vocabulary paths.
+    const std::vector<float> l = random_logits(3000, 19, 2.0f);
+    const int32_t top = static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
+    const std::vector<std::pair<int32_t, float>> bias{{top, -100.0f}, {17, 6.0f}, {2999, 3.5f}, {40, -2.0f}};
+    std::vector<int32_t> hist{17, 17, 40, 5, 6};
+    for (bool penalties : {false, true}) {
+        for (int32_t k : {0, 50}) {
+            sampling_params p;
+            p.temperature = 0.9f;
+            p.top_k = k;
+            p.logit_bias = bias;
+            if (penalties) {
+                p.repetition_penalty = 1.3f;
+                p.presence_penalty = 0.5f;
+            }
+            std::vector<float> pre = l;
+            for (const auto & [id, b] : bias) pre[id] += b;
+            sampling_params q = p;
+            q.logit_bias.clear();
+            const auto a = dist_of(l, p, hist);
+            const auto b = dist_of(pre, q, hist);
+            CHECK(dist_equals(a, std::vector<std::pair<int32_t, double>>(b.begin(), b.end()), 1e-7));
+            CHECK(std::none_of(a.begin(), a.end(), [&](const auto & e) { return e.first == top; }));  // banned
+            p.temperature = q.temperature = 0.0f;
+            CHECK(greedy_of(l, hist, p) == greedy_of(pre, hist, q));
+        }
+    }
+    sampling_params bad;
+    bad.logit_bias = {{3, 101.0f}};
+    CHECK_THROWS(bad.validate(), config_error, "[-100, 100]");
+    bad.logit_bias = {{3, 1.0f}, {3, 2.0f}};
+    CHECK_THROWS(bad.validate(), config_error, "twice");
+    bad.logit_bias = {{-1, 1.0f}};
+    CHECK_THROWS(bad.validate(), config_error, ">= 0");
+    sampling_params far;
+    far.logit_bias = {{5000, 1.0f}};
+    sampler s(far);
+    CHECK_THROWS(s.sample(l.data(), 3000, {}), error, "outside the vocabulary");
+}
+
 TEST_CASE(rng_is_pinned) {
     // xoshiro256** seeded by splitmix64; values from an independent implementation.
     sampling_params p;
@@ -680,6 +722,16 @@ TEST_CASE(candidates_draw_what_the_full_row_draws) {
             p.penalty_last_n = trial % 5 == 0 ? -1 : 32;
         }
         p.seed = trial;
+        if (trial % 4 == 2) {  // biases: one lifted from anywhere, the top id banned, one in the window
+            p.logit_bias = {{int32_t((trial * 577) % V), 4.0f + float(trial % 7)},
+                            {int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin()), -100.0f},
+                            {13, trial % 8 == 2 ? 2.5f : -3.0f}};
+            if (p.logit_bias[0].first == p.logit_bias[1].first || p.logit_bias[0].first == 13 ||
+                p.logit_bias[1].first == 13) {
+                p.logit_bias.pop_back();
+                p.logit_bias.pop_back();
+            }
+        }
         std::vector<int32_t> history;
         for (int32_t i = 0; i < 80; ++i) history.push_back(static_cast<int32_t>((trial * 7919 + i * 104729) % V));
         for (int32_t i = 0; i < 6; ++i) history.push_back(i * 13);  // some top ids in the window

@@ -79,3 +79,36 @@ def check_two_token_distribution(model: str, device: str, penalized: bool) -> No
     assert worst < 0.03
     assert chi2 < 60  # 15 degrees of freedom: p < 1e-6 for a correct sampler
 
+
+
+@pytest.mark.parametrize("spec", ["off", "chain", "tree"])
+def test_logit_bias_bans_and_lifts_on_every_path(pair: tuple[str, str], spec: str) -> None:
+    """logit_bias: -100 bans a token, a positive bias lifts one; greedy decoding then picks the
+    argmax of the biased logits at every step, and speculation gives the tokens plain decoding gives."""
+    target, draft = pair
+    plain = lucebox.Engine(target, ctx=256, device="cpu")
+    engine = plain if spec == "off" else lucebox.Engine(target, draft, ctx=256, device="cpu", spec=spec)
+    p = [11, 22, 33, 44, 55, 66]
+    ref = plain.generate(p, max_tokens=24).tokens
+    lifted = 900 if 900 not in ref[:3] else 901
+    bias = {ref[0]: -100.0, ref[1]: -100.0, lifted: 2.0}
+    got = engine.generate(p, max_tokens=24, logit_bias=bias)
+    assert got.tokens == plain.generate(p, max_tokens=24, logit_bias=bias).tokens
+    assert ref[0] not in got.tokens and ref[1] not in got.tokens
+    # every greedy step: the argmax of the biased logits (the lowest id on ties)
+    rows = plain.session().eval(p + got.tokens[:-1], all_logits=True)[len(p) - 1:]
+    for row, tok in zip(rows, got.tokens):
+        biased = row.astype(np.float32).copy()
+        for i, b in bias.items():
+            biased[i] += np.float32(b)
+        assert tok == int(np.argmax(biased))
+    sampled = dict(temperature=0.8, top_k=8, seed=4, logit_bias=bias)
+    assert engine.generate(p, max_tokens=24, **sampled).tokens == plain.generate(p, max_tokens=24, **sampled).tokens
+
+
+def test_logit_bias_is_validated(pair: tuple[str, str]) -> None:
+    engine = lucebox.Engine(pair[0], ctx=128, device="cpu")
+    for bad, match in (({5: 101.0}, r"\[-100"), ({-1: 1.0}, "token id"), ({10**7: 1.0}, "outside the vocabulary"),
+                       ([(3, 1.0), (3, 2.0)], "twice"), ("x", "logit_bias")):
+        with pytest.raises(lucebox.ConfigError, match=match):
+            engine.generate([1, 2, 3], max_tokens=2, logit_bias=bad)

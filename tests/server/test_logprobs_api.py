@@ -128,3 +128,15 @@ def test_completions_echo_without_logprobs(server, engine):
     assert choice["text"].startswith("def f(x):") and choice["logprobs"] is None
     plain = post(server, "/v1/completions", {"prompt": "def f(x):", "max_tokens": 4, "temperature": 0})
     assert choice["text"] == "def f(x):" + plain["choices"][0]["text"]
+
+
+def test_logit_bias_bans_the_greedy_tokens(server, engine):
+    """OpenAI's logit_bias ({"token id": bias}): -100 bans; the answer is the engine's with the same bias."""
+    plain = post(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 6, "temperature": 0, "logprobs": 0})
+    first = plain["choices"][0]["logprobs"]["tokens"][0]
+    ref = engine.generate(PROMPT, max_tokens=6)
+    assert first == token_text(engine, ref.tokens[0])
+    bias = {str(ref.tokens[0]): -100, str(ref.tokens[1]): -100}
+    got = post(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 6, "temperature": 0, "logit_bias": bias})
+    want = engine.generate(PROMPT, max_tokens=6, logit_bias={ref.tokens[0]: -100.0, ref.tokens[1]: -100.0})
+    assert got["choices"][0]["text"] == want.text and want.tokens[0] != ref.tokens[0]

@@ -2,6 +2,7 @@
 // then one draw from a deterministic RNG. No ggml dependency.
 //
 // Order of the transforms (the same in sample() and distribution()):
+//   0. logit_bias: logit += bias for each listed id (as llama.cpp's chain, before the penalties)
 //   1. penalties, for each id that occurs c > 0 times in the last penalty_last_n history tokens:
 //        repetition (HF / llama.cpp): logit > 0 ? logit / rp : logit * rp
 //        then frequency and presence (OpenAI): logit -= c * frequency_penalty + presence_penalty
@@ -51,13 +52,18 @@ struct sampling_params {
     float repetition_penalty = 1.0f;  // HF / llama.cpp: logit > 0 -> logit / rp, else logit * rp
     int32_t penalty_last_n = 64;      // history window for penalties (0 => none, -1 => whole history)
     uint64_t seed = 0;
+    // OpenAI's logit_bias: (id, bias) added to the raw logit before the penalties; ids distinct,
+    // biases in [-100, 100] (-100 in practice bans a token). Ids are checked against the vocabulary
+    // when rows are sampled (session::generate checks them first).
+    std::vector<std::pair<int32_t, float>> logit_bias;
 
     // Throws config_error naming the field and its allowed range.
     void validate() const;
     // temperature == 0 (penalties still apply before the argmax).
     bool is_greedy() const { return temperature == 0.0f; }
-    // Any penalty that changes logits (and a non-empty window).
+    // Any penalty or bias that changes logits (penalties: with a non-empty window).
     bool has_penalties() const;
+    bool has_window_penalties() const;  // presence / frequency / repetition with a non-empty window
 };
 
 // A subset of one row's logits, selected on the device so that only a few numbers cross to the
@@ -139,8 +145,9 @@ class sampler {
     // decided from the subset: 0 when the subset can never decide (top_k off and not greedy, or
     // top_k too large to be worth it).
     int32_t wanted_candidates() const;
-    // The distinct ids whose logits the penalties change after `history`: those of its last
-    // penalty_last_n tokens (all of them for -1), sorted. Empty without penalties.
+    // The distinct ids whose logits the penalties or biases change after `history`: the logit_bias
+    // ids and those of its last penalty_last_n tokens (all of them for -1), sorted. Empty without
+    // penalties or biases.
     std::vector<int32_t> penalty_ids(const std::vector<int32_t> & history) const;
 
     // A uniform in [0, 1) from this sampler's RNG (53 random bits).
@@ -158,14 +165,15 @@ class sampler {
     static constexpr int n_buckets = 64 * 32;
     static constexpr uint16_t masked_bucket = 0xffff;  // -inf logits
 
-    // Counts the penalty window into counts_ (ids recorded in touched_).
+    // Counts the penalty window into counts_ and sets bias_ from logit_bias (adjusted ids flagged in
+    // adjusted_ and recorded in touched_).
     void count_history(int32_t n_vocab, const std::vector<int32_t> & history) const;
     void clear_counts() const;
-    float penalized(float logit, int32_t count) const;
+    float adjusted(int32_t id, float logit) const;  // bias, then penalties (for a flagged id)
     float value_at(const float * logits, int32_t i) const;  // penalized logit, checked (throws)
     float value(const float * logits, int32_t i) const {   // penalized logit, already checked
         const float v = logits[i];
-        return touched_.empty() || counts_[i] == 0 ? v : penalized(v, counts_[i]);
+        return touched_.empty() || adjusted_[i] == 0 ? v : adjusted(i, v);
     }
     int32_t argmax(const float * logits, int32_t n_vocab) const;
     double weight_of(float logit) const;
@@ -197,8 +205,10 @@ class sampler {
     sampling_params params_;
     uint64_t s_[4] = {0, 0, 0, 0};
 
-    mutable std::vector<int32_t> counts_;   // n_vocab, all zero between calls
-    mutable std::vector<int32_t> touched_;  // ids with counts_ > 0
+    mutable std::vector<int32_t> counts_;    // n_vocab, all zero between calls
+    mutable std::vector<float> bias_;        // n_vocab, all zero between calls
+    mutable std::vector<uint8_t> adjusted_;  // n_vocab: 1 where counts_ or bias_ changes the logit
+    mutable std::vector<int32_t> touched_;   // ids with adjusted_ set
     mutable bool sorted_path_ = false;
     mutable std::vector<cand> cands_;       // top_k path
     mutable size_t n_kept_ = 0;

@@ -35,7 +35,10 @@ class ServerConfig:
     prefix_cache_location: where those snapshots live: "host" (pinned host memory where the
     device offers it) or "device" (the engine's device memory: fastest restore, costs device
     memory; on a CPU engine the same as host). prefix_cache_interval: also snapshot every this
-    many tokens of a long prompt (0: off). devices / split / layer_proportions / draft_device:
+    many tokens of a long prompt (0: off). prefix_cache_dir: also keep those snapshots in this
+    directory (a disk tier that outlives the server: after a restart a long prompt resumes from
+    disk; `lucebox.prefix_cache.DiskStore`), at most prefix_cache_disk_mb MiB (least recently used
+    files removed first). devices / split / layer_proportions / draft_device:
     placement over several devices (lucebox.EngineConfig; docs/multi-gpu.md).
     """
 
@@ -67,6 +70,8 @@ class ServerConfig:
     prefix_cache_mb: int = 1024
     prefix_cache_location: str = "host"
     prefix_cache_interval: int = 0
+    prefix_cache_dir: str | None = None
+    prefix_cache_disk_mb: int = 16384
     extra_model_names: tuple[str, ...] = field(default_factory=tuple)
     devices: tuple[str, ...] = field(default_factory=tuple)
     split: str = "none"
@@ -119,6 +124,11 @@ class ServerConfig:
         if isinstance(self.prefix_cache_interval, bool) or not isinstance(self.prefix_cache_interval, int) \
                 or self.prefix_cache_interval < 0:
             raise ConfigError(f"prefix_cache_interval={self.prefix_cache_interval!r} must be a non-negative integer")
+        if isinstance(self.prefix_cache_disk_mb, bool) or not isinstance(self.prefix_cache_disk_mb, int) \
+                or self.prefix_cache_disk_mb < 1:
+            raise ConfigError(f"prefix_cache_disk_mb={self.prefix_cache_disk_mb!r} must be a positive integer")
+        if self.prefix_cache_dir is not None and self.prefix_cache_mb == 0:
+            raise ConfigError("prefix_cache_dir needs the prefix cache (prefix_cache_mb > 0)")
         if self.prefix_cache_location not in SNAPSHOT_LOCATIONS:
             raise ConfigError(f"prefix_cache_location={self.prefix_cache_location!r} must be one of "
                               f"{', '.join(SNAPSHOT_LOCATIONS)}")

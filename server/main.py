@@ -45,6 +45,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         top_k=args.top_k, min_p=args.min_p, chat_template_file=args.chat_template_file,
         log_level=args.log_level, prefix_cache_mb=cache_mb,
         prefix_cache_location=args.prefix_cache_location, prefix_cache_interval=args.prefix_cache_interval,
+        prefix_cache_dir=args.prefix_cache_dir, prefix_cache_disk_mb=args.prefix_cache_disk_mb,
         extra_model_names=names + tuple(getattr(args, "alias", None) or ()), **placement_kwargs(args))
 
 
@@ -67,7 +68,15 @@ def serve(args: argparse.Namespace) -> int:
     if config.prefix_cache_mb > 0:
         log.info("prefix cache: %d MiB of %s memory for snapshots of long prompts", config.prefix_cache_mb,
                  config.prefix_cache_location)
+    disk = svc.prefix_cache.disk if svc.prefix_cache is not None else None
+    if disk is not None:
+        log.info("prefix cache on disk: %s (at most %d MiB; %d snapshots there now)", disk.dir,
+                 config.prefix_cache_disk_mb, disk.counters()["disk_entries"])
     log.info("listening on http://%s:%d (OpenAI API under /v1)", config.host, config.port)
-    uvicorn.run(app, host=config.host, port=config.port, log_level=args.log_level, access_log=args.access_log,
-                timeout_graceful_shutdown=5)
+    try:
+        uvicorn.run(app, host=config.host, port=config.port, log_level=args.log_level, access_log=args.access_log,
+                    timeout_graceful_shutdown=5)
+    finally:
+        if disk is not None:  # finish the snapshots still queued for disk
+            disk.close()
     return 0

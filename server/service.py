@@ -35,7 +35,7 @@ from starlette.requests import Request
 from lucebox.chat_template import ChatTemplate
 from lucebox.config import SamplingConfig
 from lucebox.errors import ConfigError
-from lucebox.prefix_cache import PrefixCache
+from lucebox.prefix_cache import DiskStore, PrefixCache, disk_namespace
 
 from .config import ServerConfig
 from .errors import APIError, invalid
@@ -143,8 +143,20 @@ class Service:
         self.metrics.add_gauge("lucebox_context_tokens", "Context length per slot.", lambda: self.n_ctx)
         self.prefix_cache: PrefixCache | None = None
         if config.prefix_cache_mb > 0:
+            disk, load = None, None
+            if config.prefix_cache_dir is not None:
+                from lucebox import load_snapshot
+
+                layout = sessions[0].snapshot().fingerprint  # an empty session: a few bytes
+                namespace = disk_namespace(layout, engine.model_path, engine.draft_path)
+                try:
+                    disk = DiskStore(config.prefix_cache_dir, config.prefix_cache_disk_mb << 20, namespace)
+                except OSError as exc:
+                    raise ConfigError(f"prefix_cache_dir={config.prefix_cache_dir!r}: {exc}") from None
+                location = config.prefix_cache_location
+                load = lambda path: load_snapshot(path, engine=engine, location=location)  # noqa: E731
             self.prefix_cache = PrefixCache(config.prefix_cache_mb << 20, location=config.prefix_cache_location,
-                                            interval_tokens=config.prefix_cache_interval)
+                                            interval_tokens=config.prefix_cache_interval, disk=disk, load=load)
             self._add_prefix_cache_metrics(self.prefix_cache)
 
     def _add_prefix_cache_metrics(self, cache: PrefixCache) -> None:
@@ -166,6 +178,19 @@ class Service:
         m.add_gauge("lucebox_prefix_cache_out_of_memory_total",
                     "Snapshots not taken because memory at the cache's location ran out, even after evicting.",
                     lambda: cache.out_of_memory, kind="counter")
+        disk = cache.disk
+        if disk is not None:
+            counters = disk.counters
+            for name, help_text, kind in (
+                    ("disk_hits", "Prompts that resumed from a prefix loaded from the disk tier.", "counter"),
+                    ("disk_entries", "Snapshots in the disk tier (--prefix-cache-dir).", "gauge"),
+                    ("disk_bytes", "Bytes of the disk tier's files.", "gauge"),
+                    ("disk_writes", "Snapshots written to the disk tier.", "counter"),
+                    ("disk_dropped", "Snapshots not written: the writer was behind, or one exceeded the disk budget.",
+                     "counter"),
+                    ("disk_errors", "Disk tier writes or loads that failed (see the log).", "counter")):
+                m.add_gauge(f"lucebox_prefix_cache_{name}" + ("_total" if kind == "counter" else ""), help_text,
+                            lambda name=name: counters()[name], kind=kind)
 
     @property
     def fingerprint(self) -> str:

@@ -445,6 +445,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefix-cache-location", choices=["host", "device"], default="host",
                    help="where prefix-cache snapshots live: host (pinned memory; default) or device "
                         "(the GPU's memory: fastest restore, counts against device memory)")
+    p.add_argument("--prefix-cache-dir", default=None, metavar="DIR",
+                   help="also keep prefix-cache snapshots in DIR (written in the background; a restarted "
+                        "server resumes long prompts from them; per model files and layout)")
+    p.add_argument("--prefix-cache-disk-mb", type=int, default=16384,
+                   help="most MiB of snapshot files in --prefix-cache-dir (least recently used removed first)")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 endpoints")
     p.add_argument("--max-tokens", type=_positive_int, default=None,
                    help="reply length when a request does not say (default: the rest of the context)")

@@ -20,6 +20,12 @@ session that generated holds a pending token and a snapshot must have none (the 
 token is then evaluated by `generate`). `boundaries(n)` says which prefix lengths are worth
 snapshotting. Only snapshots without a pending token are stored.
 
+Disk (optional second tier, `DiskStore`): every stored snapshot is also written, by a background
+thread, to a directory that outlives the process; a lookup that the memory tier answers with a
+shorter prefix than the disk holds (after a restart: with nothing) loads the longer one from disk
+into the memory tier. Files live under a namespace of the model files' identity (path, size,
+modification time) and the snapshot layout, so another model never reads them.
+
 Memory: the sum of the entries' `nbytes` stays <= `budget_bytes`; the least recently used
 entries are evicted first; an entry larger than the whole budget is not stored and counted in
 `too_large` (an operator then sees that the budget is too small, not merely no hits).
@@ -35,17 +41,20 @@ from __future__ import annotations
 import collections
 import hashlib
 import logging
+import os
+import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Sequence
+from pathlib import Path
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from lucebox.config import check_snapshot_location
 from lucebox.errors import OutOfMemoryError
 
-__all__ = ["PrefixCache", "PrefixCacheStats", "start_session"]
+__all__ = ["PrefixCache", "PrefixCacheStats", "DiskStore", "disk_namespace", "start_session"]
 
 _log = logging.getLogger("lucebox.prefix_cache")
 
@@ -72,6 +81,42 @@ def _tail_key(block_hash: bytes, tail: np.ndarray) -> bytes:
     return h.digest()
 
 
+def _block_hashes(tokens: np.ndarray, block_tokens: int) -> list[bytes]:
+    """Chain hashes of the first 0, 1, ..., len(tokens) // block_tokens full blocks."""
+    out = [_ROOT]
+    for k in range(len(tokens) // block_tokens):
+        out.append(_chain(out[-1], tokens[k * block_tokens:(k + 1) * block_tokens]))
+    return out
+
+
+def _longest(tokens: np.ndarray, hashes: list[bytes], block_tokens: int,
+             by_block: dict[bytes, collections.Counter[int]], entries: Any) -> tuple[bytes, int] | None:
+    """(key, length) of the longest entry of `entries` (key -> object with `tokens`) that is a
+    prefix of `tokens`, by the chain hashes, then checked token by token; None if there is none."""
+    for k in range(len(hashes) - 1, -1, -1):
+        lengths = by_block.get(hashes[k])
+        if not lengths:
+            continue
+        for n in sorted(lengths, reverse=True):
+            if n > len(tokens):
+                continue
+            key = _tail_key(hashes[k], tokens[k * block_tokens:n])
+            entry = entries.get(key)
+            if entry is not None and len(entry.tokens) == n and np.array_equal(entry.tokens, tokens[:n]):
+                return key, n
+    return None
+
+
+def _forget(by_block: dict[bytes, collections.Counter[int]], block_hash: bytes, n_tokens: int) -> None:
+    lengths = by_block.get(block_hash)
+    if lengths is not None:
+        lengths[n_tokens] -= 1
+        if lengths[n_tokens] <= 0:
+            del lengths[n_tokens]
+        if not lengths:
+            del by_block[block_hash]
+
+
 @dataclass(frozen=True)
 class PrefixCacheStats:
     hits: int
@@ -82,6 +127,12 @@ class PrefixCacheStats:
     evictions: int
     too_large: int = 0      # snapshots refused because they exceed the whole budget
     out_of_memory: int = 0  # snapshots not taken: memory at the cache's location was short
+    disk_hits: int = 0      # lookups answered (a longer prefix) from the disk tier
+    disk_entries: int = 0
+    disk_bytes: int = 0
+    disk_writes: int = 0    # snapshots written to disk
+    disk_dropped: int = 0   # snapshots not written: the writer was behind, or the file was bigger than the disk budget
+    disk_errors: int = 0    # writes or loads that failed (logged; the file is removed)
 
 
 @dataclass
@@ -103,7 +154,8 @@ class PrefixCache:
     """
 
     def __init__(self, budget_bytes: int, block_tokens: int = 256, min_tokens: int = 64,
-                 location: str = "host", interval_tokens: int = 0) -> None:
+                 location: str = "host", interval_tokens: int = 0, disk: "DiskStore | None" = None,
+                 load: Callable[[str], Any] | None = None) -> None:
         if budget_bytes < 0:
             raise ValueError("budget_bytes must be >= 0")
         if block_tokens < 1:
@@ -125,16 +177,17 @@ class PrefixCache:
         self.evictions = 0
         self.too_large = 0
         self.out_of_memory = 0
+        # the disk tier and how to read one of its files into a snapshot at `location`
+        # (e.g. lambda path: lucebox.load_snapshot(path, engine=engine, location=location))
+        if disk is not None and disk.block_tokens != self.block_tokens:
+            raise ValueError("the disk tier's block_tokens must be the cache's")
+        self.disk = disk
+        self._load = load
 
     # -- keys -------------------------------------------------------------------------------
     def block_hashes(self, tokens: Sequence[int]) -> list[bytes]:
         """Chain hashes of the first 0, 1, ..., len(tokens) // block_tokens full blocks."""
-        tokens = _ids(tokens)
-        b = self.block_tokens
-        out = [_ROOT]
-        for k in range(len(tokens) // b):
-            out.append(_chain(out[-1], tokens[k * b:(k + 1) * b]))
-        return out
+        return _block_hashes(_ids(tokens), self.block_tokens)
 
     def key(self, tokens: Sequence[int]) -> bytes:
         """The key of an entry holding exactly `tokens`."""
@@ -160,28 +213,44 @@ class PrefixCache:
     # -- operations -------------------------------------------------------------------------
     def lookup(self, tokens: Sequence[int]) -> tuple[Any, int] | None:
         """(snapshot, n_tokens) of the longest cached prefix of `tokens` (n_tokens <=
-        len(tokens)), or None. Counts a hit or a miss."""
+        len(tokens)), or None. Counts a hit or a miss. With a disk tier holding a longer prefix
+        than memory, that snapshot is loaded (and kept in memory); a file that fails to load is
+        removed and the memory tier's answer stands."""
         tokens = _ids(tokens)
         hashes = self.block_hashes(tokens)
-        b = self.block_tokens
+        best: tuple[Any, int] | None = None
         with self._lock:
-            for k in range(len(hashes) - 1, -1, -1):
-                lengths = self._by_block.get(hashes[k])
-                if not lengths:
-                    continue
-                for n in sorted(lengths, reverse=True):
-                    if n > len(tokens):
-                        continue
-                    key = _tail_key(hashes[k], tokens[k * b:n])
-                    entry = self._entries.get(key)
-                    if entry is None or entry.n_tokens != n or not np.array_equal(entry.tokens, tokens[:n]):
-                        continue
-                    self._entries.move_to_end(key)
-                    self.hits += 1
-                    self.hit_tokens += n
-                    return entry.snapshot, n
-            self.misses += 1
+            found = _longest(tokens, hashes, self.block_tokens, self._by_block, self._entries)
+            if found is not None:
+                self._entries.move_to_end(found[0])
+                best = self._entries[found[0]].snapshot, found[1]
+        if self.disk is not None and self._load is not None:
+            on_disk = self.disk.lookup(tokens, hashes, longer_than=best[1] if best is not None else 0)
+            if on_disk is not None:
+                loaded = self._load_from_disk(*on_disk, tokens)
+                if loaded is not None:
+                    best = loaded, on_disk[1]
+                    self.insert(loaded, to_disk=False)
+        with self._lock:
+            if best is None:
+                self.misses += 1
+            else:
+                self.hits += 1
+                self.hit_tokens += best[1]
+        return best
+
+    def _load_from_disk(self, key: bytes, n: int, tokens: np.ndarray) -> Any | None:
+        assert self.disk is not None and self._load is not None
+        try:
+            snap = self._load(str(self.disk.snapshot_path(key)))
+            if len(snap.tokens) != n or not np.array_equal(_ids(snap.tokens), tokens[:n]):
+                raise ValueError(f"the file holds {len(snap.tokens)} other tokens")
+        except Exception as exc:  # a corrupt or foreign file, or no memory at the location: not used
+            _log.warning("prefix cache: loading a %d-token prefix from disk failed (%s); prefilling instead", n, exc)
+            self.disk.discard(key, failed=True)
             return None
+        self.disk.record_hit()
+        return snap
 
     def snapshot_session(self, session: Any) -> bool:
         """Snapshot `session` at the cache's location and `insert` it. Returns False, storing
@@ -223,21 +292,24 @@ class PrefixCache:
                     break
                 _, victim = self._entries.popitem(last=False)
                 self._bytes -= victim.nbytes
-                self._forget_length(victim)
+                _forget(self._by_block, victim.block_hash, victim.n_tokens)
                 self.evictions += 1
                 evicted = True
         return evicted
 
-    def insert(self, snapshot: Any) -> bool:
-        """Store `snapshot` (keyed by its tokens). Returns False, storing nothing, when it holds a
-        pending token, has no tokens or is larger than the whole budget (counted in `too_large`).
-        Evicts least recently used entries to stay within the budget."""
+    def insert(self, snapshot: Any, to_disk: bool = True) -> bool:
+        """Store `snapshot` (keyed by its tokens), and queue it for the disk tier (to_disk).
+        Returns False, storing nothing in memory, when it holds a pending token, has no tokens or
+        is larger than the whole budget (counted in `too_large`). Evicts least recently used
+        entries to stay within the budget."""
         if int(getattr(snapshot, "pending", -1)) >= 0:
             return False
         tokens = _ids(snapshot.tokens)
         nbytes = int(snapshot.nbytes)
         if not len(tokens):
             return False
+        if to_disk and self.disk is not None:
+            self.disk.put(snapshot)
         if nbytes > self.budget_bytes:
             with self._lock:
                 self.too_large += 1
@@ -249,26 +321,17 @@ class PrefixCache:
             old = self._entries.pop(key, None)
             if old is not None:
                 self._bytes -= old.nbytes
-                self._forget_length(old)
+                _forget(self._by_block, old.block_hash, old.n_tokens)
             while self._entries and self._bytes + nbytes > self.budget_bytes:
                 _, victim = self._entries.popitem(last=False)
                 self._bytes -= victim.nbytes
-                self._forget_length(victim)
+                _forget(self._by_block, victim.block_hash, victim.n_tokens)
                 self.evictions += 1
             entry = _Entry(snapshot, tokens, len(tokens), nbytes, block_hash)
             self._entries[key] = entry
             self._by_block.setdefault(block_hash, collections.Counter())[len(tokens)] += 1
             self._bytes += nbytes
         return True
-
-    def _forget_length(self, entry: _Entry) -> None:
-        lengths = self._by_block.get(entry.block_hash)
-        if lengths is not None:
-            lengths[entry.n_tokens] -= 1
-            if lengths[entry.n_tokens] <= 0:
-                del lengths[entry.n_tokens]
-            if not lengths:
-                del self._by_block[entry.block_hash]
 
     def clear(self) -> None:
         with self._lock:
@@ -289,9 +352,210 @@ class PrefixCache:
         return len(self._entries)
 
     def stats(self) -> PrefixCacheStats:
+        disk = self.disk.counters() if self.disk is not None else {}
         with self._lock:
             return PrefixCacheStats(self.hits, self.misses, self.hit_tokens, self._bytes, len(self._entries),
-                                    self.evictions, self.too_large, self.out_of_memory)
+                                    self.evictions, self.too_large, self.out_of_memory, **disk)
+
+
+def disk_namespace(fingerprint: str, *files: str | os.PathLike[str] | None) -> str:
+    """A directory name for the snapshots of one model setup: the snapshot layout
+    (`Snapshot.fingerprint`: shapes, KV types, draft) and each model file's resolved path, size and
+    modification time (the layout alone does not tell two quantizations or fine-tunes apart)."""
+    h = hashlib.blake2b(digest_size=12, person=b"lucebox-disk")
+    h.update(fingerprint.encode())
+    for f in files:
+        if f is None:
+            h.update(b"\0-")
+            continue
+        path = Path(f).resolve()
+        st = path.stat()
+        h.update(f"\0{path}\0{st.st_size}\0{st.st_mtime_ns}".encode())
+    return h.hexdigest()
+
+
+@dataclass
+class _DiskEntry:
+    tokens: np.ndarray  # int32 [n_tokens]
+    nbytes: int         # both files
+    block_hash: bytes
+    used: float         # last use, seconds since the epoch (the .snap file's mtime)
+
+
+class DiskStore:
+    """The prefix cache's disk tier: snapshot files under `directory`/`namespace`/, at most
+    `budget_bytes` of them (least recently used removed first), written by one background thread.
+
+    An entry is `<key>.snap` (`Snapshot.save`) and `<key>.ids` (its int32 tokens), each written to
+    a temporary name and renamed, the .ids last: an entry exists once its .ids does. At start the
+    .ids files rebuild the index (a .snap without its .ids, an interrupted write, is removed).
+    `put` never blocks the caller: a snapshot arriving while `max_pending` wait is dropped
+    (counted). Snapshots are immutable, so writing one while it is used elsewhere is safe.
+    """
+
+    def __init__(self, directory: str | os.PathLike[str], budget_bytes: int, namespace: str,
+                 block_tokens: int = 256, max_pending: int = 4) -> None:
+        if budget_bytes < 0:
+            raise ValueError("budget_bytes must be >= 0")
+        self.dir = Path(directory) / namespace
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.budget_bytes = int(budget_bytes)
+        self.block_tokens = int(block_tokens)
+        self._lock = threading.Lock()
+        self._entries: dict[bytes, _DiskEntry] = {}
+        self._by_block: dict[bytes, collections.Counter[int]] = {}
+        self._bytes = 0
+        self.hits = 0
+        self.writes = 0
+        self.dropped = 0
+        self.errors = 0
+        self._queue: queue.Queue[Any] = queue.Queue(max_pending)
+        self._scan()
+        self._thread = threading.Thread(target=self._write_loop, name="lucebox-prefix-disk", daemon=True)
+        self._thread.start()
+
+    # -- files ----------------------------------------------------------------------------------
+    def snapshot_path(self, key: bytes) -> Path:
+        return self.dir / (key.hex() + ".snap")
+
+    def _ids_path(self, key: bytes) -> Path:
+        return self.dir / (key.hex() + ".ids")
+
+    def _scan(self) -> None:
+        for f in self.dir.iterdir():
+            if f.name.endswith(".tmp") or (f.suffix == ".snap" and not f.with_suffix(".ids").exists()):
+                f.unlink(missing_ok=True)  # an interrupted write
+        for ids in self.dir.glob("*.ids"):
+            snap = ids.with_suffix(".snap")
+            try:
+                tokens = np.fromfile(ids, dtype=np.int32)
+                st = snap.stat()
+                nbytes = st.st_size + ids.stat().st_size
+            except (OSError, ValueError):
+                ids.unlink(missing_ok=True)
+                snap.unlink(missing_ok=True)
+                continue
+            hashes = _block_hashes(tokens, self.block_tokens)
+            key = _tail_key(hashes[-1], tokens[(len(hashes) - 1) * self.block_tokens:])
+            if not len(tokens) or key.hex() != ids.stem:  # not written by this layout of keys
+                ids.unlink(missing_ok=True)
+                snap.unlink(missing_ok=True)
+                continue
+            self._add(key, _DiskEntry(tokens, nbytes, hashes[-1], st.st_mtime))
+        self._evict_for(0)
+
+    def _add(self, key: bytes, entry: _DiskEntry) -> None:
+        self._entries[key] = entry
+        self._by_block.setdefault(entry.block_hash, collections.Counter())[len(entry.tokens)] += 1
+        self._bytes += entry.nbytes
+
+    def discard(self, key: bytes, failed: bool = False) -> None:
+        """Remove an entry and its files (failed: it could not be read; counted in `errors`)."""
+        with self._lock:
+            entry = self._entries.pop(key, None)
+            if entry is not None:
+                self._bytes -= entry.nbytes
+                _forget(self._by_block, entry.block_hash, len(entry.tokens))
+            if failed:
+                self.errors += 1
+        self._ids_path(key).unlink(missing_ok=True)
+        self.snapshot_path(key).unlink(missing_ok=True)
+
+    def _evict_for(self, nbytes: int) -> None:
+        """Remove least recently used entries until `nbytes` more fit in the budget."""
+        while True:
+            with self._lock:
+                if not self._entries or self._bytes + nbytes <= self.budget_bytes:
+                    return
+                key = min(self._entries, key=lambda k: self._entries[k].used)
+            self.discard(key)
+
+    # -- operations -----------------------------------------------------------------------------
+    def lookup(self, tokens: np.ndarray, hashes: list[bytes], longer_than: int = 0) -> tuple[bytes, int] | None:
+        """(key, n_tokens) of the longest entry that is a prefix of `tokens` and longer than
+        `longer_than`, marked as used; None if there is none."""
+        with self._lock:
+            found = _longest(tokens, hashes, self.block_tokens, self._by_block, self._entries)
+            if found is None or found[1] <= longer_than:
+                return None
+            self._entries[found[0]].used = time.time()
+        try:
+            os.utime(self.snapshot_path(found[0]))  # the use survives a restart
+        except OSError:
+            pass
+        return found
+
+    def put(self, snapshot: Any) -> None:
+        """Queue `snapshot` for writing unless its prefix is already on disk."""
+        tokens = _ids(snapshot.tokens)
+        hashes = _block_hashes(tokens, self.block_tokens)
+        key = _tail_key(hashes[-1], tokens[(len(hashes) - 1) * self.block_tokens:])
+        with self._lock:
+            if key in self._entries:
+                self._entries[key].used = time.time()
+                return
+        try:
+            self._queue.put_nowait((key, hashes[-1], tokens, snapshot))
+        except queue.Full:
+            with self._lock:
+                self.dropped += 1
+
+    def flush(self) -> None:
+        """Wait until every queued snapshot is written (or dropped)."""
+        self._queue.join()
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join()
+
+    def _write_loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            try:
+                if item is None:
+                    return
+                self._write(*item)
+            finally:
+                self._queue.task_done()
+
+    def _write(self, key: bytes, block_hash: bytes, tokens: np.ndarray, snapshot: Any) -> None:
+        with self._lock:
+            if key in self._entries:
+                return
+        need = int(snapshot.nbytes) + tokens.nbytes
+        if need > self.budget_bytes:
+            with self._lock:
+                self.dropped += 1
+            return
+        self._evict_for(need)
+        snap_path, ids_path = self.snapshot_path(key), self._ids_path(key)
+        snap_tmp, ids_tmp = snap_path.with_name(snap_path.name + ".tmp"), ids_path.with_name(ids_path.name + ".tmp")
+        try:
+            snapshot.save(str(snap_tmp))
+            os.replace(snap_tmp, snap_path)
+            tokens.tofile(ids_tmp)
+            os.replace(ids_tmp, ids_path)
+            nbytes = snap_path.stat().st_size + ids_path.stat().st_size
+        except Exception as exc:  # disk full, unwritable directory, ...: the memory tier goes on
+            _log.warning("prefix cache: writing a %d-token snapshot to %s failed (%s)", len(tokens), self.dir, exc)
+            for f in (snap_tmp, ids_tmp, snap_path, ids_path):
+                f.unlink(missing_ok=True)
+            with self._lock:
+                self.errors += 1
+            return
+        with self._lock:
+            self._add(key, _DiskEntry(tokens, nbytes, block_hash, time.time()))
+            self.writes += 1
+        self._evict_for(0)  # the file may be a little larger than the snapshot's own count
+
+    def record_hit(self) -> None:
+        with self._lock:
+            self.hits += 1
+
+    def counters(self) -> dict[str, int]:
+        with self._lock:
+            return {"disk_hits": self.hits, "disk_entries": len(self._entries), "disk_bytes": self._bytes,
+                    "disk_writes": self.writes, "disk_dropped": self.dropped, "disk_errors": self.errors}
 
 
 def start_session(session: Any, prompt_ids: Sequence[int], cache: Any = None,

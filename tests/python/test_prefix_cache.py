@@ -292,3 +292,111 @@ def test_interval_boundaries():
     assert cache.boundaries(50) == []               # below min_tokens: nothing
     with pytest.raises(ValueError):
         PrefixCache(1 << 20, interval_tokens=-1)
+
+
+def _disk_cache(engine, directory, budget=1 << 30, disk_budget=1 << 30, block=64):
+    from lucebox import load_snapshot
+    from lucebox.prefix_cache import DiskStore, disk_namespace
+
+    ns = disk_namespace(engine.session().snapshot().fingerprint, engine.model_path, engine.draft_path)
+    disk = DiskStore(directory, disk_budget, ns, block_tokens=block)
+    return PrefixCache(budget, block_tokens=block, disk=disk,
+                       load=lambda p: load_snapshot(p, engine=engine, location="host")), disk
+
+
+def test_disk_tier_survives_a_restart(engine, tmp_path) -> None:
+    """Snapshots written in the background; a new cache on the same directory (a restarted server)
+    resumes from disk, token-identically, and loads it into memory for the next hit."""
+    prompt = [int(x) for x in np.random.default_rng(7).integers(0, 1000, 260)]
+    cold = engine.session().generate(prompt, max_tokens=30).tokens
+    cache, disk = _disk_cache(engine, tmp_path)
+    s = engine.session()
+    s.append(prompt[:100])
+    assert cache.snapshot_session(s)
+    s.append(prompt[100:-1])
+    assert cache.snapshot_session(s)
+    disk.flush()
+    assert cache.stats().disk_writes == 2 and cache.stats().disk_entries == 2
+    disk.close()
+
+    again, disk2 = _disk_cache(engine, tmp_path)  # the restart: nothing in memory
+    assert again.entries == 0 and disk2.counters()["disk_entries"] == 2
+    hit = again.lookup(prompt[:-1])
+    assert hit is not None and hit[1] == len(prompt) - 1 and list(hit[0].tokens) == prompt[:-1]
+    warm = engine.session()
+    warm.restore(hit[0])
+    assert warm.generate(prompt[-1:], max_tokens=30).tokens == cold
+    st = again.stats()
+    assert st.disk_hits == 1 and st.hits == 1 and again.entries == 1  # now in memory too
+    assert again.lookup(prompt[:-1])[1] == len(prompt) - 1 and again.stats().disk_hits == 1
+    # a prefix shorter than memory's best is not read from disk; a diverging prompt takes the shorter entry
+    other = prompt[:100] + [5, 6, 7]
+    assert again.lookup(other)[1] == 100 and again.stats().disk_hits == 2
+    disk2.flush()
+    assert disk2.counters()["disk_writes"] == 0  # entries loaded from disk are not written back
+    disk2.close()
+
+
+def test_disk_tier_is_per_model_and_cleans_up(engine, tmp_path) -> None:
+    import lucebox
+    from lucebox import synth
+    from lucebox.prefix_cache import DiskStore, disk_namespace
+
+    prompt = [int(x) for x in np.random.default_rng(8).integers(0, 1000, 150)]
+    cache, disk = _disk_cache(engine, tmp_path, disk_budget=1 << 30)
+    s = engine.session()
+    s.append(prompt[:-1])
+    cache.snapshot_session(s)
+    disk.flush()
+    disk.close()
+    # the same shapes, other weights: another namespace, no hit
+    other_path = tmp_path / "other.gguf"
+    synth.write_target(other_path, "tiny", type="q8_0", seed=99)
+    other = lucebox.Engine(other_path, ctx=1024, device="cpu", ubatch=64)
+    assert other.session().snapshot().fingerprint == engine.session().snapshot().fingerprint
+    cache_o, disk_o = _disk_cache(other, tmp_path)
+    assert cache_o.lookup(prompt[:-1]) is None and disk_o.counters()["disk_entries"] == 0
+    disk_o.close()
+    # an interrupted write (a .snap without its .ids, a .tmp) is removed at start; a corrupt
+    # .snap is dropped when it fails to load, and the lookup falls back to a miss
+    ns = disk_namespace(engine.session().snapshot().fingerprint, engine.model_path, engine.draft_path)
+    d = tmp_path / ns
+    (d / "00ff.snap").write_bytes(b"partial")
+    (d / "abc.snap.tmp").write_bytes(b"partial")
+    snap_file = next(f for f in d.glob("*.snap") if f.name != "00ff.snap")
+    snap_file.write_bytes(b"LBXSNAP1 but truncated")
+    cache2, disk2 = _disk_cache(engine, tmp_path)
+    assert not (d / "00ff.snap").exists() and not (d / "abc.snap.tmp").exists()
+    assert disk2.counters()["disk_entries"] == 1
+    assert cache2.lookup(prompt[:-1]) is None
+    c = disk2.counters()
+    assert c["disk_errors"] == 1 and c["disk_entries"] == 0 and not snap_file.exists()
+    disk2.close()
+
+
+def test_disk_tier_budget_keeps_the_most_recent(engine, tmp_path) -> None:
+    prompts = [[int(x) for x in np.random.default_rng(20 + i).integers(0, 1000, 120)] for i in range(3)]
+    s = engine.session()
+    s.append(prompts[0][:-1])
+    one = s.snapshot_nbytes
+    cache, disk = _disk_cache(engine, tmp_path, disk_budget=int(2.5 * one))
+    for p in prompts:
+        s = engine.session()
+        s.append(p[:-1])
+        cache.snapshot_session(s)
+        disk.flush()
+    c = disk.counters()
+    assert c["disk_writes"] == 3 and c["disk_entries"] == 2 and c["disk_bytes"] <= 2.5 * one
+    disk.close()
+    again, disk2 = _disk_cache(engine, tmp_path, disk_budget=int(2.5 * one))
+    assert again.lookup(prompts[0][:-1]) is None  # the oldest went
+    assert again.lookup(prompts[2][:-1])[1] == 119
+    # a snapshot larger than the whole disk budget is not written (counted)
+    small, disk3 = _disk_cache(engine, tmp_path / "small", disk_budget=one // 2)
+    s = engine.session()
+    s.append(prompts[1][:-1])
+    small.snapshot_session(s)
+    disk3.flush()
+    assert disk3.counters()["disk_dropped"] == 1 and disk3.counters()["disk_entries"] == 0
+    disk2.close()
+    disk3.close()

@@ -168,3 +168,46 @@ def test_prefix_cache_location_is_validated(tiny_models: tuple[Path, Path]) -> N
     target, _ = tiny_models
     with pytest.raises(ConfigError, match="prefix_cache_location"):
         ServerConfig(model=str(target), prefix_cache_location="gpu")
+    with pytest.raises(ConfigError, match="prefix_cache_dir needs"):
+        ServerConfig(model=str(target), prefix_cache_mb=0, prefix_cache_dir="/tmp/x")
+    with pytest.raises(ConfigError, match="prefix_cache_disk_mb"):
+        ServerConfig(model=str(target), prefix_cache_disk_mb=0)
+
+
+def test_an_unusable_cache_directory_is_a_clear_error(tiny_models: tuple[Path, Path], tmp_path: Path) -> None:
+    import lucebox
+    from lucebox.errors import ConfigError
+    from lucebox.server import ServerConfig, create_app
+
+    target, _ = tiny_models
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    engine = lucebox.Engine(target, ctx=256, device="cpu", threads=2)
+    config = ServerConfig(model=str(target), ctx=256, device="cpu", prefix_cache_dir=str(blocker / "cache"))
+    with pytest.raises(ConfigError, match="prefix_cache_dir"):
+        create_app(config, engine)
+
+
+def test_disk_tier_resumes_after_a_restart(tiny_models: tuple[Path, Path], tmp_path: Path) -> None:
+    """--prefix-cache-dir: a restarted server starts a repeated long prompt from the snapshot
+    on disk (shown in /metrics) and answers as before."""
+    target, _ = tiny_models
+    args = ["--model", str(target), "--ctx", "2048", "--model-name", "tiny", "--prefix-cache-mb", "64",
+            "--prefix-cache-dir", str(tmp_path / "cache")]
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "hello"}]
+    first = ServerProcess(args, tmp_path / "first.log")
+    try:
+        answer, n_prompt = _chat(first, messages)
+        assert n_prompt > 300
+        assert _metric(first, "lucebox_prefix_cache_disk_hits_total") == 0
+    finally:
+        first.stop()  # waits for the queued snapshots to reach the disk
+    second = ServerProcess(args, tmp_path / "second.log")
+    try:
+        assert _metric(second, "lucebox_prefix_cache_disk_entries") >= 1
+        again, _ = _chat(second, messages)
+        assert again == answer
+        assert _metric(second, "lucebox_prefix_cache_disk_hits_total") == 1
+        assert _metric(second, "lucebox_prefix_cache_hit_tokens_total") >= n_prompt - 16
+    finally:
+        second.stop()

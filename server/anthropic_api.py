@@ -291,5 +291,5 @@ async def count_tokens(body: CountTokensRequest, request: Request) -> JSONRespon
     svc.check_model(body.model)
     mreq = MessagesRequest(max_tokens=1, messages=body.messages, system=body.system, tools=body.tools)
     spec = chat_spec_from_anthropic(mreq, svc)
-    n = svc.count_prompt_tokens(spec)
+    n = len(svc.prompt_ids(spec))
     return JSONResponse({"input_tokens": n})

@@ -14,7 +14,7 @@ __all__ = ["Metrics", "ENDPOINTS"]
 
 # Paths reported under their own label; every other path is "other" (bounded cardinality).
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/messages",
-             "/v1/messages/count_tokens", "/v1/responses", "/health", "/metrics", "/")
+             "/v1/messages/count_tokens", "/v1/responses", "/tokenize", "/detokenize", "/health", "/metrics", "/")
 
 
 def _escape(value: str) -> str:

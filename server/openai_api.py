@@ -1,4 +1,5 @@
-"""OpenAI-compatible endpoints: /v1/chat/completions, /v1/completions, /v1/models.
+"""OpenAI-compatible endpoints: /v1/chat/completions, /v1/completions, /v1/models, and the
+/tokenize and /detokenize that vLLM and llama.cpp servers offer.
 
 Streaming answers are SSE ``data: {chunk}`` events ending with ``data: [DONE]``; with
 ``stream_options.include_usage`` a last chunk with empty ``choices`` carries the usage. An error
@@ -31,7 +32,8 @@ from .chat_output import ChatOutput, OutputDelta, finish_reason_for
 from .errors import APIError, api_error_from, invalid
 from .generation import ChoiceDone, ChoiceResult, ErrorEvent, GenerationJob, TextEvent
 from .logprobs import LogprobFormatter, chat_logprobs_n, completion_logprobs_n
-from .schemas import ChatCompletionRequest, CompletionRequest, NamedToolChoice, SamplingFields
+from .schemas import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, NamedToolChoice, SamplingFields,
+                      TokenizeRequest)
 from .service import ChatSpec, PreparedChat, Service
 from .streaming import ClientDisconnected, EventStreamResponse, sse, unless_disconnected
 
@@ -355,6 +357,37 @@ async def _completion_stream(svc: Service, job: GenerationJob, n: int, n_prompt:
         yield sse("[DONE]")
     finally:
         job.cancel()
+
+
+@router.post("/tokenize")
+async def tokenize(body: TokenizeRequest, request: Request) -> JSONResponse:
+    """vLLM's and llama.cpp's /tokenize: the ids of a text (as /v1/completions parses it) or of chat
+    messages (as /v1/chat/completions renders them), their count and the context length."""
+    svc = service_of(request)
+    svc.check_model(body.model)
+    texts = [t for t in (body.prompt, body.content) if t is not None]
+    if len(texts) + (body.messages is not None) != 1:
+        raise invalid("give exactly one of prompt (or content) and messages", param="prompt")
+    if body.messages is not None:
+        chat = ChatCompletionRequest(messages=body.messages, tools=body.tools,
+                                     chat_template_kwargs=body.chat_template_kwargs)
+        ids = svc.prompt_ids(chat_spec_from_openai(chat, svc))
+    else:
+        ids = svc.tokenizer.encode(texts[0], add_special=body.add_special_tokens, parse_special=True)
+    return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": svc.n_ctx})
+
+
+@router.post("/detokenize")
+async def detokenize(body: DetokenizeRequest, request: Request) -> JSONResponse:
+    """The text of token ids (``prompt``, vLLM's name; ``content``, llama.cpp's)."""
+    svc = service_of(request)
+    svc.check_model(body.model)
+    vocab = svc.tokenizer.n_vocab
+    bad = [t for t in body.tokens if not 0 <= t < vocab]
+    if bad:
+        raise invalid(f"token id {bad[0]} is outside the vocabulary [0, {vocab})", param="tokens")
+    text = svc.tokenizer.decode(body.tokens)
+    return JSONResponse({"prompt": text, "content": text})
 
 
 @router.get("/v1/models")

@@ -13,7 +13,8 @@ from typing import Any, Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 __all__ = ["ChatCompletionRequest", "CompletionRequest", "FunctionDef", "Tool", "NamedToolChoice",
-           "StreamOptions", "SamplingFields", "MessagesRequest", "ResponsesRequest"]
+           "StreamOptions", "SamplingFields", "MessagesRequest", "ResponsesRequest", "TokenizeRequest",
+           "DetokenizeRequest"]
 
 
 class _Lenient(BaseModel):
@@ -144,6 +145,26 @@ class MessagesRequest(_Lenient):
     thinking: Optional[dict[str, Any]] = None
     output_config: Optional[dict[str, Any]] = None
     metadata: Optional[dict[str, Any]] = None
+
+
+class TokenizeRequest(_Lenient):
+    """POST /tokenize: text (``prompt``, or llama.cpp's ``content``) or chat ``messages`` (with
+    ``tools``, ``chat_template_kwargs``) as the model's template renders them for a reply."""
+
+    model: Optional[str] = None
+    prompt: Optional[str] = None
+    content: Optional[str] = None
+    messages: Optional[list[dict[str, Any]]] = Field(default=None, min_length=1)
+    tools: Optional[list[Tool]] = None
+    chat_template_kwargs: Optional[dict[str, Any]] = None
+    add_special_tokens: bool = True
+
+
+class DetokenizeRequest(_Lenient):
+    """POST /detokenize."""
+
+    model: Optional[str] = None
+    tokens: list[int]
 
 
 class CountTokensRequest(_Lenient):

@@ -296,9 +296,9 @@ class Service:
             stop.append(TOOL_CALL_CLOSE)
         return prompt, tools, echo, after, stop
 
-    def count_prompt_tokens(self, spec: ChatSpec) -> int:
-        """Tokens of the prompt `spec` renders to (no context check)."""
-        return len(self.tokenizer.encode(self._render(spec)[0], parse_special=True))
+    def prompt_ids(self, spec: ChatSpec) -> list[int]:
+        """The token ids of the prompt `spec` renders to (no context check)."""
+        return self.tokenizer.encode(self._render(spec)[0], parse_special=True)
 
     def prepare_chat(self, spec: ChatSpec) -> PreparedChat:
         """Render, tokenize and plan a chat request; raises APIError (400) for anything invalid."""

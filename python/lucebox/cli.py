@@ -287,6 +287,16 @@ def _cmd_perplexity(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_engine_flags(p: argparse.ArgumentParser) -> None:
+    """KV types, device, micro-batch, threads and placement: the engine flags of generate and perplexity."""
+    p.add_argument("--kv-type-k", default="f16")
+    p.add_argument("--kv-type-v", default="f16")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+    p.add_argument("--ubatch", type=_positive_int, default=512)
+    p.add_argument("--threads", type=int, default=0)
+    _add_placement_flags(p)
+
+
 def _add_placement_flags(p: argparse.ArgumentParser) -> None:
     """--devices / --split / --layer-proportions / --draft-device (EngineConfig's placement fields)."""
     p.add_argument("--devices", default=None, metavar="LIST",
@@ -383,12 +393,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--stop", action="append", help="stop string (repeatable)")
     p.add_argument("--ctx", type=_positive_int, default=4096)
-    p.add_argument("--kv-type-k", default="f16")
-    p.add_argument("--kv-type-v", default="f16")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
-    p.add_argument("--ubatch", type=_positive_int, default=512)
-    p.add_argument("--threads", type=int, default=0)
-    _add_placement_flags(p)
+    _add_engine_flags(p)
     p.add_argument("--stats", action="store_true", help="print timing and token counts to stderr")
     p.add_argument("--progress", action="store_true", help="show load/prefill progress even when not a terminal")
     p.set_defaults(func=_cmd_generate)
@@ -401,12 +406,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file", help="UTF-8 text file (e.g. wikitext-2's wiki.test.raw)")
     p.add_argument("--chunk", type=_positive_int, default=512, help="tokens per chunk (default 512, llama.cpp's)")
     p.add_argument("--max-chunks", type=int, default=0, help="score at most this many chunks (0: all)")
-    p.add_argument("--kv-type-k", default="f16")
-    p.add_argument("--kv-type-v", default="f16")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
-    p.add_argument("--ubatch", type=_positive_int, default=512)
-    p.add_argument("--threads", type=int, default=0)
-    _add_placement_flags(p)
+    _add_engine_flags(p)
     p.add_argument("--progress", action="store_true", help="show load progress even when not a terminal")
     p.set_defaults(func=_cmd_perplexity)
 

@@ -170,3 +170,23 @@ def test_json_body_without_json_content_type(server):
                    content=json.dumps({"messages": MSG, "max_tokens": 2, "temperature": 0}),
                    headers={"content-type": "application/x-www-form-urlencoded"})
     assert r.status_code == 200 and r.json()["object"] == "chat.completion"
+
+
+def test_tokenize_and_detokenize(server, client):
+    """/tokenize counts what the generation endpoints see: a text as /v1/completions parses it,
+    messages as /v1/chat/completions renders them (its usage.prompt_tokens); /detokenize inverts."""
+    text = "def add(a, b):\n    return a + b"
+    r = httpx.post(server.base_url + "/tokenize", json={"prompt": text}, timeout=30).json()
+    assert r["count"] == len(r["tokens"]) > 0 and r["max_model_len"] == 1024
+    assert httpx.post(server.base_url + "/tokenize", json={"content": text}, timeout=30).json()["tokens"] == r["tokens"]
+    back = httpx.post(server.base_url + "/detokenize", json={"tokens": r["tokens"]}, timeout=30).json()
+    assert back["prompt"] == back["content"] == text
+    comp = client.completions.create(model="tiny", prompt=text, max_tokens=1, temperature=0)
+    assert comp.usage.prompt_tokens == r["count"]
+    chat = httpx.post(server.base_url + "/tokenize", json={"messages": MSG}, timeout=30).json()
+    r2 = client.chat.completions.create(model="tiny", messages=MSG, max_tokens=1, temperature=0)
+    assert chat["count"] == r2.usage.prompt_tokens
+    for path, body, param in (("/tokenize", {}, "prompt"), ("/tokenize", {"prompt": "a", "messages": MSG}, "prompt"),
+                              ("/detokenize", {"tokens": [10**8]}, "tokens"), ("/detokenize", {}, "tokens")):
+        bad = httpx.post(server.base_url + path, json=body, timeout=30)
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == param, (path, body, bad.text)

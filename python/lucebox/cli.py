@@ -260,12 +260,17 @@ def _cmd_perplexity(args: argparse.Namespace) -> int:
 
     import lucebox
 
+    if args.max_chunks < 0:
+        raise ConfigError(f"--max-chunks {args.max_chunks} must be >= 0 (0: every chunk)")
     show = sys.stderr.isatty() or args.progress
     engine = lucebox.Engine(args.model, ctx=args.chunk, kv_type_k=args.kv_type_k, kv_type_v=args.kv_type_v,
                             device=args.device, ubatch=args.ubatch, threads=args.threads,
                             progress=_Progress("loading", "bytes", show), **placement_kwargs(args))
-    with open(args.file, "r", encoding="utf-8", errors="replace") as f:
-        text = f.read()
+    try:
+        with open(args.file, "r", encoding="utf-8", errors="replace") as f:
+            text = f.read()
+    except OSError as exc:
+        raise ConfigError(f"cannot read the text file {args.file!r}: {exc.strerror or exc}") from None
     ids = engine.tokenizer.encode(text)
     if args.max_chunks:
         ids = ids[:args.max_chunks * args.chunk]

@@ -204,3 +204,6 @@ def test_perplexity_command_is_the_exact_second_half_nll(pair: tuple[str, str], 
     assert f"over {n_chunks} chunks of {chunk} tokens ({len(flat)} scored)" in line
     with pytest.raises(ConfigError, match="fewer than one chunk"):
         cli.chunk_perplexity(engine, ids[:10], chunk)
+    assert cli.main(["perplexity", target, str(tmp_path / "missing.txt"), "--device", "cpu"]) == 1
+    assert "cannot read the text file" in capsys.readouterr().err
+    assert cli.main(["perplexity", target, str(path), "--max-chunks", "-1"]) == 1

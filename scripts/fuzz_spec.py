@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Differential fuzz of speculative decoding on the CPU: each case draws a context size, micro-batch,
-KV cache type, prompt (random ids, 1 token to almost the whole context) and token budget, generates
-greedily without speculation, then with a chain or a DDTree tree, and requires the same tokens. The
+KV cache type, prompt (random ids, 1 token to almost the whole context), token budget and sampling
+(greedy, seeded temperature / top-k sampling, a logit_bias, logprobs), generates without
+speculation, then with a chain or a DDTree tree, and requires the same tokens (and, with logprobs,
+the same logprobs within 1e-3). The
 proposals come from the draft, or are forced (tests/integration/forcing.py): a chain that is right up
 to a chosen index (verify widths 2..16) or a tree whose right path is a chosen depth and never the
 first child. A `LuceboxError` from the speculative run where the plain one ran, or a different token,
@@ -30,7 +32,11 @@ def _case(n: int) -> dict:
                 tree_budget=r.choice([4, 8, 22]), n_prompt=r.randint(1, ctx - 2), max_tokens=r.randint(1, 80),
                 prompt_seed=r.randrange(2**31), proposals=r.choice(["draft", "forced"]),
                 wrong_at=r.choice([None, 0, 1, 3, 7, 15]), block_size=r.choice([0, 2, 5, 16]),
-                tree_depth=r.randint(0, 12))
+                tree_depth=r.randint(0, 12),
+                sampling=r.choice([{}, {}, dict(temperature=0.8, seed=r.randrange(1000)),
+                                   dict(temperature=0.7, top_k=r.choice([1, 5, 40]), seed=r.randrange(1000)),
+                                   dict(logit_bias={r.randrange(1000): -100.0, r.randrange(1000): 3.0})]),
+                logprobs=r.choice([None, None, 0, 3]))
 
 
 def main() -> int:
@@ -68,21 +74,24 @@ def main() -> int:
         c = _case(n)
         pr = random.Random(c["prompt_seed"])
         prompt = [pr.randrange(0, 1000) for _ in range(c["n_prompt"])]
+        kw = dict(max_tokens=c["max_tokens"], logprobs=c["logprobs"], **c["sampling"])
         try:
-            plain = list(engine(c, "off").generate(prompt, max_tokens=c["max_tokens"]).tokens)
+            ref = engine(c, "off").generate(prompt, **kw)
+            plain = list(ref.tokens)
         except LuceboxError as e:  # (not a finding: the case itself may be impossible)
             print(f"case {n}: plain decoding refused it: {type(e).__name__}: {e}")
             continue
         e = engine(c, c["spec"])
         try:
             if c["proposals"] == "draft":
-                got = e.generate(prompt, max_tokens=c["max_tokens"]).tokens
+                res = e.generate(prompt, **kw)
             elif c["spec"] == "chain":
-                got = e.session().generate(prompt, max_tokens=c["max_tokens"], block_size=c["block_size"],
-                                           propose=forced(plain, c["n_prompt"], c["wrong_at"])).tokens
+                res = e.session().generate(prompt, block_size=c["block_size"],
+                                           propose=forced(plain, c["n_prompt"], c["wrong_at"]), **kw)
             else:
-                got = e.session().generate(prompt, max_tokens=c["max_tokens"],
-                                           propose_tree=forced_tree(plain, c["n_prompt"], c["tree_depth"])).tokens
+                res = e.session().generate(prompt, propose_tree=forced_tree(plain, c["n_prompt"], c["tree_depth"]),
+                                           **kw)
+            got = res.tokens
         except LuceboxError as err:
             findings += 1
             print(f"case {n}: {c}: the speculative run failed: {type(err).__name__}: {err}", flush=True)
@@ -90,8 +99,14 @@ def main() -> int:
         if list(got) != plain:
             findings += 1
             first = next((i for i, (a, b) in enumerate(zip(plain, got)) if a != b), min(len(plain), len(got)))
-            print(f"case {n}: {c}: tokens differ from plain greedy at {first} "
+            print(f"case {n}: {c}: tokens differ from plain decoding at {first} "
                   f"({len(got)} against {len(plain)} tokens)", flush=True)
+        elif c["logprobs"] is not None and (
+                [lp.token for lp in res.logprobs] != plain
+                or any(abs(a.logprob - b.logprob) > 1e-3 or [i for i, _ in a.top] != [i for i, _ in b.top]
+                       for a, b in zip(res.logprobs, ref.logprobs))):
+            findings += 1
+            print(f"case {n}: {c}: logprobs differ from plain decoding's", flush=True)
     print(f"{findings} finding(s) in cases [{args.start}, {args.start + args.cases})")
     return 1 if findings else 0
 

@@ -94,3 +94,36 @@ def test_device_out_of_memory_names_the_bytes(pair: tuple[str, str], tmp_path: P
     s2 = engine.session()
     s2.restore(snap)
     assert s2.generate([1, 2], max_tokens=10).tokens == expected
+
+
+@pytest.mark.parametrize("location", ["host", "device"])
+def test_prefix_cache_disk_tier_on_cuda(pair: tuple[str, str], tmp_path: Path, location: str) -> None:
+    """The prefix cache's disk tier with CUDA snapshots: written in the background (device ones
+    through host memory), read back by a new cache (a restart) into `location`, and the restored
+    session continues as a cold one."""
+    from lucebox.prefix_cache import DiskStore, PrefixCache, disk_namespace
+
+    target, draft = pair
+    engine = lucebox.Engine(target, draft, ctx=2048, device="cuda", ubatch=64, spec="chain")
+    prompt = _prompt(600, 7)
+    cold = engine.session().generate(prompt, max_tokens=24).tokens
+    ns = disk_namespace(engine.session().snapshot().fingerprint, engine.model_path, engine.draft_path)
+
+    def cache() -> tuple[PrefixCache, DiskStore]:
+        disk = DiskStore(tmp_path, 1 << 30, ns, block_tokens=64)
+        return PrefixCache(1 << 30, block_tokens=64, location=location, disk=disk,
+                           load=lambda p: lucebox.load_snapshot(p, engine=engine, location=location)), disk
+
+    first, disk = cache()
+    s = engine.session()
+    s.append(prompt[:-1])
+    assert first.snapshot_session(s)
+    disk.close()
+    again, disk2 = cache()
+    hit = again.lookup(prompt[:-1])
+    assert hit is not None and hit[1] == len(prompt) - 1 and hit[0].location == location
+    warm = engine.session()
+    warm.restore(hit[0])
+    assert warm.generate(prompt[-1:], max_tokens=24).tokens == cold
+    assert again.stats().disk_hits == 1
+    disk2.close()

@@ -770,7 +770,7 @@ bool session::plan_candidates(row_candidates & cands, const sampler & smp, const
         return false;
     }
     cands.extra_ids = smp.penalty_ids(history);
-    if (smp.params().has_penalties() && n_batch > 0) {
+    if (smp.params().has_window_penalties() && n_batch > 0) {
         cands.extra_ids.insert(cands.extra_ids.end(), batch, batch + n_batch);
         std::sort(cands.extra_ids.begin(), cands.extra_ids.end());
         cands.extra_ids.erase(std::unique(cands.extra_ids.begin(), cands.extra_ids.end()), cands.extra_ids.end());

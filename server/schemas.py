@@ -149,7 +149,9 @@ class MessagesRequest(_Lenient):
 
 class TokenizeRequest(_Lenient):
     """POST /tokenize: text (``prompt``, or llama.cpp's ``content``) or chat ``messages`` (with
-    ``tools``, ``chat_template_kwargs``) as the model's template renders them for a reply."""
+    ``tools``, ``chat_template_kwargs``) as the model's template renders them for a reply.
+    add_special_tokens: also the vocabulary's bos where it asks for one (off by default, as
+    /v1/completions parses a prompt)."""
 
     model: Optional[str] = None
     prompt: Optional[str] = None
@@ -157,7 +159,7 @@ class TokenizeRequest(_Lenient):
     messages: Optional[list[dict[str, Any]]] = Field(default=None, min_length=1)
     tools: Optional[list[Tool]] = None
     chat_template_kwargs: Optional[dict[str, Any]] = None
-    add_special_tokens: bool = True
+    add_special_tokens: bool = False
 
 
 class DetokenizeRequest(_Lenient):

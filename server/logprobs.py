@@ -7,6 +7,9 @@ decoded as UTF-8 (a token that ends inside a character shows U+FFFD; `bytes` has
 * chat (``logprobs: true``, ``top_logprobs: N``): ``{"content": [{"token", "logprob", "bytes",
   "top_logprobs": [{"token", "logprob", "bytes"}, ...]}, ...], "refusal": null}``, one entry per
   generated token (reasoning and tool-call tokens included: they are generated text too);
+* responses (``include: ["message.output_text.logprobs"]``, ``top_logprobs: N``): the chat entries,
+  on the message's ``output_text`` (and on each ``response.output_text.delta`` event, the entries
+  of the tokens since the previous delta);
 * completions (``logprobs: N``): ``{"tokens": [...], "token_logprobs": [...], "top_logprobs":
   [{token: logprob, ...}, ...], "text_offset": [...]}``, a token's offset being the characters of
   the token strings before it (the generated text's, unless a token ends inside a character). With
@@ -21,7 +24,8 @@ from typing import Any, Sequence
 
 from .errors import invalid
 
-__all__ = ["MAX_TOP", "chat_logprobs_n", "completion_logprobs_n", "LogprobFormatter", "UnscoredToken"]
+__all__ = ["MAX_TOP", "chat_logprobs_n", "completion_logprobs_n", "responses_logprobs_n", "LogprobFormatter",
+           "UnscoredToken"]
 
 MAX_TOP = 20  # alternatives per token (OpenAI's limit; lucebox._core.MAX_TOP_LOGPROBS)
 
@@ -52,6 +56,18 @@ def completion_logprobs_n(logprobs: Any, top_logprobs: Any) -> int | None:
         raise invalid(f"logprobs must be an integer in [0, {MAX_TOP}] on /v1/completions, got {logprobs!r}",
                       param="logprobs")
     return logprobs
+
+
+def responses_logprobs_n(include: Any, top_logprobs: Any) -> int | None:
+    """Alternatives per token a Responses request asks for: with ``include`` naming
+    ``message.output_text.logprobs`` or a ``top_logprobs``; None when it asks for no logprobs."""
+    if top_logprobs is None and "message.output_text.logprobs" not in (include or []):
+        return None
+    n = 0 if top_logprobs is None else top_logprobs
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_TOP:
+        raise invalid(f"top_logprobs must be an integer in [0, {MAX_TOP}], got {top_logprobs!r}",
+                      param="top_logprobs")
+    return n
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,8 @@ from fastapi.responses import JSONResponse, Response
 from .chat_output import ChatOutput
 from .errors import api_error_from, invalid
 from .generation import ChoiceDone, ChoiceResult, ErrorEvent, GenerationJob, TextEvent
-from .openai_api import collect_chat, job_events, service_of, start_stream
+from .logprobs import LogprobFormatter, responses_logprobs_n
+from .openai_api import collect_chat, job_events, service_of, start_stream, with_logprobs
 from .schemas import ResponsesRequest
 from .service import ChatSpec, PreparedChat, Service
 from .streaming import EventStreamResponse, sse_event
@@ -116,9 +117,6 @@ def chat_spec_from_responses(body: ResponsesRequest, svc: Service) -> ChatSpec:
     if body.previous_response_id:
         raise invalid("previous_response_id is not supported: this server stores no responses; send the "
                       "whole conversation in input", param="previous_response_id", code="unsupported")
-    if body.top_logprobs is not None or "message.output_text.logprobs" in (body.include or []):
-        raise invalid("logprobs are not supported on /v1/responses (use /v1/chat/completions with logprobs: true)",
-                      param="top_logprobs" if body.top_logprobs is not None else "include", code="unsupported")
     tools = []
     for k, t in enumerate(body.tools or []):
         if t.get("type") != "function":
@@ -139,7 +137,8 @@ def chat_spec_from_responses(body: ResponsesRequest, svc: Service) -> ChatSpec:
         forced = tc["name"]
     effort = (body.reasoning or {}).get("effort")
     enable_thinking = False if effort in ("none", "minimal") else None
-    sampling = svc.sampling({"temperature": body.temperature, "top_p": body.top_p}, None)
+    sampling = with_logprobs(svc.sampling({"temperature": body.temperature, "top_p": body.top_p}, None),
+                             responses_logprobs_n(body.include, body.top_logprobs))
     return ChatSpec(messages=_messages(body), tools=tools or None, tool_choice=choice, forced_name=forced,
                     parallel_tool_calls=body.parallel_tool_calls is not False, enable_thinking=enable_thinking,
                     max_tokens=body.max_output_tokens, sampling=sampling, n=1)
@@ -162,7 +161,9 @@ def _envelope(body: ResponsesRequest, svc: Service, rid: str, created: float, st
             "store": False, "usage": None, "metadata": {}}
 
 
-def _items(out: ChatOutput) -> list[dict[str, Any]]:
+def _items(out: ChatOutput, logprobs: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """The output items of a finished answer; `logprobs` (chat-style entries of every generated
+    token), when asked for, go with the message's output_text."""
     items: list[dict[str, Any]] = []
     if out.reasoning:
         items.append({"type": "reasoning", "id": "rs_" + secrets.token_hex(12), "summary": [],
@@ -170,7 +171,8 @@ def _items(out: ChatOutput) -> list[dict[str, Any]]:
     if out.content or not out.tool_calls:
         items.append({"type": "message", "id": "msg_" + secrets.token_hex(12), "status": "completed",
                       "role": "assistant",
-                      "content": [{"type": "output_text", "text": out.content, "annotations": []}]})
+                      "content": [{"type": "output_text", "text": out.content, "annotations": [],
+                                   **({"logprobs": logprobs} if logprobs is not None else {})}]})
     for call in out.tool_calls:
         items.append({"type": "function_call", "id": "fc_" + call.id.removeprefix("call_"), "call_id": call.id,
                       "name": call.name, "arguments": call.arguments_json(), "status": "completed"})
@@ -189,9 +191,11 @@ async def responses(body: ResponsesRequest, request: Request) -> Response:
         taken, ended = await start_stream(svc, job, request)
         return EventStreamResponse(_stream(svc, body, job, prepared, rid, created, taken, ended),
                                    on_disconnect=job.cancel, on_close=job.cancel)
-    (out,), (res,), _ = await collect_chat(job, prepared, 1, request)
+    (out,), (res,), (lps,) = await collect_chat(job, prepared, 1, request)
     incomplete = res.finish_reason == "length"
-    resp = _envelope(body, svc, rid, created, "incomplete" if incomplete else "completed", _items(out))
+    fmt = LogprobFormatter(svc.tokenizer) if "logprobs" in prepared.plans[0].sampling else None
+    resp = _envelope(body, svc, rid, created, "incomplete" if incomplete else "completed",
+                     _items(out, fmt.chat_entries(lps) if fmt else None))
     if incomplete:
         resp["incomplete_details"] = {"reason": "max_output_tokens"}
     resp["usage"] = _usage(prepared, res)
@@ -209,6 +213,8 @@ async def _stream(svc: Service, body: ResponsesRequest, job: GenerationJob, prep
 
     output: list[dict[str, Any]] = []
     cur: dict[str, Any] = {"item": None, "kind": None}
+    fmt = LogprobFormatter(svc.tokenizer) if "logprobs" in prepared.plans[0].sampling else None
+    pending: list[Any] = []  # token logprobs not yet sent with a text delta
 
     def close() -> list[str]:
         item = cur["item"]
@@ -265,9 +271,14 @@ async def _stream(svc: Service, body: ResponsesRequest, job: GenerationJob, prep
                                                  "status": "in_progress", "role": "assistant",
                                                  "content": [{"type": "output_text", "text": "", "annotations": []}]})
                 cur["item"]["content"][0]["text"] += d.text
+                entries = fmt.chat_entries(pending) if fmt is not None else []
+                pending.clear()
+                if fmt is not None:
+                    cur["item"]["content"][0].setdefault("logprobs", []).extend(entries)
                 evs.append(event("response.output_text.delta", {"item_id": cur["item"]["id"],
                                                                 "output_index": len(output) - 1,
-                                                                "content_index": 0, "delta": d.text, "logprobs": []}))
+                                                                "content_index": 0, "delta": d.text,
+                                                                "logprobs": entries}))
             elif d.kind == "tool_start":
                 evs += open_item("function_call", {"type": "function_call",
                                                    "id": "fc_" + d.call_id.removeprefix("call_"),
@@ -289,11 +300,16 @@ async def _stream(svc: Service, body: ResponsesRequest, job: GenerationJob, prep
             if ev is None:
                 yield ": ping\n\n"
             elif isinstance(ev, TextEvent):
+                pending.extend(ev.logprobs or [])
                 for e in render(out.feed(ev.text)):
                     yield e
             elif isinstance(ev, ChoiceDone):
                 for e in render(out.finish()):
                     yield e
+                messages = [o for o in output if o["type"] == "message"]
+                if fmt is not None and pending and messages:  # tokens after the last text delta
+                    messages[-1]["content"][0].setdefault("logprobs", []).extend(fmt.chat_entries(pending))
+                    pending.clear()
                 result = ev.result
             elif isinstance(ev, ErrorEvent):
                 err = api_error_from(ev.error)

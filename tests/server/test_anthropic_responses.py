@@ -136,12 +136,25 @@ def test_responses_rejects_previous_response_id(client):
         client.responses.create(model="tiny", input="x", previous_response_id="resp_123")
 
 
-def test_responses_refuse_logprobs_but_take_other_includes(client):
+def test_responses_logprobs(client):
+    """include message.output_text.logprobs (+ top_logprobs): chat-style entries on the output_text,
+    the same streamed (on the text deltas and in the final response) as not; other includes are taken."""
     import openai
 
-    for kw in (dict(top_logprobs=2), dict(include=["message.output_text.logprobs"])):
-        with pytest.raises(openai.BadRequestError, match="logprobs"):
-            client.responses.create(model="tiny", input="x", max_output_tokens=2, **kw)
+    kw = dict(model="tiny", input="Hello", max_output_tokens=8, temperature=0, top_logprobs=2,
+              include=["message.output_text.logprobs"])
+    r = client.responses.create(**kw)
+    part = r.output[-1].content[0]
+    assert len(part.logprobs) == r.usage.output_tokens
+    assert all(len(e.top_logprobs) == 2 and e.logprob <= 0 for e in part.logprobs)
+    events = list(client.responses.create(stream=True, **kw))
+    final = [e for e in events if e.type in ("response.completed", "response.incomplete")][-1].response
+    assert [e.model_dump() for e in final.output[-1].content[0].logprobs] == [e.model_dump() for e in part.logprobs]
+    streamed = [x for e in events if e.type == "response.output_text.delta" for x in e.logprobs]
+    assert 0 < len(streamed) <= len(part.logprobs)
+    assert client.responses.create(model="tiny", input="x", max_output_tokens=2).output[-1].content[0].logprobs in (None, [])
+    with pytest.raises(openai.BadRequestError, match="top_logprobs"):
+        client.responses.create(model="tiny", input="x", max_output_tokens=2, top_logprobs=21)
     r = client.responses.create(model="tiny", input="x", max_output_tokens=2, include=["reasoning.encrypted_content"])
     assert r.output
 

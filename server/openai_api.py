@@ -21,6 +21,7 @@ non-streaming answers (and in the usage chunk).
 from __future__ import annotations
 
 import asyncio
+import math
 import secrets
 import time
 from typing import Any, AsyncIterator, Sequence
@@ -274,8 +275,15 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     check_common(body, svc)
     if body.suffix:
         raise invalid("suffix is not supported by this server", param="suffix", code="unsupported")
-    if body.best_of not in (None, 1):
-        raise invalid("best_of is not supported by this server", param="best_of", code="unsupported")
+    best_of = body.n if body.best_of is None else body.best_of
+    if best_of < body.n:
+        raise invalid(f"best_of={best_of} must be at least n={body.n}", param="best_of")
+    if best_of > svc.config.max_n:
+        raise invalid(f"best_of={best_of} is larger than this server allows ({svc.config.max_n})", param="best_of")
+    rank = best_of > body.n  # generate best_of per prompt, return the n of highest logprob per token
+    if rank and body.stream:
+        raise invalid("best_of > n cannot be streamed (the best candidates are known only at the end)",
+                      param="best_of")
     p = body.prompt
     prompts: list[Any]
     if isinstance(p, str):
@@ -285,8 +293,8 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     else:
         prompts = list(p)
     n_top = completion_logprobs_n(body.logprobs, body.top_logprobs)
-    sampling = with_logprobs(svc.sampling(body.model_dump(), body.seed), n_top)
-    plans, n_prompt = svc.prepare_prompts(prompts, body.max_tokens, sampling, body.stop_list(), body.n,
+    sampling = with_logprobs(svc.sampling(body.model_dump(), body.seed), 0 if n_top is None and rank else n_top)
+    plans, n_prompt = svc.prepare_prompts(prompts, body.max_tokens, sampling, body.stop_list(), best_of,
                                           echo=body.echo)
     job = await svc.start(plans, request)
     rid = "cmpl-" + secrets.token_hex(12)
@@ -318,9 +326,17 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     except ClientDisconnected:
         job.cancel()
         raise
-    choices = [{"index": i, "text": texts[i], "logprobs": fmt.completion_object(logprobs[i])[0] if fmt else None,
-                "finish_reason": finish_reason_for(r.finish_reason if r else "stop", False)}
-               for i, r in enumerate(results)]
+    chosen = list(range(n_choices))
+    if rank:  # per prompt, the n candidates of highest mean logprob of their generated tokens
+        def score(i: int) -> float:
+            generated = logprobs[i][len(plans[i].prompt_ids):] if body.echo else logprobs[i]
+            return sum(e.logprob for e in generated) / len(generated) if generated else -math.inf
+
+        chosen = [i for g in range(0, n_choices, best_of)
+                  for i in sorted(range(g, g + best_of), key=lambda i: (-score(i), i))[:body.n]]
+    choices = [{"index": k, "text": texts[i], "logprobs": fmt.completion_object(logprobs[i])[0] if fmt else None,
+                "finish_reason": finish_reason_for(results[i].finish_reason if results[i] else "stop", False)}
+               for k, i in enumerate(chosen)]
     return JSONResponse({**base, "choices": choices, "usage": usage_of(n_prompt, results),
                          "timings": timings_of(results)})
 

@@ -1,7 +1,7 @@
 """Request bodies of the HTTP API (pydantic v2), validated before any work.
 
 Unknown fields are accepted and ignored (clients send vendor extensions); a field this server
-cannot honour *and* that would change the answer (a JSON response_format, suffix, best_of)
+cannot honour *and* that would change the answer (a JSON response_format, suffix)
 is rejected with a 400 by the endpoint, never
 ignored.
 Numbers must be finite. Value ranges follow the OpenAI API where it states them.

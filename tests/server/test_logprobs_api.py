@@ -140,3 +140,19 @@ def test_logit_bias_bans_the_greedy_tokens(server, engine):
     got = post(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 6, "temperature": 0, "logit_bias": bias})
     want = engine.generate(PROMPT, max_tokens=6, logit_bias={ref.tokens[0]: -100.0, ref.tokens[1]: -100.0})
     assert got["choices"][0]["text"] == want.text and want.tokens[0] != ref.tokens[0]
+
+
+def test_completions_best_of_returns_the_most_likely_candidates(server, engine):
+    """best_of=3, n=2: three seeded candidates (seeds seed, seed+1, seed+2), the two of highest mean
+    logprob per token returned, in that order; usage counts all three; best_of > n cannot stream."""
+    body = {"prompt": PROMPT, "max_tokens": 8, "temperature": 1.0, "seed": 40, "best_of": 3, "n": 2}
+    got = post(server, "/v1/completions", body)
+    cands = [engine.generate(PROMPT, max_tokens=8, temperature=1.0, seed=40 + i, logprobs=0) for i in range(3)]
+    mean = [sum(e.logprob for e in c.logprobs) / len(c.logprobs) for c in cands]
+    order = sorted(range(3), key=lambda i: (-mean[i], i))[:2]
+    assert [c["text"] for c in got["choices"]] == [cands[i].text for i in order]
+    assert [c["index"] for c in got["choices"]] == [0, 1] and all(c["logprobs"] is None for c in got["choices"])
+    assert got["usage"]["completion_tokens"] == sum(len(c.tokens) for c in cands)
+    for bad in ({"best_of": 1, "n": 2}, {"best_of": 3, "stream": True}, {"best_of": 1000}):
+        r = httpx.post(server.base_url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2, **bad}, timeout=30)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "best_of", bad

@@ -245,9 +245,9 @@ class session {
     };
     // n_top: generate_params::logprobs (-1: none).
     row_candidates candidates_for(const sampler & smp, int32_t n_top) const;
-    // The extra ids of a sampled batch: the penalty window of `history` plus, with penalties, the
-    // batch's own tokens (they join later rows' windows). False: whole rows this time (no
-    // candidates, or more penalized ids than are worth gathering).
+    // The extra ids of a sampled batch: the logit_bias ids and the penalty window of `history` plus,
+    // with window penalties, the batch's own tokens (they join later rows' windows). False: whole rows
+    // this time (no candidates, or more penalized ids than are worth gathering).
     bool plan_candidates(row_candidates & cands, const sampler & smp, const std::vector<int32_t> & history,
                          const int32_t * batch, uint32_t n_batch) const;
     // Runs `n` tokens through forward() (the caller holds the engine lock) and samples the token

@@ -1,11 +1,13 @@
 """Sampled decoding on CUDA: the device's top-k candidates (ggml top_k + get_rows on the GPU) and
 the host draw give the target's exact two-token distribution, with and without penalties (the
-check of tests/integration/test_sampling.py, on the GPU)."""
+check of tests/integration/test_sampling.py, on the GPU); token logprobs (the rows' normalizers
+computed in the CUDA graph) on plain, chain and tree steps and from Session.score."""
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from lucebox import synth
@@ -23,13 +25,41 @@ def test_two_sampled_tokens_on_cuda(tmp_path: Path, penalized: bool) -> None:
     check_two_token_distribution(path, "cuda", penalized)
 
 
+def check_device_logprobs(engine, prompt: list[int], got, n_top: int, greedy: bool) -> None:
+    """Logprobs of a generation on a GPU: against the exact log-softmax of `eval` over the same
+    tokens within 0.05 (a batch and decode steps run different kernels, so their logits differ in
+    rounding), best alternatives first, none above 0; greedy tokens are their own best alternative."""
+    assert got.logprobs is not None and len(got.logprobs) == len(got.tokens)
+    rows = engine.session().eval(prompt + got.tokens[:-1], all_logits=True)[len(prompt) - 1:].astype(np.float64)
+    for lp, row, tok in zip(got.logprobs, rows, got.tokens):
+        lse = row.max() + np.log(np.exp(row - row.max()).sum())
+        assert lp.token == tok and lp.logprob <= 1e-6 and abs(lp.logprob - (row[tok] - lse)) < 0.05
+        values = [v for _, v in lp.top]
+        assert len(values) == n_top and values == sorted(values, reverse=True)
+        if greedy:
+            assert lp.top[0][0] == tok or abs(lp.top[0][1] - lp.logprob) < 0.05  # (a near tie)
+
+
+def test_score_on_cuda_is_evals_exact_log_softmax(pair: tuple[str, str]) -> None:
+    """Session.score and eval run the same batch, so the CUDA normalizer (argmax, get_rows, sub, exp,
+    sum_rows in the graph) must give eval's log-softmax to float rounding, alternatives included."""
+    import lucebox
+
+    engine = lucebox.Engine(pair[0], ctx=512, device="cuda")
+    p = [int(x) for x in np.random.default_rng(3).integers(0, 1000, 120)]
+    entries = engine.session().score(p, top_logprobs=5)
+    rows = engine.session().eval(p, all_logits=True)[:-1].astype(np.float64)
+    for e, row, tok in zip(entries, rows, p[1:]):
+        lse = row.max() + np.log(np.exp(row - row.max()).sum())
+        assert abs(e.logprob - (row[tok] - lse)) < 2e-4
+        order = np.lexsort((np.arange(len(row)), -row))[:5]
+        assert [i for i, _ in e.top] == [int(i) for i in order]
+
+
 @pytest.mark.parametrize("spec", ["off", "chain", "tree"])
 def test_logprobs_on_cuda(pair: tuple[str, str], spec: str) -> None:
-    """The normalizer computed in the CUDA graph (argmax, get_rows, sub, exp, sum_rows) gives the
-    exact log-softmax of the CUDA logits, on plain, chain and tree steps."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
-    from test_logprobs import check_logprobs  # noqa: E402
-
+    """Plain, chain and tree steps on CUDA: the same tokens with logprobs as without, and logprobs
+    that are the model's (check_device_logprobs)."""
     import lucebox
 
     target, draft = pair
@@ -40,4 +70,4 @@ def test_logprobs_on_cuda(pair: tuple[str, str], spec: str) -> None:
         ref = engine.session().generate(p, max_tokens=32, **sampling)
         got = engine.session().generate(p, max_tokens=32, logprobs=5, **sampling)
         assert got.tokens == ref.tokens
-        check_logprobs(engine, p, got, 5)
+        check_device_logprobs(engine, p, got, 5, greedy=not sampling)

@@ -100,13 +100,15 @@ def test_device_out_of_memory_names_the_bytes(pair: tuple[str, str], tmp_path: P
 def test_prefix_cache_disk_tier_on_cuda(pair: tuple[str, str], tmp_path: Path, location: str) -> None:
     """The prefix cache's disk tier with CUDA snapshots: written in the background (device ones
     through host memory), read back by a new cache (a restart) into `location`, and the restored
-    session continues as a cold one."""
+    session continues as the session that was snapshotted would."""
     from lucebox.prefix_cache import DiskStore, PrefixCache, disk_namespace
 
     target, draft = pair
     engine = lucebox.Engine(target, draft, ctx=2048, device="cuda", ubatch=64, spec="chain")
     prompt = _prompt(600, 7)
-    cold = engine.session().generate(prompt, max_tokens=24).tokens
+    ref = engine.session()  # the restored session's op path: the prefix as a prefill, then the last token
+    ref.append(prompt[:-1])
+    cold = ref.generate(prompt[-1:], max_tokens=24).tokens
     ns = disk_namespace(engine.session().snapshot().fingerprint, engine.model_path, engine.draft_path)
 
     def cache() -> tuple[PrefixCache, DiskStore]:

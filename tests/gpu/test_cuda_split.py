@@ -132,3 +132,23 @@ def test_tensor_split_chain_speculation(files: tuple[str, str], draft_device: st
         got = spec.generate(p, max_tokens=40)
         same_or_near_tie(plain_single, p, single.generate(p, max_tokens=40).tokens, got.tokens)
         assert got.stats.spec["fast_rollbacks"] == got.stats.spec["steps"] > 0
+
+
+@pytest.mark.parametrize("split", ["layer", "tensor"])
+def test_split_logprobs(files: tuple[str, str], split: str) -> None:
+    """Logprobs on two GPUs: a layer split reads whole rows on the host, a tensor split computes the
+    rows' normalizers in the meta backend's graph; asking for them does not change the tokens, and
+    they are the split's own model's (test_cuda_sampling.check_device_logprobs)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from test_cuda_sampling import check_device_logprobs  # noqa: E402
+
+    target, _ = files
+    engine = lucebox.Engine(target, ctx=512, devices=["cuda:0", "cuda:1"], split=split, ubatch=32)
+    for sampling in (dict(), dict(temperature=0.8, seed=3)):
+        p = prompts(1)[0]
+        got = engine.generate(p, max_tokens=24, logprobs=4, **sampling)
+        assert got.tokens == engine.generate(p, max_tokens=24, **sampling).tokens
+        check_device_logprobs(engine, p, got, 4, greedy=not sampling)

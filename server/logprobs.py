@@ -22,12 +22,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from lucebox._core import MAX_TOP_LOGPROBS
+
 from .errors import invalid
 
 __all__ = ["MAX_TOP", "chat_logprobs_n", "completion_logprobs_n", "responses_logprobs_n", "LogprobFormatter",
            "UnscoredToken"]
 
-MAX_TOP = 20  # alternatives per token (OpenAI's limit; lucebox._core.MAX_TOP_LOGPROBS)
+MAX_TOP = MAX_TOP_LOGPROBS  # alternatives per token (20, OpenAI's limit)
+
+
+def _top(value: Any, param: str) -> int:
+    """A count of alternatives per token, checked (400 naming `param`)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TOP:
+        raise invalid(f"{param} must be an integer in [0, {MAX_TOP}], got {value!r}", param=param)
+    return value
 
 
 def chat_logprobs_n(logprobs: Any, top_logprobs: Any) -> int | None:
@@ -38,11 +47,7 @@ def chat_logprobs_n(logprobs: Any, top_logprobs: Any) -> int | None:
         return None
     if logprobs is not True:
         raise invalid(f"logprobs must be a boolean on /v1/chat/completions, got {logprobs!r}", param="logprobs")
-    n = 0 if top_logprobs is None else top_logprobs
-    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_TOP:
-        raise invalid(f"top_logprobs must be an integer in [0, {MAX_TOP}], got {top_logprobs!r}",
-                      param="top_logprobs")
-    return n
+    return _top(0 if top_logprobs is None else top_logprobs, "top_logprobs")
 
 
 def completion_logprobs_n(logprobs: Any, top_logprobs: Any) -> int | None:
@@ -52,10 +57,7 @@ def completion_logprobs_n(logprobs: Any, top_logprobs: Any) -> int | None:
                       "chat API's field)", param="top_logprobs")
     if logprobs is None or logprobs is False:
         return None
-    if isinstance(logprobs, bool) or not isinstance(logprobs, int) or not 0 <= logprobs <= MAX_TOP:
-        raise invalid(f"logprobs must be an integer in [0, {MAX_TOP}] on /v1/completions, got {logprobs!r}",
-                      param="logprobs")
-    return logprobs
+    return _top(logprobs, "logprobs")
 
 
 def responses_logprobs_n(include: Any, top_logprobs: Any) -> int | None:
@@ -63,11 +65,7 @@ def responses_logprobs_n(include: Any, top_logprobs: Any) -> int | None:
     ``message.output_text.logprobs`` or a ``top_logprobs``; None when it asks for no logprobs."""
     if top_logprobs is None and "message.output_text.logprobs" not in (include or []):
         return None
-    n = 0 if top_logprobs is None else top_logprobs
-    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_TOP:
-        raise invalid(f"top_logprobs must be an integer in [0, {MAX_TOP}], got {top_logprobs!r}",
-                      param="top_logprobs")
-    return n
+    return _top(0 if top_logprobs is None else top_logprobs, "top_logprobs")
 
 
 @dataclass(frozen=True)

@@ -1275,12 +1275,12 @@ std::vector<float> session::forward(const int32_t * tokens, uint32_t n, bool all
     return logits;
 }
 
-std::vector<float> session::eval(const std::vector<int32_t> & tokens, bool all_logits) {
+void session::check_appendable(const std::vector<int32_t> & tokens, const char * what) const {
     if (tokens.empty()) {
-        throw config_error("eval: no tokens given");
+        throw config_error(std::string(what) + ": no tokens given");
     }
     if (pending_ >= 0) {
-        throw config_error("eval: the session has a pending generated token; pass it first or reset");
+        throw config_error(std::string(what) + ": the session has a pending generated token; pass it first or reset");
     }
     check_fits(tokens.size());
     const uint32_t V = n_vocab();
@@ -1290,6 +1290,10 @@ std::vector<float> session::eval(const std::vector<int32_t> & tokens, bool all_l
                                " is outside the vocabulary [0, " + std::to_string(V) + ")");
         }
     }
+}
+
+std::vector<float> session::eval(const std::vector<int32_t> & tokens, bool all_logits) {
+    check_appendable(tokens, "eval");
     std::lock_guard<std::mutex> lock(eng_->compute_mutex);
     return forward(tokens.data(), static_cast<uint32_t>(tokens.size()), all_logits, nullptr);
 }
@@ -1304,19 +1308,7 @@ std::vector<token_logprobs> session::score(const std::vector<int32_t> & tokens, 
         throw config_error("score: next token id " + std::to_string(next) + " is outside the vocabulary [0, " +
                            std::to_string(V) + ")");
     }
-    if (tokens.empty()) {
-        throw config_error("score: no tokens given");
-    }
-    if (pending_ >= 0) {
-        throw config_error("score: the session has a pending generated token; pass it first or reset");
-    }
-    check_fits(tokens.size());
-    for (size_t i = 0; i < tokens.size(); ++i) {
-        if (tokens[i] < 0 || static_cast<uint32_t>(tokens[i]) >= V) {
-            throw config_error("token id " + std::to_string(tokens[i]) + " at index " + std::to_string(i) +
-                               " is outside the vocabulary [0, " + std::to_string(V) + ")");
-        }
-    }
+    check_appendable(tokens, "score");
     engine::impl & e = *eng_;
     std::lock_guard<std::mutex> lock(e.compute_mutex);
     const uint32_t n = static_cast<uint32_t>(tokens.size());
@@ -1410,9 +1402,8 @@ generate_result session::generate(const std::vector<int32_t> & prompt, const gen
     pending.insert(pending.end(), prompt.begin(), prompt.end());
     pending_ = -1;
 
-    const sampling_params & sp = params.sampling;
     const bool with_logprobs = params.logprobs >= 0;  // then every row goes through the sampler's candidates
-    const bool greedy = sp.is_greedy() && !sp.has_penalties() && !with_logprobs;
+    const bool greedy = params.argmax_only();
     const bool spec_available = (eng_->draft && eng_->cfg.spec != "off") || params.propose || params.propose_tree;
 
     if (spec_available) {
@@ -1491,12 +1482,11 @@ generate_result session::generate_speculative(const std::vector<int32_t> & pendi
         return std::find(params.stop_tokens.begin(), params.stop_tokens.end(), t) != params.stop_tokens.end();
     };
 
-    const sampling_params & sp = params.sampling;
     const bool with_logprobs = params.logprobs >= 0;  // then every row goes through the sampler's candidates
     const uint32_t n_top = uint32_t(std::max(params.logprobs, 0));
-    const bool greedy = sp.is_greedy() && !sp.has_penalties() && !with_logprobs;
+    const bool greedy = params.argmax_only();
     const stream_drain drain{e.backend};
-    sampler smp(sp);
+    sampler smp(params.sampling);
     // sampled steps read the device's candidates of each row (the full row only when they cannot decide)
     row_candidates cands = candidates_for(smp, params.logprobs);
     // A step's tokens go out through emit_step in row order; with logprobs, step_lps[j] is the j-th's.
@@ -1752,7 +1742,7 @@ spec::commit_plan session::tree_step(int32_t last, uint32_t room, const generate
     const uint32_t n = t.size();
     spec::tree_acceptance acc;
     std::function<logit_row(size_t)> rows;  // sampled: the verify's rows, for logprobs
-    if (params.sampling.is_greedy() && !params.sampling.has_penalties() && params.logprobs < 0) {
+    if (params.argmax_only()) {
         std::vector<int32_t> target;
         run_target(t.tokens.data(), n, false, nullptr, /*verify=*/true, &target, &t);
         acc.path = spec::accept_tree_greedy(t, target);

@@ -36,6 +36,21 @@ struct better {
     }
 };
 
+// The distinct (id, raw logit) pairs of a candidate row, by id (its extra ids may repeat top ones);
+// ids are checked against the vocabulary.
+void distinct_by_id(const candidate_row & row, int32_t n_vocab, std::vector<std::pair<int32_t, float>> & out) {
+    if (row.ids.size() != row.logits.size()) throw error("internal: candidate ids and logits differ in length");
+    out.clear();
+    for (size_t j = 0; j < row.ids.size(); ++j) {
+        const int32_t id = row.ids[j];
+        if (id < 0 || id >= n_vocab) throw error("internal: candidate id " + std::to_string(id) + " out of range");
+        out.emplace_back(id, row.logits[j]);
+    }
+    std::sort(out.begin(), out.end(), [](const auto & a, const auto & b) { return a.first < b.first; });
+    out.erase(std::unique(out.begin(), out.end(), [](const auto & a, const auto & b) { return a.first == b.first; }),
+              out.end());
+}
+
 [[noreturn]] void bad_logit(float v, int32_t id) {
     throw error(std::string("logits contain ") + (std::isnan(v) ? "NaN" : "+inf") + " at id " + std::to_string(id));
 }
@@ -333,17 +348,7 @@ double sampler::finish_sorted() const {
 }
 
 bool sampler::prepare_candidates(const candidate_row & row, int32_t n_vocab, double & z, int32_t & best) const {
-    if (row.ids.size() != row.logits.size()) throw error("internal: candidate ids and logits differ in length");
-    subset_.clear();
-    for (size_t j = 0; j < row.ids.size(); ++j) {
-        const int32_t id = row.ids[j];
-        if (id < 0 || id >= n_vocab) throw error("internal: candidate id " + std::to_string(id) + " out of range");
-        subset_.emplace_back(id, row.logits[j]);
-    }
-    std::sort(subset_.begin(), subset_.end(), [](const auto & a, const auto & b) { return a.first < b.first; });
-    subset_.erase(std::unique(subset_.begin(), subset_.end(),
-                              [](const auto & a, const auto & b) { return a.first == b.first; }),
-                  subset_.end());
+    distinct_by_id(row, n_vocab, subset_);
     auto in_subset = [&](int32_t id) {
         auto it = std::lower_bound(subset_.begin(), subset_.end(), id,
                                    [](const auto & a, int32_t v) { return a.first < v; });
@@ -693,15 +698,13 @@ token_logprobs logprobs_of(const logit_row & row, int32_t token, uint32_t n_top,
                     std::to_string(MAX_TOP_LOGPROBS));
     }
     if (const candidate_row * c = row.candidates; c != nullptr && std::isfinite(c->log_norm)) {
-        std::vector<scored> subset;  // distinct ids (the extra ids may repeat top ones)
-        subset.reserve(c->ids.size());
-        for (size_t i = 0; i < c->ids.size(); ++i) {
-            subset.push_back({c->logits[i], c->ids[i]});
+        std::vector<std::pair<int32_t, float>> pairs;
+        distinct_by_id(*c, n_vocab, pairs);
+        std::vector<scored> subset;  // by id
+        subset.reserve(pairs.size());
+        for (const auto & [id, logit] : pairs) {
+            subset.push_back({logit, id});
         }
-        std::sort(subset.begin(), subset.end(), [](const scored & a, const scored & b) { return a.id < b.id; });
-        subset.erase(std::unique(subset.begin(), subset.end(),
-                                 [](const scored & a, const scored & b) { return a.id == b.id; }),
-                     subset.end());
         auto it = std::lower_bound(subset.begin(), subset.end(), token,
                                    [](const scored & a, int32_t id) { return a.id < id; });
         bool decided = it != subset.end() && it->id == token;

@@ -55,6 +55,13 @@ class GenerationStats:
         return self.n_generated / self.decode_seconds if self.decode_seconds > 0 else 0.0
 
 
+def _check_top_logprobs(name: str, value: object) -> None:
+    """A count of alternatives reported per token: an integer in [0, MAX_TOP_LOGPROBS]."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _core.MAX_TOP_LOGPROBS:
+        raise ConfigError(f"{name}={value!r} must be an integer in [0, {_core.MAX_TOP_LOGPROBS}] "
+                          "(the alternatives reported per token)")
+
+
 @dataclass(frozen=True)
 class TokenLogprob:
     """A generated token's log probability under the model: the log-softmax of its raw logits (no
@@ -274,9 +281,7 @@ class Session:
         appended): each a TokenLogprob with `top_logprobs` (0..20) most likely alternatives. The
         rows stay on the device (only their top candidates and normalizers come back), so long
         prompts cost no vocabulary-sized copies."""
-        if isinstance(top_logprobs, bool) or not isinstance(top_logprobs, int) or \
-                not 0 <= top_logprobs <= _core.MAX_TOP_LOGPROBS:
-            raise ConfigError(f"top_logprobs={top_logprobs!r} must be an integer in [0, {_core.MAX_TOP_LOGPROBS}]")
+        _check_top_logprobs("top_logprobs", top_logprobs)
         ids = [int(t) for t in tokens]
         entries = self._core.score(ids, top_logprobs, -1 if next is None else int(next))
         targets = ids[1:] + ([int(next)] if next is not None else [])
@@ -290,10 +295,8 @@ class Session:
                  **sampling: Any) -> tuple[list[int], SamplingConfig, list[str]]:
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
             raise ConfigError(f"max_tokens={max_tokens!r} must be a non-negative integer")
-        if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int)
-                                     or not 0 <= logprobs <= _core.MAX_TOP_LOGPROBS):
-            raise ConfigError(f"logprobs={logprobs!r} must be None or an integer in [0, {_core.MAX_TOP_LOGPROBS}] "
-                              "(the number of alternatives reported per token)")
+        if logprobs is not None:
+            _check_top_logprobs("logprobs", logprobs)
         ids = self.engine.encode_prompt(prompt) if not (isinstance(prompt, (list, tuple)) and not prompt) else []
         return ids, SamplingConfig(**sampling), stop_list(stop)
 

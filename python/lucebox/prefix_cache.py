@@ -89,6 +89,12 @@ def _block_hashes(tokens: np.ndarray, block_tokens: int) -> list[bytes]:
     return out
 
 
+def _entry_key(tokens: np.ndarray, block_tokens: int) -> tuple[bytes, bytes]:
+    """(key, chain hash of the full blocks) of an entry holding exactly `tokens`."""
+    hashes = _block_hashes(tokens, block_tokens)
+    return _tail_key(hashes[-1], tokens[(len(hashes) - 1) * block_tokens:]), hashes[-1]
+
+
 def _longest(tokens: np.ndarray, hashes: list[bytes], block_tokens: int,
              by_block: dict[bytes, collections.Counter[int]], entries: Any) -> tuple[bytes, int] | None:
     """(key, length) of the longest entry of `entries` (key -> object with `tokens`) that is a
@@ -191,10 +197,7 @@ class PrefixCache:
 
     def key(self, tokens: Sequence[int]) -> bytes:
         """The key of an entry holding exactly `tokens`."""
-        tokens = _ids(tokens)
-        hashes = self.block_hashes(tokens)
-        k = len(hashes) - 1
-        return _tail_key(hashes[-1], tokens[k * self.block_tokens:])
+        return _entry_key(_ids(tokens), self.block_tokens)[0]
 
     # -- policy -----------------------------------------------------------------------------
     def boundaries(self, n_prompt: int) -> list[int]:
@@ -314,9 +317,7 @@ class PrefixCache:
             with self._lock:
                 self.too_large += 1
             return False
-        hashes = self.block_hashes(tokens)
-        block_hash = hashes[-1]
-        key = _tail_key(block_hash, tokens[(len(hashes) - 1) * self.block_tokens:])
+        key, block_hash = _entry_key(tokens, self.block_tokens)
         with self._lock:
             old = self._entries.pop(key, None)
             if old is not None:
@@ -435,13 +436,12 @@ class DiskStore:
                 ids.unlink(missing_ok=True)
                 snap.unlink(missing_ok=True)
                 continue
-            hashes = _block_hashes(tokens, self.block_tokens)
-            key = _tail_key(hashes[-1], tokens[(len(hashes) - 1) * self.block_tokens:])
+            key, block_hash = _entry_key(tokens, self.block_tokens)
             if not len(tokens) or key.hex() != ids.stem:  # not written by this layout of keys
                 ids.unlink(missing_ok=True)
                 snap.unlink(missing_ok=True)
                 continue
-            self._add(key, _DiskEntry(tokens, nbytes, hashes[-1], st.st_mtime))
+            self._add(key, _DiskEntry(tokens, nbytes, block_hash, st.st_mtime))
         self._evict_for(0)
 
     def _add(self, key: bytes, entry: _DiskEntry) -> None:
@@ -488,14 +488,13 @@ class DiskStore:
     def put(self, snapshot: Any) -> None:
         """Queue `snapshot` for writing unless its prefix is already on disk."""
         tokens = _ids(snapshot.tokens)
-        hashes = _block_hashes(tokens, self.block_tokens)
-        key = _tail_key(hashes[-1], tokens[(len(hashes) - 1) * self.block_tokens:])
+        key, block_hash = _entry_key(tokens, self.block_tokens)
         with self._lock:
             if key in self._entries:
                 self._entries[key].used = time.time()
                 return
         try:
-            self._queue.put_nowait((key, hashes[-1], tokens, snapshot))
+            self._queue.put_nowait((key, block_hash, tokens, snapshot))
         except queue.Full:
             with self._lock:
                 self.dropped += 1

@@ -80,6 +80,9 @@ struct generate_params {
     // model's distribution and this many most likely alternatives (token_logprobs). The tokens are
     // those of a generation without logprobs (greedy ones then go through the sampler's candidates).
     int32_t logprobs = -1;
+
+    // Rows need only their argmax (computed on the device): greedy, no penalty or bias, no logprobs.
+    bool argmax_only() const { return sampling.is_greedy() && !sampling.has_penalties() && logprobs < 0; }
 };
 
 struct generate_stats {
@@ -295,6 +298,9 @@ class session {
                                 const std::function<bool(int32_t)> & emit, sampler & smp, row_candidates & cands,
                                 std::vector<token_logprobs> & step_lps);
     void check_fits(size_t n_new) const;
+    // What eval and score require of `tokens` (throws config_error naming `what`): some tokens, no
+    // pending token, room in the context, ids in the vocabulary.
+    void check_appendable(const std::vector<int32_t> & tokens, const char * what) const;
 
     engine::impl * eng_;
     std::unique_ptr<state> st_;

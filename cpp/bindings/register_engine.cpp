@@ -24,6 +24,30 @@ py::array_t<int32_t> context_array(const std::vector<int32_t> & ctx) {
     return out;
 }
 
+// A token_constraint implemented in Python: an object with allowed(words) and accept(token).
+// allowed() gets a writable uint32 array viewing the sampler's words (valid during the call only).
+class py_constraint final : public token_constraint {
+  public:
+    explicit py_constraint(py::object obj) : obj_(std::move(obj)) {}
+    ~py_constraint() override {
+        py::gil_scoped_acquire gil;
+        obj_ = py::object();
+    }
+    void allowed(uint32_t * words, size_t n_words) override {
+        py::gil_scoped_acquire gil;
+        py::array_t<uint32_t> view({static_cast<py::ssize_t>(n_words)}, {sizeof(uint32_t)}, words,
+                                   py::capsule(words, [](void *) {}));
+        obj_.attr("allowed")(view);
+    }
+    void accept(int32_t token) override {
+        py::gil_scoped_acquire gil;
+        obj_.attr("accept")(token);
+    }
+
+  private:
+    py::object obj_;
+};
+
 }  // namespace
 
 void register_engine(py::module_ & m) {
@@ -124,8 +148,11 @@ void register_engine(py::module_ & m) {
         .def("generate", [](session & s, const std::vector<int32_t> & prompt, uint32_t max_tokens,
                             const sampling_params & sampling, const std::vector<int32_t> & stop_tokens,
                             py::object on_token, py::object on_prefill, py::object propose, uint32_t block_size,
-                            bool phase_timings, py::object propose_tree, int32_t logprobs) {
+                            bool phase_timings, py::object propose_tree, int32_t logprobs, py::object constraint) {
             generate_params p;
+            if (!constraint.is_none()) {
+                p.constraint = std::make_shared<py_constraint>(constraint);
+            }
             p.max_tokens = max_tokens;
             p.logprobs = logprobs;
             p.sampling = sampling;
@@ -164,7 +191,7 @@ void register_engine(py::module_ & m) {
         }, py::arg("prompt"), py::arg("max_tokens"), py::arg("sampling"), py::arg("stop_tokens"),
            py::arg("on_token") = py::none(), py::arg("on_prefill") = py::none(), py::arg("propose") = py::none(),
            py::arg("block_size") = 0, py::arg("phase_timings") = false, py::arg("propose_tree") = py::none(),
-           py::arg("logprobs") = -1)
+           py::arg("logprobs") = -1, py::arg("constraint") = py::none())
         .def("reset", &session::reset, py::call_guard<py::gil_scoped_release>())
         .def("snapshot", [](session & s, const std::string & location) {
             const snapshot_location where = parse_snapshot_location(location);

@@ -1411,7 +1411,7 @@ generate_result session::generate(const std::vector<int32_t> & prompt, const gen
     }
 
     generate_result res;
-    sampler smp(params.sampling);
+    sampler smp(params.sampling, params.constraint);
     auto is_stop = [&](int32_t t) {
         return std::find(params.stop_tokens.begin(), params.stop_tokens.end(), t) != params.stop_tokens.end();
     };
@@ -1486,7 +1486,7 @@ generate_result session::generate_speculative(const std::vector<int32_t> & pendi
     const uint32_t n_top = uint32_t(std::max(params.logprobs, 0));
     const bool greedy = params.argmax_only();
     const stream_drain drain{e.backend};
-    sampler smp(params.sampling);
+    sampler smp(params.sampling, params.constraint);
     // sampled steps read the device's candidates of each row (the full row only when they cannot decide)
     row_candidates cands = candidates_for(smp, params.logprobs);
     // A step's tokens go out through emit_step in row order; with logprobs, step_lps[j] is the j-th's.

@@ -108,7 +108,8 @@ bool sampling_params::has_window_penalties() const {
 
 bool sampling_params::has_penalties() const { return !logit_bias.empty() || has_window_penalties(); }
 
-sampler::sampler(const sampling_params & p) : params_(p) {
+sampler::sampler(const sampling_params & p, std::shared_ptr<token_constraint> constraint)
+    : params_(p), constraint_(std::move(constraint)) {
     params_.validate();
     reseed(p.seed);
 }
@@ -401,7 +402,9 @@ bool sampler::prepare_candidates(const candidate_row & row, int32_t n_vocab, dou
 }
 
 int32_t sampler::wanted_candidates() const {
-    if (params_.is_greedy()) return params_.has_penalties() ? 64 : 0;  // plain greedy: argmax on the device
+    if (params_.is_greedy()) {  // plain greedy: the argmax on the device
+        return params_.has_penalties() || constraint_ != nullptr ? 64 : 0;
+    }
     if (params_.top_k <= 0 || params_.top_k > 992) return 0;
     int32_t c = 64;  // room for penalties to push some of the top ids below the k-th
     while (c < params_.top_k + 32) c *= 2;
@@ -535,6 +538,45 @@ int32_t sampler::sample(const float * logits, int32_t n_vocab, const std::vector
 
 int32_t sampler::sample(const logit_row & row, int32_t n_vocab, const std::vector<int32_t> & history) {
     if (n_vocab <= 0) throw error("sample: empty vocabulary");
+    if (constraint_ == nullptr) return choose(row, n_vocab, history);
+    const int32_t tok = choose(constrain(row, n_vocab), n_vocab, history);
+    constraint_->accept(tok);
+    return tok;
+}
+
+logit_row sampler::constrain(const logit_row & row, int32_t n_vocab) {
+    const size_t n_words = (static_cast<size_t>(n_vocab) + 31) / 32;
+    allowed_.assign(n_words, 0u);
+    constraint_->allowed(allowed_.data(), n_words);
+    if (n_vocab % 32 != 0) allowed_.back() &= (1u << (n_vocab % 32)) - 1u;  // bits past the vocabulary
+    if (std::all_of(allowed_.begin(), allowed_.end(), [](uint32_t w) { return w == 0; })) {
+        throw error("the token constraint allows no token");
+    }
+    const uint32_t * bits = allowed_.data();
+    auto allows = [bits](int32_t id) { return (bits[id >> 5] >> (id & 31)) & 1u; };
+    constexpr float masked = -std::numeric_limits<float>::infinity();
+    logit_row out;
+    if (row.candidates != nullptr) {
+        // Disallowed candidates stay in the subset at -inf (a penalized id must be in it to decide);
+        // the floor still bounds every id outside it.
+        const candidate_row & c = *row.candidates;
+        constrained_cands_ = c;
+        for (size_t j = 0; j < c.ids.size(); ++j) {
+            const int32_t id = c.ids[j];
+            if (id >= 0 && id < n_vocab && !allows(id)) constrained_cands_.logits[j] = masked;
+        }
+        out.candidates = &constrained_cands_;
+    }
+    out.full = [this, full = row.full, n_vocab, allows] {
+        const float * src = full();
+        constrained_row_.resize(static_cast<size_t>(n_vocab));
+        for (int32_t i = 0; i < n_vocab; ++i) constrained_row_[size_t(i)] = allows(i) ? src[i] : masked;
+        return static_cast<const float *>(constrained_row_.data());
+    };
+    return out;
+}
+
+int32_t sampler::choose(const logit_row & row, int32_t n_vocab, const std::vector<int32_t> & history) {
     auto guard = make_scope_exit([this] { clear_counts(); });
     count_history(n_vocab, history);
     double z = 0.0;

@@ -8,6 +8,7 @@ from lucebox.errors import (
     ConfigError,
     DraftMismatchError,
     GGUFError,
+    GrammarError,
     LuceboxError,
     OutOfMemoryError,
     UnsupportedError,
@@ -18,6 +19,7 @@ from lucebox.config import EngineConfig, SamplingConfig
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from lucebox.engine import (Engine, GenerationChunk, GenerationResult, GenerationStats, Session,
                                 TokenLogprob, load_snapshot)
+    from lucebox.grammar import Grammar
 
 # The engine needs the compiled core (lucebox._core); it is imported on first use so that the
 # pure-Python parts (vocab, tokenizer, chat templates, the demo-pair trainer) work without it.
@@ -26,6 +28,10 @@ _ENGINE_NAMES = ("Engine", "GenerationChunk", "GenerationResult", "GenerationSta
 
 
 def __getattr__(name: str) -> Any:
+    if name == "Grammar":  # needs llguidance, loaded on first use
+        from lucebox.grammar import Grammar
+
+        return Grammar
     if name in _ENGINE_NAMES:
         from lucebox import engine
 
@@ -44,6 +50,8 @@ __all__ = [
     "GenerationChunk",
     "GenerationResult",
     "GenerationStats",
+    "Grammar",
+    "GrammarError",
     "SamplingConfig",
     "Session",
     "TokenLogprob",

@@ -17,6 +17,7 @@ from lucebox import _core
 from lucebox.chat_template import ChatTemplate
 from lucebox.config import EngineConfig, SamplingConfig, check_snapshot_location, stop_list
 from lucebox.errors import ConfigError
+from lucebox.grammar import Grammar, GrammarConstraint
 from lucebox.tokenizer import Tokenizer
 
 Prompt = Union[str, Sequence[int], Sequence[dict]]
@@ -194,11 +195,14 @@ class Engine:
                  tools: list[dict[str, Any]] | None = None,
                  enable_thinking: bool | None = None,
                  prefill_progress: Callable[[int, int], None] | None = None,
-                 phase_timings: bool = False, logprobs: int | None = None) -> GenerationResult | Iterator[GenerationChunk]:
+                 phase_timings: bool = False, logprobs: int | None = None,
+                 grammar: Grammar | None = None) -> GenerationResult | Iterator[GenerationChunk]:
         """Generate from a fresh session. Returns a GenerationResult, or an iterator of chunks when
         stream=True. logprobs=N (0..20) reports each token's log probability and its N most likely
-        alternatives (TokenLogprob). Raises ConfigError for invalid parameters or a prompt longer
-        than the context, before any work."""
+        alternatives (TokenLogprob). grammar (lucebox.Grammar) restricts the output to its language
+        from the first generated token (so with a thinking chat template, pass enable_thinking=False
+        or the model cannot think first). Raises ConfigError for invalid parameters or a prompt
+        longer than the context, before any work."""
         ids = self.encode_prompt(prompt, tools=tools, enable_thinking=enable_thinking)
         session = self.session()
         kwargs = dict(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
@@ -206,7 +210,7 @@ class Engine:
                       repetition_penalty=repetition_penalty, penalty_last_n=penalty_last_n, seed=seed,
                       logit_bias=logit_bias, stop=stop,
                       prefill_progress=prefill_progress,
-                      phase_timings=phase_timings, logprobs=logprobs)
+                      phase_timings=phase_timings, logprobs=logprobs, grammar=grammar)
         if stream:
             return session.stream(ids, **kwargs)
         return session.generate(ids, **kwargs)
@@ -292,11 +296,13 @@ class Session:
         self._core.eval([int(t) for t in tokens], False)
 
     def _prepare(self, prompt: Prompt, max_tokens: int, stop: str | Sequence[str] | None, logprobs: int | None,
-                 **sampling: Any) -> tuple[list[int], SamplingConfig, list[str]]:
+                 grammar: Grammar | None, **sampling: Any) -> tuple[list[int], SamplingConfig, list[str]]:
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
             raise ConfigError(f"max_tokens={max_tokens!r} must be a non-negative integer")
         if logprobs is not None:
             _check_top_logprobs("logprobs", logprobs)
+        if grammar is not None and not isinstance(grammar, Grammar):
+            raise ConfigError(f"grammar must be a lucebox.Grammar, not {type(grammar).__name__}")
         ids = self.engine.encode_prompt(prompt) if not (isinstance(prompt, (list, tuple)) and not prompt) else []
         return ids, SamplingConfig(**sampling), stop_list(stop)
 
@@ -306,7 +312,8 @@ class Session:
              prefill_progress: Callable[[int, int], None] | None = None,
              propose: Propose | None = None, block_size: int = 0,
              phase_timings: bool = False, propose_tree: ProposeTree | None = None,
-             logprobs: int | None = None) -> tuple[Any, str, list[int], list[TokenLogprob]]:
+             logprobs: int | None = None,
+             grammar: Grammar | None = None) -> tuple[Any, str, list[int], list[TokenLogprob]]:
         """Runs the C++ generation; `emit(text, ids, logprobs)` receives decoded pieces with the
         ids (and their logprobs, if asked for) generated since the previous piece. Returns the core
         result, the full text (cut at a stop string), the kept token ids and their logprobs."""
@@ -354,9 +361,12 @@ class Session:
             return not cancelled()
 
         stop_ids = sorted(tok.eos_ids)
+        constraint = None if grammar is None else GrammarConstraint(grammar, tok, self._core.n_vocab, stop_ids)
         res = self._core.generate(ids, max_tokens, sampling.to_core(), stop_ids, on_token, prefill_progress,
                                   propose, block_size, phase_timings, propose_tree,
-                                  -1 if logprobs is None else logprobs)
+                                  -1 if logprobs is None else logprobs, constraint)
+        if constraint is not None:
+            constraint.check()
         if not state["stopped"]:
             tail = state["held"] + decoder.flush()
             if tail or unsent[0] < len(kept):
@@ -372,7 +382,7 @@ class Session:
                  prefill_progress: Callable[[int, int], None] | None = None,
                  propose: Propose | None = None, block_size: int = 0,
                  phase_timings: bool = False, propose_tree: ProposeTree | None = None,
-                 logprobs: int | None = None, **sampling: Any) -> GenerationResult:
+                 logprobs: int | None = None, grammar: Grammar | None = None, **sampling: Any) -> GenerationResult:
         """Append `prompt` (text, messages or ids) and generate up to max_tokens tokens.
         prefill_progress(done, total) is called after each prefill micro-batch. `propose(context,
         last, n)` (tests; context: the session's tokens, a read-only int32 array) replaces the
@@ -381,22 +391,26 @@ class Session:
         draft's tree: it returns (tokens, parents) of at most max_nodes non-root nodes, node i+1
         with parent parents[i] in [0, i] (0 = the root), verified as with spec="tree";
         phase_timings measures draft/verify/commit time; logprobs=N (0..20) fills the result's
-        logprobs (TokenLogprob: each token's log probability and its N most likely alternatives)."""
-        ids, cfg, stops = self._prepare(prompt, max_tokens, stop, logprobs, **sampling)
+        logprobs (TokenLogprob: each token's log probability and its N most likely alternatives);
+        grammar (lucebox.Grammar) makes every generated token one its language allows (the
+        generation stops when it is complete; GrammarError if its parser fails)."""
+        ids, cfg, stops = self._prepare(prompt, max_tokens, stop, logprobs, grammar, **sampling)
         res, text, kept, lps = self._run(ids, max_tokens, cfg, stops, lambda _t, _i, _l: None,
                                          prefill_progress=prefill_progress, propose=propose, block_size=block_size,
-                                         phase_timings=phase_timings, propose_tree=propose_tree, logprobs=logprobs)
+                                         phase_timings=phase_timings, propose_tree=propose_tree, logprobs=logprobs,
+                                         grammar=grammar)
         finish = "stop" if res.finish_reason == "cancelled" and stops else res.finish_reason
         return GenerationResult(text=text, tokens=kept, finish_reason=finish, stats=self._stats(res),
                                 logprobs=lps if logprobs is not None else None)
 
     def stream(self, prompt: Prompt = (), *, max_tokens: int = 256, stop: str | Sequence[str] | None = None,
                prefill_progress: Callable[[int, int], None] | None = None, phase_timings: bool = False,
-               logprobs: int | None = None, **sampling: Any) -> Iterator[GenerationChunk]:
+               logprobs: int | None = None, grammar: Grammar | None = None,
+               **sampling: Any) -> Iterator[GenerationChunk]:
         """Like generate(), yielding chunks as tokens are committed (with logprobs=N, each chunk's
         logprobs). Parameters are validated before the first chunk; closing the iterator cancels
         the generation."""
-        ids, cfg, stops = self._prepare(prompt, max_tokens, stop, logprobs, **sampling)
+        ids, cfg, stops = self._prepare(prompt, max_tokens, stop, logprobs, grammar, **sampling)
         q: queue.Queue[Any] = queue.Queue()
         cancel = threading.Event()
         done = object()
@@ -407,7 +421,8 @@ class Session:
         def worker() -> None:
             try:
                 res, _text, _kept, _lps = self._run(ids, max_tokens, cfg, stops, emit, cancel.is_set,
-                                                    prefill_progress, phase_timings=phase_timings, logprobs=logprobs)
+                                                    prefill_progress, phase_timings=phase_timings, logprobs=logprobs,
+                                                    grammar=grammar)
                 finish = "stop" if res.finish_reason == "cancelled" and not cancel.is_set() else res.finish_reason
                 q.put(GenerationChunk(text="", finish_reason=finish, stats=self._stats(res),
                                       logprobs=[] if logprobs is not None else None))

@@ -28,6 +28,11 @@ class UnsupportedError(LuceboxError, NotImplementedError):
     """A valid request that this build, backend or version cannot do (yet)."""
 
 
+class GrammarError(LuceboxError):
+    """A grammar's parser that failed during a generation (a resource limit of a pathological
+    grammar); the generation ended at the failure."""
+
+
 class OutOfMemoryError(LuceboxError, MemoryError):
     """An allocation that does not fit; the message names the sizes."""
 
@@ -39,4 +44,5 @@ __all__ = [
     "ConfigError",
     "UnsupportedError",
     "OutOfMemoryError",
+    "GrammarError",
 ]

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <memory>
 #include <numeric>
 #include <vector>
 
@@ -1061,6 +1062,122 @@ TEST_CASE(logprobs_are_the_raw_log_softmax) {
     CHECK_THROWS(logprobs_of(row, 1, 2, 10), error, "NaN");
     CHECK_THROWS(logprobs_of(row, 10, 2, 10), error, "outside the vocabulary");
     CHECK_THROWS(logprobs_of(row, 1, MAX_TOP_LOGPROBS + 1, 10), error, "at most");
+}
+
+namespace {
+
+// Allowed ids for a constraint's n-th question: a density that varies with n (a handful, a tenth,
+// most), and every third time without the row's best ids (the constrained choice lies deeper).
+std::vector<uint8_t> allowed_set(uint64_t seed, uint64_t n, const std::vector<float> & logits) {
+    const int32_t V = static_cast<int32_t>(logits.size());
+    std::vector<uint8_t> ok(size_t(V), 0);
+    uint64_t x = (seed * 1000003u + n) * 6364136223846793005ull + 1442695040888963407ull;
+    const uint64_t per_mille = std::vector<uint64_t>{3, 100, 900}[n % 3];
+    for (int32_t i = 0; i < V; ++i) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        ok[size_t(i)] = (x >> 33) % 1000 < per_mille;
+    }
+    if (n % 3 == 1) {  // the 100 best raw ids are not allowed
+        std::vector<int32_t> order(static_cast<size_t>(V));
+        std::iota(order.begin(), order.end(), 0);
+        std::partial_sort(order.begin(), order.begin() + 100, order.end(),
+                          [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
+        for (int32_t k = 0; k < 100; ++k) ok[size_t(order[k])] = 0;
+    }
+    ok[size_t((seed + n) % uint64_t(V))] = 1;  // never empty
+    return ok;
+}
+
+// A constraint allowing allowed_set(seed, n) at its n-th question, recording what it was told.
+struct recording_constraint final : token_constraint {
+    uint64_t seed = 0;
+    const std::vector<float> * logits = nullptr;
+    uint64_t asked = 0;
+    std::vector<int32_t> accepted;
+    std::vector<uint8_t> last;
+    void allowed(uint32_t * words, size_t n_words) override {
+        last = allowed_set(seed, asked++, *logits);
+        CHECK(n_words == (last.size() + 31) / 32);
+        for (size_t i = 0; i < n_words; ++i) CHECK(words[i] == 0u);
+        for (size_t i = 0; i < last.size(); ++i) {
+            if (last[i]) words[i / 32] |= 1u << (i % 32);
+        }
+        if (last.size() % 32 != 0) words[n_words - 1] |= ~0u << (last.size() % 32);  // junk past n_vocab
+    }
+    void accept(int32_t token) override { accepted.push_back(token); }
+};
+
+}  // namespace
+
+TEST_CASE(constraint_restricts_every_path_to_allowed_ids) {
+    // A constrained sampler draws what an unconstrained one draws from the row with the disallowed
+    // ids at -inf (same seed), from the full row and from the device's candidates alike, and tells the
+    // constraint each choice.
+    const int32_t V = 3001;  // not a multiple of 32
+    int decided = 0, cases = 0;
+    for (uint64_t trial = 0; trial < 120; ++trial) {
+        std::vector<float> logits = random_logits(V, 9000 + trial, trial % 2 ? 3.0f : 7.0f);
+        sampling_params p;
+        p.temperature = trial % 4 == 0 ? 0.0f : 0.5f + 0.1f * float(trial % 7);
+        p.top_k = std::vector<int32_t>{0, 1, 8, 40}[trial % 4 == 0 ? 0 : trial % 4];
+        p.top_p = trial % 3 == 0 ? 0.9f : 1.0f;
+        if (trial % 5 == 1) {
+            p.presence_penalty = 1.0f;
+            p.repetition_penalty = 1.2f;
+            p.logit_bias = {{int32_t(trial % V), 3.0f}};
+        }
+        p.seed = trial;
+        const std::vector<int32_t> history{int32_t(trial % V), 17, 400};
+        auto full_c = std::make_shared<recording_constraint>();
+        auto dev_c = std::make_shared<recording_constraint>();
+        full_c->seed = dev_c->seed = trial;
+        full_c->logits = dev_c->logits = &logits;
+        sampler ref(p), full(p, full_c), dev(p, dev_c);
+        CHECK(dev.constrained() && !ref.constrained());
+        CHECK(dev.wanted_candidates() > 0);  // greedy too: the device's argmax alone cannot decide
+        const candidate_row cand = device_candidates(logits, std::max(dev.wanted_candidates(), 64),
+                                                     dev.penalty_ids(history));
+        for (uint64_t n = 0; n < 6; ++n) {
+            ++cases;
+            const std::vector<uint8_t> ok = allowed_set(trial, n, logits);
+            std::vector<float> masked = logits;
+            for (int32_t i = 0; i < V; ++i) {
+                if (!ok[size_t(i)]) masked[size_t(i)] = NEG_INF;
+            }
+            const int32_t proposed = n % 2 ? int32_t((trial * 131 + n) % V) : cand.ids.front();
+            bool acc_ref = false, acc_full = false, acc_dev = false;
+            const int32_t want = ref.accept_or_resample(masked.data(), V, history, proposed, acc_ref);
+            const int32_t got_full = full.accept_or_resample(logits.data(), V, history, proposed, acc_full);
+            bool used_full = false;
+            const logit_row row{&cand, [&] {
+                                    used_full = true;
+                                    return logits.data();
+                                }};
+            const int32_t got_dev = dev.accept_or_resample(row, V, history, proposed, acc_dev);
+            CHECK(ok[size_t(want)]);
+            CHECK(got_full == want && acc_full == acc_ref);
+            CHECK(got_dev == want && acc_dev == acc_ref);
+            CHECK(full_c->accepted.size() == n + 1 && full_c->accepted.back() == want);
+            CHECK(dev_c->accepted.size() == n + 1 && dev_c->accepted.back() == want);
+            decided += !used_full;
+        }
+    }
+    std::printf("  constrained rows decided by the candidates: %d of %d\n", decided, cases);
+    CHECK(decided > 0 && decided < cases);
+
+    struct none final : token_constraint {
+        void allowed(uint32_t *, size_t) override {}
+        void accept(int32_t) override { CHECK(false); }
+    };
+    std::vector<float> logits = random_logits(64, 1, 1.0f);
+    sampler s(sampling_params{}, std::make_shared<none>());
+    CHECK_THROWS(s.sample(logits.data(), 64, {}), error, "allows no token");
+    struct past_the_end final : token_constraint {  // bits past n_vocab only
+        void allowed(uint32_t * w, size_t n) override { w[n - 1] = 1u << 31; }
+        void accept(int32_t) override { CHECK(false); }
+    };
+    sampler t(sampling_params{}, std::make_shared<past_the_end>());
+    CHECK_THROWS(t.sample(logits.data(), 40, {}), error, "allows no token");
 }
 
 TEST_MAIN()

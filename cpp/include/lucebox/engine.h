@@ -80,9 +80,17 @@ struct generate_params {
     // model's distribution and this many most likely alternatives (token_logprobs). The tokens are
     // those of a generation without logprobs (greedy ones then go through the sampler's candidates).
     int32_t logprobs = -1;
+    // Restricts the emitted tokens (a grammar; sampling.h): every token, plain or speculative, is
+    // chosen among the ids it allows and reported to it, in emission order. Tokens a step chooses
+    // past the generation's end (max_tokens, a stop token, a cancel) are reported too; the
+    // constraint is of no use after the call. Null: none.
+    std::shared_ptr<token_constraint> constraint;
 
-    // Rows need only their argmax (computed on the device): greedy, no penalty or bias, no logprobs.
-    bool argmax_only() const { return sampling.is_greedy() && !sampling.has_penalties() && logprobs < 0; }
+    // Rows need only their argmax (computed on the device): greedy, no penalty, bias, constraint or
+    // logprobs.
+    bool argmax_only() const {
+        return sampling.is_greedy() && !sampling.has_penalties() && constraint == nullptr && logprobs < 0;
+    }
 };
 
 struct generate_stats {

@@ -25,6 +25,9 @@
 //
 // -inf logits mark masked tokens (probability 0). NaN or +inf logits throw lucebox::error.
 //
+// A token_constraint (a grammar: structured outputs) masks the raw logits before all of the above:
+// the ids it does not allow are -inf, so every transform and draw sees only allowed ids.
+//
 // Determinism: the RNG is xoshiro256** seeded through splitmix64, and every ordering uses a strict
 // total order (logit desc, id asc), so a seed gives the same tokens on every platform (up to libm
 // exp() rounding of the table entries). sample() in greedy mode draws nothing; otherwise it draws exactly one uniform.
@@ -37,6 +40,7 @@
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -105,9 +109,27 @@ constexpr uint32_t MAX_TOP_LOGPROBS = 20;  // top alternatives a token can repor
 // a NaN or +inf logit or a token outside [0, n_vocab).
 token_logprobs logprobs_of(const logit_row & row, int32_t token, uint32_t n_top, int32_t n_vocab);
 
+// Which tokens a generation may emit next: a grammar (structured outputs), say. A sampler given one
+// asks it before every token it chooses and reports the choice, so plain and speculative steps
+// alike emit only allowed tokens: a speculative walk chooses its tokens in emission order (row j's
+// history ends with the tokens chosen at rows < j), so the constraint sees them in that order too.
+// Implementations keep their own state (e.g. a parser) and are used from one thread at a time.
+class token_constraint {
+  public:
+    virtual ~token_constraint() = default;
+    // Sets bit (id % 32) of words[id / 32] for each id allowed after the tokens accepted so far.
+    // The n_words = ceil(n_vocab / 32) words arrive zeroed; bits past n_vocab are ignored. Allowing
+    // no id is an error (the sampler throws).
+    virtual void allowed(uint32_t * words, size_t n_words) = 0;
+    // The sampler chose `token` (an allowed id) next.
+    virtual void accept(int32_t token) = 0;
+};
+
 class sampler {
   public:
-    explicit sampler(const sampling_params & p);  // validates
+    // Validates p. With a constraint, every token sample() (and so accept_or_resample*) chooses is
+    // drawn from the allowed ids only and reported to it; distribution() ignores it.
+    explicit sampler(const sampling_params & p, std::shared_ptr<token_constraint> constraint = nullptr);
 
     const sampling_params & params() const { return params_; }
 
@@ -145,6 +167,7 @@ class sampler {
     // decided from the subset: 0 when the subset can never decide (top_k off and not greedy, or
     // top_k too large to be worth it).
     int32_t wanted_candidates() const;
+    bool constrained() const { return constraint_ != nullptr; }
     // The distinct ids whose logits the penalties or biases change after `history`: the logit_bias
     // ids and those of its last penalty_last_n tokens (all of them for -1), sorted. Empty without
     // penalties or biases.
@@ -201,8 +224,17 @@ class sampler {
     int32_t draw(const float * logits, int32_t n_vocab, double z);
 
     uint64_t next_u64();
+    // sample() without the constraint.
+    int32_t choose(const logit_row & row, int32_t n_vocab, const std::vector<int32_t> & history);
+    // `row` with the ids the constraint does not allow now at -inf (candidates at once, the full
+    // row when it is read), valid until the next call.
+    logit_row constrain(const logit_row & row, int32_t n_vocab);
 
     sampling_params params_;
+    std::shared_ptr<token_constraint> constraint_;
+    std::vector<uint32_t> allowed_;        // the constraint's bits for the row being sampled
+    candidate_row constrained_cands_;      // a candidate row with disallowed logits at -inf
+    std::vector<float> constrained_row_;   // a full row with disallowed logits at -inf
     uint64_t s_[4] = {0, 0, 0, 0};
 
     mutable std::vector<int32_t> counts_;    // n_vocab, all zero between calls

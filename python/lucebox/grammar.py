@@ -1,0 +1,192 @@
+"""Structured outputs: a `Grammar` restricts what a generation may emit.
+
+A grammar is a JSON schema (OpenAI's ``response_format``), any JSON object, a regular expression,
+a choice among strings, or a Lark grammar. `Engine.generate(..., grammar=g)` and the server's
+``response_format`` compile it against the model's vocabulary with llguidance and give the core a
+token constraint (``token_constraint`` in cpp/include/lucebox/sampling.h): before every token the
+core chooses, plain or speculative, the ids the grammar does not allow are masked (-inf), and the
+choice is fed back to the grammar's parser. So the output is in the language, speculative decoding
+still emits exactly what plain decoding emits (at temperature 0 and, with a seed, above it), and the
+generation ends (a stop token) once the grammar is complete. A generation cut by max_tokens or a
+stop string ends where it is cut.
+
+Costs: compiling the vocabulary once per engine (about a second for a 248k vocabulary), a parser
+per generation, and a mask (tens of microseconds) per chosen token. Rows whose allowed ids are not
+among the device's top candidates read their full logits row.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import weakref
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from lucebox.errors import ConfigError, GrammarError
+from lucebox.tokenizer import Tokenizer
+
+__all__ = ["Grammar", "GrammarConstraint", "compiled_vocabulary"]
+
+# JSON output may be laid out by the model (newlines, indentation) as it was trained to, but a run of
+# whitespace is bounded so that a model cannot fill max_tokens with it.
+_JSON_OPTIONS = {"whitespace_flexible": True, "whitespace_pattern": r"(?:[\x20\x09]{0,4}|\r?\n[\x20\x09]{0,64})"}
+
+
+def _llguidance() -> Any:
+    try:
+        import llguidance
+    except ImportError as exc:  # pragma: no cover - a dependency of the package
+        raise ConfigError("structured outputs need the 'llguidance' package (pip install llguidance)") from exc
+    return llguidance
+
+
+@dataclass(frozen=True)
+class Grammar:
+    """The language a generation must stay in. Build one with a class method (each checks its
+    input and raises ConfigError naming the problem); `source` is llguidance's grammar text.
+
+    >>> lucebox.Grammar.json_schema({"type": "object", "properties": {"n": {"type": "integer"}}})
+    """
+
+    kind: str    # "json_schema" | "regex" | "choice" | "lark"
+    source: str
+
+    @classmethod
+    def json_schema(cls, schema: Mapping[str, Any] | str | bool) -> "Grammar":
+        """JSON text valid under `schema` (a dict or its JSON text). Keywords llguidance does not
+        implement are refused rather than ignored."""
+        llg = _llguidance()
+        if isinstance(schema, str):
+            try:
+                schema = json.loads(schema)
+            except ValueError as exc:
+                raise ConfigError(f"the JSON schema is not valid JSON: {exc}") from None
+        if not isinstance(schema, (Mapping, bool)):
+            raise ConfigError(f"a JSON schema must be an object or a boolean, not {type(schema).__name__}")
+        try:
+            source = llg.LLMatcher.grammar_from_json_schema(json.dumps(schema), overrides=_JSON_OPTIONS)
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"invalid JSON schema: {exc}") from None
+        return cls._checked("json_schema", source)
+
+    @classmethod
+    def json_object(cls) -> "Grammar":
+        """Any JSON object (OpenAI's ``response_format: {"type": "json_object"}``)."""
+        return cls.json_schema({"type": "object"})
+
+    @classmethod
+    def regex(cls, pattern: str) -> "Grammar":
+        """Text that `pattern` matches in full (Rust regex syntax, no lookaround or backreferences)."""
+        if not isinstance(pattern, str):
+            raise ConfigError(f"a regex must be a string, not {type(pattern).__name__}")
+        return cls._checked("regex", _llguidance().LLMatcher.grammar_from_regex(pattern))
+
+    @classmethod
+    def choice(cls, options: Sequence[str]) -> "Grammar":
+        """Exactly one of `options` (non-empty strings)."""
+        if isinstance(options, str) or not isinstance(options, Sequence) or not options:
+            raise ConfigError("choice needs a non-empty list of strings")
+        if not all(isinstance(o, str) and o for o in options):
+            raise ConfigError("every choice must be a non-empty string")
+        rule = " | ".join(json.dumps(o, ensure_ascii=False) for o in dict.fromkeys(options))
+        return cls._checked("choice", _llguidance().LLMatcher.grammar_from_lark(f"start: {rule}\n"))
+
+    @classmethod
+    def lark(cls, source: str) -> "Grammar":
+        """A Lark grammar in llguidance's dialect (``start`` is the top rule; ``%json {...}`` embeds
+        a JSON schema; ``<|name|>`` names a special token)."""
+        if not isinstance(source, str) or not source.strip():
+            raise ConfigError("a Lark grammar must be a non-empty string")
+        return cls._checked("lark", _llguidance().LLMatcher.grammar_from_lark(source))
+
+    @classmethod
+    def _checked(cls, kind: str, source: str) -> "Grammar":
+        failed, messages = _llguidance().LLMatcher.validate_grammar_with_warnings(source)
+        if failed:
+            raise ConfigError(f"invalid {_KIND_NAMES[kind]}: {messages[0] if messages else 'rejected'}")
+        return cls(kind, source)
+
+
+_KIND_NAMES = {"json_schema": "JSON schema", "regex": "regex", "choice": "choice", "lark": "Lark grammar"}
+
+
+class _TokenSource:
+    """What llguidance reads of a vocabulary (its TokenizerWrapper protocol): each token's bytes,
+    the control tokens (special: they never spell text), and an encoder of plain text."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.eos_token_id = tokenizer.eos_id
+        self.bos_token_id = tokenizer.bos_id
+        self.tokens = [tokenizer.token_bytes(i) for i in range(tokenizer.n_vocab)]
+        self.special_token_ids = sorted(tokenizer.control_ids)
+        self._tokenizer = tokenizer
+
+    def __call__(self, text: str) -> list[int]:
+        return self._tokenizer.encode(text, parse_special=False)
+
+
+_compiled: "weakref.WeakKeyDictionary[Tokenizer, dict[int, Any]]" = weakref.WeakKeyDictionary()
+_compiled_lock = threading.Lock()
+
+
+def compiled_vocabulary(tokenizer: Tokenizer, n_vocab: int) -> Any:
+    """llguidance's view of `tokenizer` for logits rows of n_vocab ids (>= the tokenizer's size;
+    ids past it are never allowed), built once and shared."""
+    if n_vocab < tokenizer.n_vocab:
+        raise ConfigError(f"the model's {n_vocab} logits cannot cover the tokenizer's {tokenizer.n_vocab} tokens")
+    with _compiled_lock:
+        per_size = _compiled.setdefault(tokenizer, {})
+        if n_vocab not in per_size:
+            llg = _llguidance()
+            per_size[n_vocab] = llg.LLTokenizer(llg.TokenizerWrapper(_TokenSource(tokenizer)), n_vocab=n_vocab,
+                                                eos_token=sorted(tokenizer.eos_ids))
+        return per_size[n_vocab]
+
+
+class GrammarConstraint:
+    """The token constraint of one generation: `allowed(words)` sets the bits of the ids the
+    grammar allows next (the core's contract), `accept(token)` advances its parser. A stop token
+    (allowed once the grammar is complete) ends it; a parser failure allows only stop tokens (the
+    generation ends) and is kept in `error`, which the caller raises as GrammarError."""
+
+    def __init__(self, grammar: Grammar, tokenizer: Tokenizer, n_vocab: int, stop_ids: Sequence[int]) -> None:
+        if not isinstance(grammar, Grammar):
+            raise ConfigError(f"grammar must be a lucebox.Grammar, not {type(grammar).__name__}")
+        llg = _llguidance()
+        self._matcher = llg.LLMatcher(compiled_vocabulary(tokenizer, n_vocab), grammar.source, log_level=0)
+        if self._matcher.is_error():
+            raise ConfigError(f"invalid {_KIND_NAMES[grammar.kind]}: {self._matcher.get_error()}")
+        self._stop_set = frozenset(int(t) for t in stop_ids)
+        self._stop_ids = np.array(sorted(self._stop_set), dtype=np.int64)
+        self._stopped = False
+        self.error: str | None = None
+
+    def allowed(self, words: np.ndarray) -> None:
+        if self._stopped or self.error is not None:
+            self._allow_stops(words)
+            return
+        self._matcher.unsafe_compute_mask_ptr(words.ctypes.data, words.nbytes)
+        if self._matcher.is_error():
+            self.error = self._matcher.get_error()
+            words[:] = 0
+            self._allow_stops(words)
+
+    def accept(self, token: int) -> None:
+        if self._stopped or self.error is not None:
+            return
+        if token in self._stop_set:
+            self._stopped = True
+            return
+        if not self._matcher.consume_token(int(token)):
+            self.error = self._matcher.get_error() or f"the grammar refused token {token}"
+
+    def _allow_stops(self, words: np.ndarray) -> None:
+        ids = self._stop_ids[self._stop_ids < words.size * 32]
+        np.bitwise_or.at(words, ids // 32, (np.uint32(1) << (ids % 32).astype(np.uint32)))
+
+    def check(self) -> None:
+        """Raises GrammarError if the parser failed during the generation."""
+        if self.error is not None:
+            raise GrammarError(f"the grammar's parser failed: {self.error}")

@@ -2,7 +2,7 @@
 """Fuzz a running `lucebox serve` with mutated requests: valid chat, completions, Anthropic
 messages and Responses bodies with fields added, removed or replaced by odd values (wrong types,
 NaN, huge numbers, empty and very long strings, bad messages and tools, logprobs / logit_bias /
-best_of / echo values), streamed or not. Each answer must keep the server's promises:
+best_of / echo values, structured-output formats good and bad), streamed or not. Each answer must keep the server's promises:
 
 * no 5xx status (an invalid request is a 4xx with an error body naming the problem);
 * a 200 JSON answer is not an error and, where it has choices, has some;
@@ -33,6 +33,11 @@ ODD_VALUES: list[Any] = [
     [{"role": "assistant", "content": None,
       "tool_calls": [{"id": "1", "type": "function", "function": {"name": "f", "arguments": "{"}}]}],
     {"type": "json_object"}, {"type": "function", "function": {"name": "f"}},
+    {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "properties": {
+        "a": {"type": "integer"}}, "required": ["a"]}}}, {"type": "json_schema", "json_schema": {"schema": 5}},
+    {"format": {"type": "json_schema", "schema": {"type": "array", "maxItems": 2}}},
+    {"regex": "[a-z]{1,5}"}, {"choice": ["yes", "no"]}, {"grammar": "start: \"a\"+"}, {"regex": "(", "json": {}},
+    {"json": {"type": "string", "maxLength": 3}},
     [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
     [{"type": "text", "text": "hi"}], [{"type": "image_url", "image_url": {"url": "x"}}],
 ]
@@ -40,7 +45,8 @@ KEYS = ["model", "messages", "prompt", "max_tokens", "max_completion_tokens", "t
         "min_p", "n", "stream", "stop", "seed", "logprobs", "top_logprobs", "presence_penalty", "frequency_penalty",
         "repetition_penalty", "tools", "tool_choice", "response_format", "stream_options", "logit_bias", "user",
         "echo", "suffix", "best_of", "system", "input", "instructions", "max_output_tokens", "reasoning",
-        "thinking", "reasoning_effort", "parallel_tool_calls", "include", "chat_template_kwargs", "extra"]
+        "thinking", "reasoning_effort", "parallel_tool_calls", "include", "chat_template_kwargs", "structured_outputs",
+        "text", "extra"]
 STREAM_ENDS = ("data: [DONE]", "event: message_stop", "event: response.completed", "event: response.incomplete")
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Differential fuzz of speculative decoding on the CPU: each case draws a context size, micro-batch,
 KV cache type, prompt (random ids, 1 token to almost the whole context), token budget and sampling
-(greedy, seeded temperature / top-k sampling, a logit_bias, logprobs), generates without
+(greedy, seeded temperature / top-k sampling, a logit_bias, logprobs, a grammar), generates without
 speculation, then with a chain or a DDTree tree, and requires the same tokens (and, with logprobs,
 the same logprobs within 1e-3). The
 proposals come from the draft, or are forced (tests/integration/forcing.py): a chain that is right up
@@ -36,7 +36,17 @@ def _case(n: int) -> dict:
                 sampling=r.choice([{}, {}, dict(temperature=0.8, seed=r.randrange(1000)),
                                    dict(temperature=0.7, top_k=r.choice([1, 5, 40]), seed=r.randrange(1000)),
                                    dict(logit_bias={r.randrange(1000): -100.0, r.randrange(1000): 3.0})]),
-                logprobs=r.choice([None, None, 0, 3]))
+                logprobs=r.choice([None, None, 0, 3]),
+                grammar=r.choice([None, None, None, "regex", "json", "choice"]))
+
+
+GRAMMARS = {  # (kind, argument) of lucebox.Grammar
+    "regex": ("regex", r"([a-z]{1,4}[0-9]?[ ,.]){2,12}"),
+    "json": ("json_schema", {"type": "object", "properties": {"k": {"type": "array", "items": {"type": "integer"},
+                                                                     "maxItems": 6}, "s": {"type": "string"}},
+                             "required": ["k", "s"]}),
+    "choice": ("choice", ["alpha", "alphabet", "beta", "gamma ray"]),
+}
 
 
 def main() -> int:
@@ -75,6 +85,9 @@ def main() -> int:
         pr = random.Random(c["prompt_seed"])
         prompt = [pr.randrange(0, 1000) for _ in range(c["n_prompt"])]
         kw = dict(max_tokens=c["max_tokens"], logprobs=c["logprobs"], **c["sampling"])
+        if c["grammar"] is not None:
+            kind, arg = GRAMMARS[c["grammar"]]
+            kw["grammar"] = getattr(lucebox.Grammar, kind)(arg)
         try:
             ref = engine(c, "off").generate(prompt, **kw)
             plain = list(ref.tokens)

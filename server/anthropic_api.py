@@ -10,7 +10,8 @@ the OpenAI endpoint:
   (-> required) / tool (-> a named function) / none; ``disable_parallel_tool_use``.
 * ``thinking: {"type": "enabled", "budget_tokens": N}`` turns thinking on with a budget of N;
   ``{"type": "adaptive"}`` turns it on; ``{"type": "disabled"}`` off; absent: the chat
-  template's default. ``output_config.format`` (structured output) is refused with a 400.
+  template's default. ``output_config.format`` ``{"type": "json_schema", "schema": {...}}``: the
+  text answer is JSON valid under the schema (server/structured.py).
 * ``stop_sequences``, ``temperature``, ``top_p``, ``top_k``, ``max_tokens`` (required).
 
 The answer has ``thinking``, ``text`` and ``tool_use`` blocks and a ``stop_reason`` of end_turn,
@@ -28,6 +29,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from .chat_output import ChatOutput
+from .structured import grammar_from_output_format
 from .errors import api_error_from, invalid
 from .generation import ChoiceDone, ChoiceResult, ErrorEvent, GenerationJob, TextEvent
 from .openai_api import collect_chat, job_events, service_of, start_stream
@@ -150,10 +152,6 @@ def chat_spec_from_anthropic(body: MessagesRequest, svc: Service) -> ChatSpec:
             raise invalid(f"unknown tool_choice type {kind!r}", param="tool_choice")
     enable_thinking, budget = None, None
     th = body.thinking or {}
-    fmt = (body.output_config or {}).get("format")
-    if fmt:
-        raise invalid("output_config.format (structured output) is not supported by this server",
-                      param="output_config.format")
     if th.get("type") == "adaptive":
         enable_thinking = True
     elif th.get("type") == "enabled":
@@ -166,7 +164,8 @@ def chat_spec_from_anthropic(body: MessagesRequest, svc: Service) -> ChatSpec:
     stops = [s for s in (body.stop_sequences or []) if s]
     return ChatSpec(messages=_messages(body), tools=tools, tool_choice=choice, forced_name=forced,
                     parallel_tool_calls=parallel, enable_thinking=enable_thinking, max_tokens=body.max_tokens,
-                    sampling=sampling, stop=stops, n=1, reasoning_budget=budget)
+                    sampling=sampling, stop=stops, n=1, reasoning_budget=budget,
+                    grammar=grammar_from_output_format((body.output_config or {}).get("format")))
 
 
 def _stop_reason(result: ChoiceResult, has_calls: bool) -> str:

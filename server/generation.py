@@ -6,12 +6,14 @@ hands `TextEvent` / `ChoiceDone` / `ErrorEvent` items to the event loop through 
 `asyncio.Queue`, then gives the slot back.
 
 A plan may run in two phases on the same session, when the prompt left a think block open and
-either a thinking budget or a forced tool call needs the reasoning to end at a known point:
+a thinking budget, a forced tool call or a grammar needs the reasoning to end at a known point:
 
 1. reasoning: generate with ``</think>`` as an extra stop string, at most the budget;
 2. answer: if the budget ran out, append ``\\n</think>\\n\\n`` (closing the block for the model);
+   else, with a forced call or a grammar, the blank line after the model's ``</think>``;
    append the forced tool-call prefix if any; continue generating up to the rest of
-   max_tokens. Injected text is emitted like generated text, so the parsers see it.
+   max_tokens, under the grammar if any. Injected text is emitted like generated text, so the
+   parsers see it.
 
 With a prefix cache (`lucebox.prefix_cache.PrefixCache`), a plan starts from the longest
 cached prefix of its prompt (the snapshot is restored into the session) instead of an empty
@@ -32,6 +34,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Sequence, Union
 
+from lucebox.grammar import Grammar
 from lucebox.prefix_cache import start_session
 
 from .logprobs import UnscoredToken
@@ -62,6 +65,8 @@ class GenerationPlan:
     echo_prompt: the answer begins with the prompt's text (completions' ``echo``); with
     ``logprobs`` in `sampling`, with the prompt tokens' logprobs too (the first token's unscored),
     which needs every prompt row: the prompt is then scored from an empty session, not the cache.
+    grammar: the answer's language (structured outputs); with think_open it applies from the
+    answer phase on, so the model reasons freely first.
     """
 
     prompt_ids: Sequence[int]
@@ -74,10 +79,12 @@ class GenerationPlan:
     after_reasoning: str = ""
     cache_points: tuple[int, ...] = ()  # extra prefix lengths to snapshot (chat-turn boundaries)
     echo_prompt: bool = False
+    grammar: Grammar | None = None
 
     @property
     def two_phase(self) -> bool:
-        return self.think_open and (self.reasoning_budget is not None or bool(self.after_reasoning))
+        return self.think_open and (self.reasoning_budget is not None or bool(self.after_reasoning)
+                                    or self.grammar is not None)
 
 
 @dataclass
@@ -151,12 +158,12 @@ def _ending_with(tokenizer: Any, generated: Sequence[int], candidates: Sequence[
 
 def _phase(session: Any, tokenizer: Any, prompt: Sequence[int], max_tokens: int, stop: Sequence[str],
            sampling: dict[str, Any], emit: Callable[[str, list[Any] | None], None],
-           cancel: threading.Event) -> tuple[str, Any, tuple[str, str] | None]:
+           cancel: threading.Event, grammar: Grammar | None = None) -> tuple[str, Any, tuple[str, str] | None]:
     """One `Session.stream` call: (finish reason, stats or None, (stop string, text from it to
     the end) when a stop string ended it)."""
     finish, stats = "cancelled", None
     start = len(session.tokens) + len(prompt)
-    it = session.stream(list(prompt), max_tokens=max_tokens, stop=list(stop) or None, **sampling)
+    it = session.stream(list(prompt), max_tokens=max_tokens, stop=list(stop) or None, grammar=grammar, **sampling)
     try:
         for chunk in it:
             if chunk.text or chunk.logprobs:
@@ -241,7 +248,8 @@ def run_plan(session: Any, tokenizer: Any, plan: GenerationPlan, emit: Callable[
             return result
         if matched is not None and matched[0] == THINK_CLOSE:
             out(matched[1])  # the model closed its reasoning: go on with the answer
-            injection = ("\n\n" + plan.after_reasoning) if plan.after_reasoning else ""
+            # (the answer's grammar starts after the blank line the model would write)
+            injection = "\n\n" + plan.after_reasoning if plan.after_reasoning or plan.grammar else ""
         elif finish == "length" and remaining > 0:  # the thinking budget ran out: close the block
             injection = BUDGET_CLOSE + plan.after_reasoning
         else:  # a user stop string, end of sequence, max_tokens or the context
@@ -254,7 +262,8 @@ def run_plan(session: Any, tokenizer: Any, plan: GenerationPlan, emit: Callable[
         if remaining <= 0:
             return end("length")
         prompt = ids
-    finish, stats, matched = _phase(session, tokenizer, prompt, remaining, plan.stop, plan.sampling, out, cancel)
+    finish, stats, matched = _phase(session, tokenizer, prompt, remaining, plan.stop, plan.sampling, out, cancel,
+                                    plan.grammar)
     account(stats)
     if finish == "cancelled":
         result.finish_reason = "cancelled"

@@ -13,6 +13,10 @@ previous chunk of its choice. Completions' ``echo: true`` starts each answer wit
 ``logprobs``, the prompt tokens' entries too, the first one null: how evaluation harnesses score
 a text).
 
+Structured outputs (server/structured.py): ``response_format`` ``json_object`` / ``json_schema``
+on chat and completions, and the ``structured_outputs`` extension (``json``, ``regex``,
+``choice``, ``grammar``): every generated token of the answer is one the grammar allows.
+
 Extensions: ``reasoning_content`` in messages and deltas (text of the think block);
 ``chat_template_kwargs`` (e.g. ``{"enable_thinking": false}``); ``max_reasoning_tokens`` (a
 thinking budget); ``top_k``, ``min_p``, ``repetition_penalty``; a ``timings`` object in
@@ -29,6 +33,8 @@ from typing import Any, AsyncIterator, Sequence
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from lucebox.grammar import Grammar
+
 from .chat_output import ChatOutput, OutputDelta, finish_reason_for
 from .errors import APIError, api_error_from, invalid
 from .generation import ChoiceDone, ChoiceResult, ErrorEvent, GenerationJob, TextEvent
@@ -36,6 +42,7 @@ from .logprobs import LogprobFormatter, chat_logprobs_n, completion_logprobs_n
 from .schemas import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, NamedToolChoice, SamplingFields,
                       TokenizeRequest)
 from .service import ChatSpec, PreparedChat, Service
+from .structured import grammar_from_response_format, grammar_from_structured_outputs, request_grammar
 from .streaming import ClientDisconnected, EventStreamResponse, sse, unless_disconnected
 
 __all__ = ["router", "chat_spec_from_openai", "usage_of", "timings_of"]
@@ -80,6 +87,12 @@ def with_logprobs(sampling: dict[str, Any], n_top: int | None) -> dict[str, Any]
     return sampling if n_top is None else {**sampling, "logprobs": n_top}
 
 
+def grammar_of(body: ChatCompletionRequest | CompletionRequest) -> Grammar | None:
+    """The structured-output grammar a chat or completions request asks for (server/structured.py)."""
+    return request_grammar(response_format=(grammar_from_response_format, body.response_format),
+                           structured_outputs=(grammar_from_structured_outputs, body.structured_outputs))
+
+
 def chat_spec_from_openai(body: ChatCompletionRequest, svc: Service) -> ChatSpec:
     kwargs = dict(body.chat_template_kwargs or {})
     enable_thinking = kwargs.pop("enable_thinking", None)
@@ -93,10 +106,6 @@ def chat_spec_from_openai(body: ChatCompletionRequest, svc: Service) -> ChatSpec
         forced = body.tool_choice.function.name
     elif body.tool_choice is not None:
         choice = body.tool_choice
-    fmt = body.response_format or {}
-    if fmt and fmt.get("type") not in ("text", None):
-        raise invalid(f"response_format {fmt.get('type')!r} is not supported (only 'text')",
-                      param="response_format", code="unsupported")
     tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
     return ChatSpec(
         messages=body.messages, tools=tools, tool_choice=choice, forced_name=forced,
@@ -105,7 +114,7 @@ def chat_spec_from_openai(body: ChatCompletionRequest, svc: Service) -> ChatSpec
         sampling=with_logprobs(svc.sampling(body.model_dump(), body.seed),
                                chat_logprobs_n(body.logprobs, body.top_logprobs)),
         stop=body.stop_list(), n=body.n,
-        reasoning_budget=body.max_reasoning_tokens)
+        reasoning_budget=body.max_reasoning_tokens, grammar=grammar_of(body))
 
 
 async def collect_chat(job: GenerationJob, prepared: PreparedChat, n: int, request: Request
@@ -295,7 +304,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     n_top = completion_logprobs_n(body.logprobs, body.top_logprobs)
     sampling = with_logprobs(svc.sampling(body.model_dump(), body.seed), 0 if n_top is None and rank else n_top)
     plans, n_prompt = svc.prepare_prompts(prompts, body.max_tokens, sampling, body.stop_list(), best_of,
-                                          echo=body.echo)
+                                          echo=body.echo, grammar=grammar_of(body))
     job = await svc.start(plans, request)
     rid = "cmpl-" + secrets.token_hex(12)
     base = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": svc.model_name,

@@ -11,6 +11,8 @@ Mapped onto the chat machinery:
   none / required / ``{"type": "function", "name"}``; ``parallel_tool_calls``.
 * ``reasoning.effort`` "none" or "minimal" turns thinking off; ``max_output_tokens``,
   ``temperature``, ``top_p``. ``previous_response_id`` is refused (400): nothing is stored.
+* ``text.format`` ``json_object`` / ``json_schema`` (name, schema, strict): the answer is JSON in
+  the schema (server/structured.py).
 
 Output items: ``reasoning`` (its text as a ``reasoning_text`` content part), ``message``
 (``output_text``), ``function_call``. Status ``completed``, or ``incomplete`` with reason
@@ -31,6 +33,7 @@ from .chat_output import ChatOutput
 from .errors import api_error_from, invalid
 from .generation import ChoiceDone, ChoiceResult, ErrorEvent, GenerationJob, TextEvent
 from .logprobs import LogprobFormatter, responses_logprobs_n
+from .structured import grammar_from_text_format
 from .openai_api import collect_chat, job_events, service_of, start_stream, with_logprobs
 from .schemas import ResponsesRequest
 from .service import ChatSpec, PreparedChat, Service
@@ -141,7 +144,8 @@ def chat_spec_from_responses(body: ResponsesRequest, svc: Service) -> ChatSpec:
                              responses_logprobs_n(body.include, body.top_logprobs))
     return ChatSpec(messages=_messages(body), tools=tools or None, tool_choice=choice, forced_name=forced,
                     parallel_tool_calls=body.parallel_tool_calls is not False, enable_thinking=enable_thinking,
-                    max_tokens=body.max_output_tokens, sampling=sampling, n=1)
+                    max_tokens=body.max_output_tokens, sampling=sampling, n=1,
+                    grammar=grammar_from_text_format(body.text))
 
 
 def _usage(prepared: PreparedChat, res: ChoiceResult) -> dict[str, Any]:
@@ -157,7 +161,7 @@ def _envelope(body: ResponsesRequest, svc: Service, rid: str, created: float, st
             "max_output_tokens": body.max_output_tokens, "parallel_tool_calls": body.parallel_tool_calls is not False,
             "temperature": body.temperature, "top_p": body.top_p,
             "tool_choice": body.tool_choice if body.tool_choice is not None else "auto",
-            "tools": body.tools or [], "text": {"format": {"type": "text"}}, "reasoning": body.reasoning,
+            "tools": body.tools or [], "text": body.text or {"format": {"type": "text"}}, "reasoning": body.reasoning,
             "store": False, "usage": None, "metadata": {}}
 
 

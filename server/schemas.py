@@ -1,9 +1,8 @@
 """Request bodies of the HTTP API (pydantic v2), validated before any work.
 
 Unknown fields are accepted and ignored (clients send vendor extensions); a field this server
-cannot honour *and* that would change the answer (a JSON response_format, suffix)
-is rejected with a 400 by the endpoint, never
-ignored.
+cannot honour *and* that would change the answer (suffix) is rejected with a 400 by the endpoint,
+never ignored.
 Numbers must be finite. Value ranges follow the OpenAI API where it states them.
 """
 from __future__ import annotations
@@ -95,6 +94,7 @@ class ChatCompletionRequest(SamplingFields):
     tool_choice: Union[Literal["none", "auto", "required"], NamedToolChoice, None] = None
     parallel_tool_calls: Optional[bool] = None
     response_format: Optional[dict[str, Any]] = None
+    structured_outputs: Optional[dict[str, Any]] = None
     chat_template_kwargs: Optional[dict[str, Any]] = None
     reasoning_effort: Optional[str] = None
     max_reasoning_tokens: Optional[int] = Field(default=None, ge=0)
@@ -107,6 +107,8 @@ class CompletionRequest(SamplingFields):
     echo: bool = False
     suffix: Optional[str] = None
     best_of: Optional[int] = None
+    response_format: Optional[dict[str, Any]] = None
+    structured_outputs: Optional[dict[str, Any]] = None
 
     @field_validator("prompt")
     @classmethod
@@ -198,3 +200,4 @@ class ResponsesRequest(_Lenient):
     store: Optional[bool] = None
     include: Optional[list[str]] = None
     top_logprobs: Optional[int] = None
+    text: Optional[dict[str, Any]] = None

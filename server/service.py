@@ -26,6 +26,7 @@ import asyncio
 import json
 import logging
 import secrets
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
@@ -35,6 +36,7 @@ from starlette.requests import Request
 from lucebox.chat_template import ChatTemplate
 from lucebox.config import SamplingConfig
 from lucebox.errors import ConfigError
+from lucebox.grammar import Grammar, compiled_vocabulary
 from lucebox.prefix_cache import DiskStore, PrefixCache, disk_namespace
 
 from .config import ServerConfig
@@ -44,7 +46,7 @@ from .metrics import Metrics
 from .reasoning import prompt_opens_reasoning
 from .scheduler import Scheduler
 from .streaming import ClientDisconnected, unless_disconnected
-from .toolcalls import TOOL_CALL_CLOSE, forced_call_prefix, template_tool_format
+from .toolcalls import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, forced_call_prefix, template_tool_format
 
 __all__ = ["Service", "ChatSpec", "PreparedChat"]
 
@@ -61,7 +63,8 @@ class ChatSpec:
     tool_choice: "auto", "none" or "required"; forced_name: a named function (overrides
     tool_choice). enable_thinking: passed to the template when not None. template_kwargs: other
     chat template variables. max_tokens: None means the server default (the rest of the
-    context). reasoning_budget: None means the server default."""
+    context). reasoning_budget: None means the server default. grammar: the answer's language
+    (structured outputs; server/structured.py)."""
 
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]] | None = None
@@ -75,6 +78,7 @@ class ChatSpec:
     stop: list[str] = field(default_factory=list)
     n: int = 1
     reasoning_budget: int | None = None
+    grammar: Grammar | None = None
 
 
 @dataclass
@@ -115,6 +119,13 @@ def _fix_message(message: Mapping[str, Any]) -> dict[str, Any]:
     return m
 
 
+def _warm_vocabulary(tokenizer: Any, n_vocab: int) -> None:
+    try:
+        compiled_vocabulary(tokenizer, n_vocab)
+    except Exception as exc:  # the requests that need it will report it
+        log.warning("structured outputs will not work: %s", exc)
+
+
 class Service:
     """One loaded engine served through `config.slots` sessions."""
 
@@ -141,6 +152,10 @@ class Service:
         self.metrics.add_gauge("lucebox_slots_active", "Slots generating or reserved.", lambda: self.scheduler.active)
         self.metrics.add_gauge("lucebox_slots_total", "Session slots.", lambda: self.scheduler.n_slots)
         self.metrics.add_gauge("lucebox_context_tokens", "Context length per slot.", lambda: self.n_ctx)
+        # llguidance's view of the vocabulary, built once (about a second for 248k tokens) before the
+        # first structured-output request needs it
+        threading.Thread(target=_warm_vocabulary, args=(self.tokenizer, int(engine.hparams.n_vocab)),
+                         name="lucebox-grammar-vocabulary", daemon=True).start()
         self.prefix_cache: PrefixCache | None = None
         if config.prefix_cache_mb > 0:
             disk, load = None, None
@@ -311,6 +326,11 @@ class Service:
         if not think_open:
             budget = None
         points = self._turn_boundaries(spec, tools, ids)
+        grammar = spec.grammar
+        if echo or after:  # a forced call: the answer is the call
+            grammar = None
+        elif grammar is not None and tools:  # the model may call a tool instead of answering
+            grammar = grammar.or_text_starting_with(TOOL_CALL_OPEN)
         base_seed = int(spec.sampling.get("seed") or 0)
         plans = []
         for i in range(spec.n):
@@ -318,7 +338,7 @@ class Service:
             sampling["seed"] = (base_seed + i) % (1 << 64)
             plans.append(GenerationPlan(prompt_ids=ids, max_tokens=max_tokens, sampling=sampling, stop=tuple(stop),
                                         echo_prefix=echo, think_open=think_open, reasoning_budget=budget,
-                                        after_reasoning=after, cache_points=points))
+                                        after_reasoning=after, cache_points=points, grammar=grammar))
         return PreparedChat(plans=plans, parse_tools=tools, think_open=think_open, n_prompt=len(ids),
                             prompt_text=prompt)
 
@@ -348,9 +368,10 @@ class Service:
 
     def prepare_prompts(self, prompts: Sequence[str | Sequence[int]], max_tokens: int | None,
                         sampling: dict[str, Any], stop: list[str], n: int,
-                        echo: bool = False) -> tuple[list[GenerationPlan], int]:
+                        echo: bool = False, grammar: Grammar | None = None) -> tuple[list[GenerationPlan], int]:
         """Plans for raw prompts (text, parsed with special tokens, or token ids), n per prompt
-        (echo: each answer begins with its prompt). Returns (plans, total prompt tokens)."""
+        (echo: each answer begins with its prompt; grammar: the generated text's language).
+        Returns (plans, total prompt tokens)."""
         plans: list[GenerationPlan] = []
         n_prompt_total = 0
         vocab = self.tokenizer.n_vocab
@@ -371,7 +392,7 @@ class Service:
                 s = dict(sampling)
                 s["seed"] = (base_seed + p_index * n + i) % (1 << 64)
                 plans.append(GenerationPlan(prompt_ids=ids, max_tokens=self._max_tokens(max_tokens, room),
-                                            sampling=s, stop=tuple(stop), echo_prompt=echo))
+                                            sampling=s, stop=tuple(stop), echo_prompt=echo, grammar=grammar))
         return plans, n_prompt_total
 
     # -- running ------------------------------------------------------------------------------

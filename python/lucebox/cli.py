@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from typing import Any, Sequence
@@ -182,6 +183,34 @@ class _Progress:
             print(f"\r{self.label}: {pct:3d}% ({shown})", end=end, file=sys.stderr, flush=True)
 
 
+def _read_text_or_file(value: str, what: str) -> str:
+    """`value` itself, or the text of the file it names."""
+    if os.path.isfile(value):
+        try:
+            with open(value, encoding="utf-8") as f:
+                return f.read()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{what} file {value!r}: {exc}") from None
+    return value
+
+
+def _grammar_of(args: argparse.Namespace) -> Any:
+    """The lucebox.Grammar of generate's --json-schema / --json-object / --regex / --lark, or None."""
+    import lucebox
+
+    if args.json_schema is not None:
+        return lucebox.Grammar.json_schema(_read_text_or_file(args.json_schema, "--json-schema"))
+    if args.json_object:
+        return lucebox.Grammar.json_object()
+    if args.regex is not None:
+        return lucebox.Grammar.regex(args.regex)
+    if args.lark is not None:
+        if not os.path.isfile(args.lark):
+            raise ConfigError(f"--lark {args.lark!r}: no such file")
+        return lucebox.Grammar.lark(_read_text_or_file(args.lark, "--lark"))
+    return None
+
+
 def _cmd_generate(args: argparse.Namespace) -> int:
     import lucebox
 
@@ -198,6 +227,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         args.model, args.draft = (str(p) for p in default_model.default_model_paths())
         args.stats = True
     show = sys.stderr.isatty() or args.progress
+    grammar = _grammar_of(args)  # (checked before the model loads)
     engine = lucebox.Engine(args.model, args.draft, ctx=args.ctx, kv_type_k=args.kv_type_k,
                             kv_type_v=args.kv_type_v, device=args.device, ubatch=args.ubatch, threads=args.threads,
                             spec=args.spec, tree_budget=args.tree_budget, tree_top_k=args.tree_top_k,
@@ -211,7 +241,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
                              top_p=args.top_p, min_p=args.min_p, presence_penalty=args.presence_penalty,
                              repetition_penalty=args.repetition_penalty, seed=args.seed, stop=args.stop or None,
                              stream=True, prefill_progress=_Progress("prefill", "tokens", show),
-                             phase_timings=args.stats)
+                             phase_timings=args.stats, grammar=grammar,
+                             enable_thinking=False if args.chat and grammar is not None else None)
     final = None
     for chunk in chunks:
         sys.stdout.write(chunk.text)
@@ -397,6 +428,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repetition-penalty", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--stop", action="append", help="stop string (repeatable)")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--json-schema", metavar="SCHEMA", help="answer in JSON valid under this schema (JSON text or a file)")
+    g.add_argument("--json-object", action="store_true", help="answer with a JSON object")
+    g.add_argument("--regex", metavar="PATTERN", help="answer with text the regular expression matches in full")
+    g.add_argument("--lark", metavar="FILE", help="answer in the language of this Lark grammar (llguidance's dialect)")
     p.add_argument("--ctx", type=_positive_int, default=4096)
     _add_engine_flags(p)
     p.add_argument("--stats", action="store_true", help="print timing and token counts to stderr")

@@ -101,6 +101,20 @@ class Grammar:
             raise ConfigError("a Lark grammar must be a non-empty string")
         return cls._checked("lark", _llguidance().LLMatcher.grammar_from_lark(source))
 
+    def or_text_starting_with(self, opening: str) -> "Grammar":
+        """This language, or any text that starts with `opening` (the server lets a model answer
+        in the grammar or open a tool call with ``<tool_call>``)."""
+        if not isinstance(opening, str) or not opening:
+            raise ConfigError("the alternative's opening must be a non-empty string")
+        if self.source.lstrip().startswith("{"):
+            grammars = json.loads(self.source)["grammars"]
+        else:  # Lark text
+            grammars = [{"lark_grammar": self.source}]
+        grammars = [dict(g) for g in grammars]
+        grammars[0]["name"] = "answer"
+        top = f"start: @answer | OPENED\nOPENED: {json.dumps(opening, ensure_ascii=False)} /(?s:.*)/\n"
+        return self._checked(self.kind, json.dumps({"grammars": [{"lark_grammar": top}] + grammars}))
+
     @classmethod
     def _checked(cls, kind: str, source: str) -> "Grammar":
         failed, messages = _llguidance().LLMatcher.validate_grammar_with_warnings(source)

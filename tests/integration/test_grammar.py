@@ -202,3 +202,20 @@ def test_bad_grammars_are_config_errors(pair: tuple[str, str]) -> None:
     engine = lucebox.Engine(pair[0], ctx=256, device="cpu")
     with pytest.raises(ConfigError, match="lucebox.Grammar"):
         engine.generate([1, 2], grammar='{"type": "object"}')
+
+
+def test_cli_generate_with_a_grammar(pair: tuple[str, str], tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    from lucebox import cli
+
+    common = ["generate", pair[0], "hello world", "--max-tokens", "60", "--ctx", "256", "--device", "cpu"]
+    assert cli.main(common + ["--regex", "[0-9]{3}-[a-z]{2}"]) == 0
+    assert re.fullmatch(r"[0-9]{3}-[a-z]{2}", capsys.readouterr().out.rstrip("\n"))
+    schema = tmp_path / "schema.json"
+    schema.write_text(json.dumps({"type": "object", "properties": {"x": {"type": "boolean"}}, "required": ["x"],
+                                  "additionalProperties": False}))
+    assert cli.main(common + ["--max-tokens", "120", "--json-schema", str(schema)]) == 0
+    assert isinstance(json.loads(capsys.readouterr().out)["x"], bool)
+    assert cli.main(common + ["--json-schema", '{"type": "nope"}']) == 1
+    assert "JSON schema" in capsys.readouterr().err
+    assert cli.main(common + ["--lark", str(tmp_path / "missing.lark")]) == 1
+    assert "no such file" in capsys.readouterr().err

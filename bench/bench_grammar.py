@@ -1,0 +1,69 @@
+#!/usr/bin/env python3
+"""What a grammar (structured outputs) costs: decode tok/s of the same generation without a grammar
+and under one that allows any text (`Grammar.regex("(?s:.*)")`: the same tokens, so the ratio is the
+whole cost of the constraint machinery: greedy rows through the device's candidates instead of its
+argmax, a mask per chosen token from llguidance, the Python callback), greedy and sampled, plain or
+speculative (chain). Then a JSON-schema generation from the same prompt (its own tokens): tok/s,
+acceptance length, and whether the text parses.
+
+Method: one discarded warm-up per row, then --reps generations of --tokens tokens; median decode
+tok/s (GenerationStats.decode_tokens_per_second). Example:
+    python3 bench/bench_grammar.py --model t27q4.gguf --device cuda [--draft d27.gguf]
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import statistics
+
+import lucebox
+
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "items": {"type": "array", "items": {
+    "type": "object", "properties": {"id": {"type": "integer"}, "label": {"type": "string"}},
+    "required": ["id", "label"]}}}, "required": ["name", "items"]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--draft", default=None, help="DFlash draft: measure chain speculation")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--reps", type=int, default=5)
+    args = ap.parse_args()
+
+    engine = lucebox.Engine(args.model, args.draft, ctx=2048, device=args.device,
+                            spec="chain" if args.draft else "off")
+    prompt = list(range(10, 74))
+    any_text = lucebox.Grammar.regex(r"(?s:.*)")
+    schema = lucebox.Grammar.json_schema(SCHEMA)
+
+    def measure(**kw) -> tuple[float, str, lucebox.GenerationResult]:
+        engine.generate(prompt, max_tokens=args.tokens, **kw)  # warm-up
+        runs = [engine.generate(prompt, max_tokens=args.tokens, **kw) for _ in range(args.reps)]
+        digest = hashlib.sha1(str(runs[-1].tokens).encode()).hexdigest()[:8]
+        return statistics.median(r.stats.decode_tokens_per_second for r in runs), digest, runs[-1]
+
+    print(f"{args.model} on {engine.device}, {'chain speculation' if args.draft else 'plain decoding'}, "
+          f"{args.tokens} tokens, median of {args.reps}")
+    for name, sampling in (("greedy", {}), ("top_k=40 T=0.8", dict(temperature=0.8, top_k=40, seed=1))):
+        base, h0, ref = measure(**sampling)
+        al = f"  AL {ref.stats.acceptance_length:.2f}" if args.draft else ""
+        print(f"  {name:16s} no grammar      {base:9.1f} tok/s  tokens {h0}{al}")
+        tps, h, res = measure(grammar=any_text, **sampling)
+        same = "same tokens" if h == h0 else "TOKENS DIFFER"
+        al = f"  AL {res.stats.acceptance_length:.2f}" if args.draft else ""
+        print(f"  {name:16s} any-text grammar {tps:8.1f} tok/s  tokens {h}  {tps / base:.3f}x  {same}{al}")
+        tps, h, res = measure(grammar=schema, **sampling)
+        try:
+            json.loads(res.text)
+            valid = "parses" if res.finish_reason == "stop" else f"cut ({res.finish_reason})"
+        except ValueError:
+            valid = f"does not parse ({res.finish_reason})"
+        al = f"  AL {res.stats.acceptance_length:.2f}" if args.draft else ""
+        print(f"  {name:16s} JSON schema     {tps:9.1f} tok/s  {len(res.tokens)} tokens, {valid}{al}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,161 @@
+"""Structured outputs over HTTP: ``response_format`` (chat, completions), Responses ``text.format``
+and the ``structured_outputs`` extension. The tiny model has random weights, so every answer's shape
+comes from the grammar alone; the answers equal what `Engine.generate(grammar=...)` gives."""
+from __future__ import annotations
+
+import json
+import re
+
+import httpx
+import pytest
+
+import lucebox
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 10}, "days": {"type": "integer", "minimum": 1,
+                                                                          "maximum": 7},
+                   "unit": {"enum": ["C", "F"]}},
+    "required": ["city", "days", "unit"],
+    "additionalProperties": False,
+}
+RESPONSE_FORMAT = {"type": "json_schema", "json_schema": {"name": "forecast", "schema": SCHEMA, "strict": True}}
+MSG = [{"role": "user", "content": "Forecast for Paris as JSON"}]
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Weather for a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+
+
+def check_forecast(text: str) -> None:
+    obj = json.loads(text)
+    assert set(obj) == {"city", "days", "unit"}, obj
+    assert isinstance(obj["city"], str) and len(obj["city"]) <= 10
+    assert isinstance(obj["days"], int) and 1 <= obj["days"] <= 7
+    assert obj["unit"] in ("C", "F")
+
+
+def post(server, path: str, body: dict) -> httpx.Response:
+    return httpx.post(server.base_url + path, json=body, timeout=60)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_chat_json_schema_stream_and_not(client, temperature):
+    kw = dict(model="tiny", messages=MSG, max_tokens=200, temperature=temperature, seed=7,
+              response_format=RESPONSE_FORMAT)
+    r = client.chat.completions.create(**kw)
+    assert r.choices[0].finish_reason == "stop"
+    check_forecast(r.choices[0].message.content)
+    chunks = list(client.chat.completions.create(**kw, stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == r.choices[0].message.content
+
+
+def test_chat_json_object_and_n(client):
+    r = client.chat.completions.create(model="tiny", messages=MSG, max_tokens=200, temperature=1.0, n=3, seed=1,
+                                       response_format={"type": "json_object"})
+    for choice in r.choices:
+        if choice.finish_reason == "stop":
+            assert isinstance(json.loads(choice.message.content), dict)
+        else:  # cut by max_tokens: still a prefix the grammar allowed
+            assert choice.message.content.lstrip().startswith("{")
+
+
+def test_completions_equal_the_engine(server, tiny_models):
+    """Completions with a token prompt, greedy: the server's text is the engine's under the same grammar."""
+    prompt = [5, 17, 300, 42, 8]
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": 150, "temperature": 0, "response_format": RESPONSE_FORMAT}
+    r = post(server, "/v1/completions", body)
+    assert r.status_code == 200, r.text
+    text = r.json()["choices"][0]["text"]
+    check_forecast(text)
+    engine = lucebox.Engine(tiny_models[0], ctx=1024, device="cpu")
+    assert engine.generate(prompt, max_tokens=150, grammar=lucebox.Grammar.json_schema(SCHEMA)).text == text
+
+
+@pytest.mark.parametrize("so, check", [
+    ({"regex": r"[A-Z][a-z]{2,6} [0-9]{2}"}, lambda t: re.fullmatch(r"[A-Z][a-z]{2,6} [0-9]{2}", t)),
+    ({"choice": ["sunny", "rainy", "windy"]}, lambda t: t in ("sunny", "rainy", "windy")),
+    ({"grammar": 'start: "temp=" /-?[0-9]{1,2}/ "C"'}, lambda t: re.fullmatch(r"temp=-?[0-9]{1,2}C", t)),
+    ({"json": SCHEMA}, lambda t: check_forecast(t) is None),
+])
+def test_structured_outputs_extension(server, so, check):
+    for path, body in (("/v1/completions", {"prompt": "Weather:"}), ("/v1/chat/completions", {"messages": MSG})):
+        r = post(server, path, {"model": "tiny", "max_tokens": 120, "temperature": 0.8, "seed": 3,
+                                "structured_outputs": so, **body})
+        assert r.status_code == 200, r.text
+        choice = r.json()["choices"][0]
+        text = choice["text"] if "text" in choice else choice["message"]["content"]
+        assert choice["finish_reason"] == "stop" and check(text), text
+
+
+def test_responses_text_format(server):
+    body = {"model": "tiny", "input": "Forecast for Paris", "max_output_tokens": 200, "temperature": 0,
+            "text": {"format": {"type": "json_schema", "name": "forecast", "schema": SCHEMA, "strict": True}}}
+    r = post(server, "/v1/responses", body)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["status"] == "completed" and out["text"]["format"]["type"] == "json_schema"
+    message = [i for i in out["output"] if i["type"] == "message"][0]
+    check_forecast(message["content"][0]["text"])
+
+
+def test_grammar_applies_after_the_reasoning(small_client):
+    """A template that opens a think block: the model reasons freely (the budget closes the block),
+    then answers in the schema."""
+    r = small_client.chat.completions.create(model="tiny", messages=MSG, max_tokens=200, temperature=0,
+                                             response_format=RESPONSE_FORMAT)
+    msg = r.choices[0].message
+    assert msg.model_extra.get("reasoning_content")
+    assert r.choices[0].finish_reason == "stop"
+    check_forecast(msg.content)
+
+
+def test_tools_with_a_format(small_client):
+    """tool_choice auto: the answer is JSON in the schema or a tool call; a forced call ignores the format."""
+    r = small_client.chat.completions.create(model="tiny", messages=MSG, max_tokens=200, temperature=0,
+                                             tools=TOOLS, response_format=RESPONSE_FORMAT,
+                                             extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    msg = r.choices[0].message
+    if msg.tool_calls:
+        assert msg.tool_calls[0].function.name == "get_weather"
+    else:
+        check_forecast(msg.content)
+    forced = small_client.chat.completions.create(
+        model="tiny", messages=MSG, max_tokens=60, temperature=0, tools=TOOLS, response_format=RESPONSE_FORMAT,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    calls = forced.choices[0].message.tool_calls
+    assert calls and calls[0].function.name == "get_weather"
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("/v1/chat/completions", {"messages": MSG, "response_format": {"type": "xml"}}, "response_format"),
+    ("/v1/chat/completions", {"messages": MSG, "response_format": {"type": "json_schema"}}, "response_format"),
+    ("/v1/chat/completions", {"messages": MSG, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "integr"}}}}, "response_format.json_schema"),
+    ("/v1/chat/completions", {"messages": MSG, "response_format": {"type": "json_object"},
+                              "structured_outputs": {"regex": "a+"}}, "structured_outputs"),
+    ("/v1/completions", {"prompt": "x", "structured_outputs": {"regex": "a+", "choice": ["a"]}},
+     "structured_outputs"),
+    ("/v1/completions", {"prompt": "x", "structured_outputs": {"regex": "(a"}}, "structured_outputs.regex"),
+    ("/v1/completions", {"prompt": "x", "structured_outputs": {"grammar": "start: nothing"}},
+     "structured_outputs.grammar"),
+    ("/v1/completions", {"prompt": "x", "structured_outputs": "json"}, "structured_outputs"),
+    ("/v1/responses", {"input": "x", "text": {"format": {"type": "yaml"}}}, "text.format"),
+])
+def test_bad_formats_are_400s(server, path, body, param):
+    r = post(server, path, {"model": "tiny", "max_tokens": 5, **body})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and err["message"], err
+
+
+def test_anthropic_output_format(server):
+    body = {"model": "tiny", "max_tokens": 200, "temperature": 0, "messages": [{"role": "user", "content": "Go"}],
+            "output_config": {"format": {"type": "json_schema", "schema": SCHEMA}}}
+    r = post(server, "/v1/messages", body)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["stop_reason"] == "end_turn"
+    check_forecast("".join(b["text"] for b in out["content"] if b["type"] == "text"))
+    bad = post(server, "/v1/messages", {**body, "output_config": {"format": {"type": "regex"}}})
+    assert bad.status_code == 400 and bad.json()["type"] == "error", bad.text
+    assert "output_config.format" in bad.json()["error"]["message"]

@@ -2,8 +2,9 @@
 
 * OpenAI ``response_format`` (chat and completions): ``{"type": "text"}`` (no grammar),
   ``{"type": "json_object"}`` (any JSON object), ``{"type": "json_schema", "json_schema": {"name":
-  ..., "schema": {...}, "strict": ...}}`` (JSON valid under the schema; enforced whatever ``strict``
-  says);
+  ..., "schema": {...}, "strict": ...}}`` (JSON valid under the schema, enforced either way; a
+  keyword llguidance does not implement, such as ``uniqueItems``, is a 400 with ``strict: true``
+  and ignored otherwise, OpenAI's default);
 * Responses ``text.format``: the same types, the schema's fields directly in ``format``;
 * Anthropic ``output_config.format``: ``{"type": "json_schema", "schema": {...}}``;
 * the ``structured_outputs`` extension (vLLM's field): exactly one of ``json`` (a schema),
@@ -43,10 +44,15 @@ def _typed(fmt: Any, param: str) -> str:
     return kind
 
 
-def _schema_grammar(schema: Any, param: str) -> Grammar:
+def _schema_grammar(schema: Any, param: str, strict: Any = True) -> Grammar:
+    """A schema's grammar; not strict (OpenAI's ``strict: false``, its default): keywords llguidance
+    does not implement are ignored instead of refused."""
     if not isinstance(schema, (Mapping, bool)):
         raise invalid(f"{param}.schema must be a JSON schema object", param=param)
-    return _build(param, Grammar.json_schema, schema)
+    try:
+        return Grammar.json_schema(schema, lenient=strict is not True)
+    except ConfigError as exc:
+        raise invalid(str(exc), param=param) from None
 
 
 def grammar_from_response_format(fmt: Any, param: str = "response_format") -> Grammar | None:
@@ -61,7 +67,7 @@ def grammar_from_response_format(fmt: Any, param: str = "response_format") -> Gr
     spec = fmt.get("json_schema")
     if not isinstance(spec, Mapping):
         raise invalid(f"{param}.json_schema must be an object with a 'schema'", param=param)
-    return _schema_grammar(spec.get("schema", {"type": "object"}), f"{param}.json_schema")
+    return _schema_grammar(spec.get("schema", {"type": "object"}), f"{param}.json_schema", spec.get("strict"))
 
 
 def grammar_from_text_format(text: Any, param: str = "text") -> Grammar | None:
@@ -78,7 +84,7 @@ def grammar_from_text_format(text: Any, param: str = "text") -> Grammar | None:
         return None
     if kind == "json_object":
         return Grammar.json_object()
-    return _schema_grammar(fmt.get("schema", {"type": "object"}), f"{param}.format")
+    return _schema_grammar(fmt.get("schema", {"type": "object"}), f"{param}.format", fmt.get("strict"))
 
 
 def grammar_from_output_format(fmt: Any, param: str = "output_config.format") -> Grammar | None:

@@ -54,9 +54,10 @@ class Grammar:
     source: str
 
     @classmethod
-    def json_schema(cls, schema: Mapping[str, Any] | str | bool) -> "Grammar":
+    def json_schema(cls, schema: Mapping[str, Any] | str | bool, *, lenient: bool = False) -> "Grammar":
         """JSON text valid under `schema` (a dict or its JSON text). Keywords llguidance does not
-        implement are refused rather than ignored."""
+        implement (uniqueItems, say) are refused, or with lenient=True ignored (the output then
+        follows the rest of the schema)."""
         llg = _llguidance()
         if isinstance(schema, str):
             try:
@@ -66,7 +67,8 @@ class Grammar:
         if not isinstance(schema, (Mapping, bool)):
             raise ConfigError(f"a JSON schema must be an object or a boolean, not {type(schema).__name__}")
         try:
-            source = llg.LLMatcher.grammar_from_json_schema(json.dumps(schema), overrides=_JSON_OPTIONS)
+            options = {**_JSON_OPTIONS, "lenient": bool(lenient)}
+            source = llg.LLMatcher.grammar_from_json_schema(json.dumps(schema), overrides=options)
         except (ValueError, TypeError) as exc:
             raise ConfigError(f"invalid JSON schema: {exc}") from None
         return cls._checked("json_schema", source)

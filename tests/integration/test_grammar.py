@@ -189,6 +189,7 @@ def test_bad_grammars_are_config_errors(pair: tuple[str, str]) -> None:
         (lambda: G.json_schema({"type": "strnig"}), "JSON schema"),
         (lambda: G.json_schema("{not json"), "not valid JSON"),
         (lambda: G.json_schema([1, 2]), "object or a boolean"),
+        (lambda: G.json_schema({"type": "array", "uniqueItems": True}), "uniqueItems"),
         (lambda: G.regex("(unclosed"), "regex"),
         (lambda: G.regex(5), "must be a string"),
         (lambda: G.choice([]), "non-empty"),
@@ -199,6 +200,7 @@ def test_bad_grammars_are_config_errors(pair: tuple[str, str]) -> None:
     ]:
         with pytest.raises(ConfigError, match=match):
             make()
+    assert G.json_schema({"type": "array", "uniqueItems": True}, lenient=True).kind == "json_schema"
     engine = lucebox.Engine(pair[0], ctx=256, device="cpu")
     with pytest.raises(ConfigError, match="lucebox.Grammar"):
         engine.generate([1, 2], grammar='{"type": "object"}')

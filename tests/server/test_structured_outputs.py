@@ -140,6 +140,8 @@ def test_tools_with_a_format(small_client):
      "structured_outputs.grammar"),
     ("/v1/completions", {"prompt": "x", "structured_outputs": "json"}, "structured_outputs"),
     ("/v1/responses", {"input": "x", "text": {"format": {"type": "yaml"}}}, "text.format"),
+    ("/v1/chat/completions", {"messages": MSG, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "strict": True, "schema": {"type": "array", "uniqueItems": True}}}}, "response_format.json_schema"),
 ])
 def test_bad_formats_are_400s(server, path, body, param):
     r = post(server, path, {"model": "tiny", "max_tokens": 5, **body})
@@ -159,3 +161,14 @@ def test_anthropic_output_format(server):
     bad = post(server, "/v1/messages", {**body, "output_config": {"format": {"type": "regex"}}})
     assert bad.status_code == 400 and bad.json()["type"] == "error", bad.text
     assert "output_config.format" in bad.json()["error"]["message"]
+
+
+def test_non_strict_schemas_ignore_unimplemented_keywords(client):
+    """OpenAI's default strict: false: a keyword llguidance does not implement (uniqueItems) is
+    ignored, the rest of the schema still holds (strict: true refuses it: test_bad_formats_are_400s)."""
+    schema = {"type": "array", "items": {"type": "integer", "maximum": 9}, "maxItems": 4, "uniqueItems": True}
+    r = client.chat.completions.create(model="tiny", messages=MSG, max_tokens=60, temperature=0,
+                                       response_format={"type": "json_schema", "json_schema": {"name": "x",
+                                                                                               "schema": schema}})
+    items = json.loads(r.choices[0].message.content)
+    assert isinstance(items, list) and len(items) <= 4 and all(isinstance(i, int) and i <= 9 for i in items)

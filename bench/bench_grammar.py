@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """What a grammar (structured outputs) costs: decode tok/s of the same generation without a grammar
-and under one that allows any text (`Grammar.regex("(?s:.*)")`: the same tokens, so the ratio is the
+and under one that allows any text (`Grammar.regex("(?s:.*)")`: the same tokens where the model
+writes valid UTF-8 text, as trained models do; a random-weights model's stray bytes or control
+tokens make the rows differ, and they are marked so), so the ratio is the
 whole cost of the constraint machinery: greedy rows through the device's candidates instead of its
 argmax, a mask per chosen token from llguidance, the Python callback), greedy and sampled, plain or
-speculative (chain). Then a JSON-schema generation from the same prompt (its own tokens): tok/s,
-acceptance length, and whether the text parses.
+speculative (chain). Then a JSON-schema generation from the same prompt (its own tokens, at most
+--json-tokens): tok/s, acceptance length, and whether the text parses.
 
 Method: one discarded warm-up per row, then --reps generations of --tokens tokens; median decode
 tok/s (GenerationStats.decode_tokens_per_second). Example:
@@ -31,6 +33,7 @@ def main() -> None:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--json-tokens", type=int, default=400, help="max tokens of the JSON-schema rows")
     args = ap.parse_args()
 
     engine = lucebox.Engine(args.model, args.draft, ctx=2048, device=args.device,
@@ -39,9 +42,9 @@ def main() -> None:
     any_text = lucebox.Grammar.regex(r"(?s:.*)")
     schema = lucebox.Grammar.json_schema(SCHEMA)
 
-    def measure(**kw) -> tuple[float, str, lucebox.GenerationResult]:
-        engine.generate(prompt, max_tokens=args.tokens, **kw)  # warm-up
-        runs = [engine.generate(prompt, max_tokens=args.tokens, **kw) for _ in range(args.reps)]
+    def measure(max_tokens: int = args.tokens, **kw) -> tuple[float, str, lucebox.GenerationResult]:
+        engine.generate(prompt, max_tokens=max_tokens, **kw)  # warm-up
+        runs = [engine.generate(prompt, max_tokens=max_tokens, **kw) for _ in range(args.reps)]
         digest = hashlib.sha1(str(runs[-1].tokens).encode()).hexdigest()[:8]
         return statistics.median(r.stats.decode_tokens_per_second for r in runs), digest, runs[-1]
 
@@ -55,7 +58,7 @@ def main() -> None:
         same = "same tokens" if h == h0 else "TOKENS DIFFER"
         al = f"  AL {res.stats.acceptance_length:.2f}" if args.draft else ""
         print(f"  {name:16s} any-text grammar {tps:8.1f} tok/s  tokens {h}  {tps / base:.3f}x  {same}{al}")
-        tps, h, res = measure(grammar=schema, **sampling)
+        tps, h, res = measure(args.json_tokens, grammar=schema, **sampling)
         try:
             json.loads(res.text)
             valid = "parses" if res.finish_reason == "stop" else f"cut ({res.finish_reason})"

@@ -44,7 +44,8 @@ def _llguidance() -> Any:
 
 @dataclass(frozen=True)
 class Grammar:
-    """The language a generation must stay in. Build one with a class method (each checks its
+    """The language a generation must stay in: valid UTF-8 text (so no control tokens, and no
+    token that would leave a broken byte sequence). Build one with a class method (each checks its
     input and raises ConfigError naming the problem); `source` is llguidance's grammar text.
 
     >>> lucebox.Grammar.json_schema({"type": "object", "properties": {"n": {"type": "integer"}}})

@@ -16,6 +16,10 @@ Tool choice (all API flavours):
   templates) or ``<tool_call>\\n{"name": "NAME", "arguments": `` (JSON templates), and the
   generation stops at the call's end.
 
+A forced call's rest is generated under a grammar (`structured.forced_call_grammar`): a function
+name among the tools, its parameters typed by their schemas (the required ones present), the
+call's end; so the call always parses. A response_format does not apply to it.
+
 When the prompt leaves a think block open, the prefix is inserted after the reasoning ends
 instead (see `generation`). The prefix is part of the prompt but is fed to the output
 parsers, so it appears in the answer only as the structured call it opens.
@@ -46,6 +50,7 @@ from .metrics import Metrics
 from .reasoning import prompt_opens_reasoning
 from .scheduler import Scheduler
 from .streaming import ClientDisconnected, unless_disconnected
+from .structured import forced_call_grammar
 from .toolcalls import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, forced_call_prefix, template_tool_format
 
 __all__ = ["Service", "ChatSpec", "PreparedChat"]
@@ -270,8 +275,10 @@ class Service:
         return max(1, min(wanted, room))
 
     # -- preparation ------------------------------------------------------------------------
-    def _render(self, spec: ChatSpec) -> tuple[str, list[dict[str, Any]] | None, str, str, list[str]]:
-        """(prompt text, tools to parse for, echo prefix, after-reasoning prefix, stop strings)."""
+    def _render(self, spec: ChatSpec) -> tuple[str, list[dict[str, Any]] | None, str, str, list[str], str | None]:
+        """(prompt text, tools to parse for, echo prefix, after-reasoning prefix, stop strings, the
+        forced function's name: None when no call is forced or, under "required" with several
+        tools, the model picks it)."""
         tools = spec.tools or None
         names = [t["function"]["name"] for t in tools or []]
         choice = spec.tool_choice
@@ -309,7 +316,7 @@ class Service:
         stop = list(spec.stop)
         if tools and (forced is not None or not spec.parallel_tool_calls):
             stop.append(TOOL_CALL_CLOSE)
-        return prompt, tools, echo, after, stop
+        return prompt, tools, echo, after, stop, forced
 
     def prompt_ids(self, spec: ChatSpec) -> list[int]:
         """The token ids of the prompt `spec` renders to (no context check)."""
@@ -317,7 +324,7 @@ class Service:
 
     def prepare_chat(self, spec: ChatSpec) -> PreparedChat:
         """Render, tokenize and plan a chat request; raises APIError (400) for anything invalid."""
-        prompt, tools, echo, after, stop = self._render(spec)
+        prompt, tools, echo, after, stop, forced = self._render(spec)
         think_open = prompt_opens_reasoning(prompt[: len(prompt) - len(echo)] if echo else prompt)
         ids = self.tokenizer.encode(prompt, parse_special=True)
         room = self._room(len(ids), "messages")
@@ -327,8 +334,8 @@ class Service:
             budget = None
         points = self._turn_boundaries(spec, tools, ids)
         grammar = spec.grammar
-        if echo or after:  # a forced call: the answer is the call
-            grammar = None
+        if (echo or after) and tools:  # a forced call: its rest typed by the tool's schema
+            grammar = forced_call_grammar(self.tool_format, tools, forced)
         elif grammar is not None and tools:  # the model may call a tool instead of answering
             grammar = grammar.or_text_starting_with(TOOL_CALL_OPEN)
         base_seed = int(spec.sampling.get("seed") or 0)

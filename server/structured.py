@@ -12,20 +12,25 @@
 
 A grammar constrains the answer: after the reasoning when the prompt opens a think block (the
 service runs such a plan in two phases), and with tools offered under ``tool_choice: auto`` the
-model may still call one instead (`allowing_tool_calls`); a forced call ignores it. Every malformed
-field is a 400 naming it.
+model may still call one instead (`Grammar.or_text_starting_with`). A forced call (``required``
+or a named function) is generated under its own grammar instead (`forced_call_grammar`: the
+parameters typed by the tool's schema). Every malformed field is a 400 naming it.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+import json
+import logging
+from typing import Any, Mapping, Sequence
 
 from lucebox.errors import ConfigError
-from lucebox.grammar import Grammar
+from lucebox.grammar import Grammar, json_layout_options
 
 from .errors import invalid
 
+log = logging.getLogger("lucebox.server")
+
 __all__ = ["grammar_from_response_format", "grammar_from_text_format", "grammar_from_output_format",
-           "grammar_from_structured_outputs", "request_grammar"]
+           "grammar_from_structured_outputs", "request_grammar", "forced_call_grammar"]
 
 
 def _build(param: str, make: Any, *args: Any) -> Grammar:
@@ -115,6 +120,101 @@ def grammar_from_structured_outputs(so: Any, param: str = "structured_outputs") 
         return _schema_grammar(value, where)
     make = {"regex": Grammar.regex, "choice": Grammar.choice, "grammar": Grammar.lark}[key]
     return _build(where, make, value)
+
+
+# ---------------------------------------------------------------------------------------------
+# Forced tool calls: the call's rest after the prefix the service puts in (toolcalls.forced_call_prefix)
+# ---------------------------------------------------------------------------------------------
+
+_INT = r"/-?(0|[1-9][0-9]*)/"
+_NUM = r"/-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?/"
+
+
+def _lit(text: str) -> str:
+    return json.dumps(text, ensure_ascii=False)
+
+
+def _inline_json(schema: Any) -> str:
+    """A Lark ``%json`` of `schema` under the answer grammar's layout options (lenient: a tool's
+    schema is the client's, not a request to refuse)."""
+    body = dict(schema) if isinstance(schema, Mapping) else {}
+    body["x-guidance"] = {**json_layout_options(), "lenient": True}
+    return "%json " + json.dumps(body, ensure_ascii=False)
+
+
+def _xml_value(rule: str, schema: Any) -> list[str]:
+    """Lark rules for an XML parameter's value (as the Qwen3.5/3.6 templates write it: strings
+    verbatim, other types as JSON) and its closing line; the first rule is named `rule`."""
+    close = _lit("\n</parameter>\n")
+    declared = schema.get("type") if isinstance(schema, Mapping) else None
+    types = declared if isinstance(declared, list) else ([declared] if isinstance(declared, str) else [])
+    enum = schema.get("enum") if isinstance(schema, Mapping) else None
+    if isinstance(enum, list) and enum and all(isinstance(v, str) and v for v in enum):
+        return [f"{rule}: ({' | '.join(_lit(v) for v in dict.fromkeys(enum))}) {close}"]
+    if len(types) == 1 and types[0] in ("integer", "number", "boolean", "null", "array", "object"):
+        t = types[0]
+        value = {"integer": _INT, "number": _NUM, "boolean": '"true" | "false"', "null": '"null"'}.get(t)
+        if value is None:
+            value = _inline_json(schema)
+        return [f"{rule}: ({value}) {close}"]
+    # a string (at most maxLength characters, at least minLength), or a type the schema leaves open
+    lo = schema.get("minLength") if isinstance(schema, Mapping) else None
+    hi = schema.get("maxLength") if isinstance(schema, Mapping) else None
+    lo = lo if isinstance(lo, int) and not isinstance(lo, bool) and lo >= 0 else 0
+    hi = hi if isinstance(hi, int) and not isinstance(hi, bool) and hi >= lo else None
+    body = "/(?s:.*)/" if hi is None and lo == 0 else f"/(?s:.{{{lo},{'' if hi is None else hi}}})/"
+    return [f"{rule}[suffix={close}]: {body}"]
+
+
+def _xml_call(idx: int, params: Mapping[str, Any]) -> list[str]:
+    """Rules `call{idx}` for one function's parameters and the call's end (XML format)."""
+    schema = params if isinstance(params, Mapping) else {}
+    props = schema.get("properties") if isinstance(schema.get("properties"), Mapping) else {}
+    required = set(schema.get("required") or []) if isinstance(schema.get("required"), list) else set()
+    rules, parts = [], []
+    for k, (name, sub) in enumerate(props.items()):
+        rule = f"p{idx}_{k}"
+        rules.append(f"{rule}: {_lit(f'<parameter={name}>' + chr(10))} v{idx}_{k}")
+        rules += _xml_value(f"v{idx}_{k}", sub)
+        parts.append(rule if name in required else f"{rule}?")
+    if not props:  # parameters the schema does not name: any, with free values
+        rules.append(f"p{idx}_any: \"<parameter=\" /[A-Za-z0-9_.-]+/ \">\\n\" v{idx}_any")
+        rules += _xml_value(f"v{idx}_any", None)
+        parts.append(f"p{idx}_any*")
+    rules.insert(0, f"call{idx}: {' '.join(parts)} {_lit('</function>' + chr(10) + '</tool_call>')}")
+    return rules
+
+
+def forced_call_grammar(fmt: str, tools: Sequence[Mapping[str, Any]], name: str | None) -> Grammar | None:
+    """The grammar of a forced call's rest, after toolcalls.forced_call_prefix(fmt, name): the named
+    function's parameters (or, with name None, one of the tools' names and then its parameters),
+    typed by their schemas, and the call's end. XML: parameters in the schema's order, the required
+    ones present, values of their declared type (strings within min/maxLength; enums of strings);
+    JSON: the arguments object valid under the schema (with only the parameters it names, unless it
+    sets additionalProperties). None (logged) when a schema cannot be compiled: the call is then
+    generated unconstrained, as before."""
+    fns = [(t["function"]["name"], t["function"].get("parameters") or {}) for t in tools]
+    if name is not None:
+        fns = [f for f in fns if f[0] == name]
+    rules: list[str] = []
+    alts: list[str] = []
+    for i, (fn, params) in enumerate(fns):
+        if fmt == "xml":
+            rules += _xml_call(i, params)
+            head = "" if name is not None else _lit(f"{fn}>" + chr(10)) + " "
+        else:
+            args = dict(params) if isinstance(params, Mapping) else {}
+            if isinstance(args.get("properties"), Mapping) and "additionalProperties" not in args:
+                args["additionalProperties"] = False  # the parameters it names, as in the XML format
+            rules.append(f"call{i}: {_inline_json(args)} WS? \"}}\" WS? {_lit('</tool_call>')}")
+            head = "" if name is not None else _lit(f'{fn}", "arguments": ') + " "
+        alts.append(f"{head}call{i}")
+    source = "start: " + " | ".join(alts) + "\nWS: /[ \\t\\n]+/\n" + "\n".join(rules) + "\n"
+    try:
+        return Grammar.lark(source)
+    except ConfigError as exc:  # a tool schema the compiler cannot take: the call stays unconstrained
+        log.warning("a forced call to %s is not constrained: %s", name or "one of the tools", exc)
+        return None
 
 
 def request_grammar(**fields: tuple[Any, Any]) -> Grammar | None:

@@ -27,7 +27,7 @@ import numpy as np
 from lucebox.errors import ConfigError, GrammarError
 from lucebox.tokenizer import Tokenizer
 
-__all__ = ["Grammar", "GrammarConstraint", "compiled_vocabulary"]
+__all__ = ["Grammar", "GrammarConstraint", "compiled_vocabulary", "json_layout_options"]
 
 # JSON output may be laid out by the model (newlines, indentation) as it was trained to, but a run of
 # whitespace is bounded so that a model cannot fill max_tokens with it.
@@ -40,6 +40,11 @@ def _llguidance() -> Any:
     except ImportError as exc:  # pragma: no cover - a dependency of the package
         raise ConfigError("structured outputs need the 'llguidance' package (pip install llguidance)") from exc
     return llguidance
+
+
+def json_layout_options() -> dict[str, Any]:
+    """llguidance's JSON options for the layout lucebox allows (a copy of _JSON_OPTIONS)."""
+    return dict(_JSON_OPTIONS)
 
 
 @dataclass(frozen=True)

@@ -172,3 +172,50 @@ def test_non_strict_schemas_ignore_unimplemented_keywords(client):
                                                                                                "schema": schema}})
     items = json.loads(r.choices[0].message.content)
     assert isinstance(items, list) and len(items) <= 4 and all(isinstance(i, int) and i <= 9 for i in items)
+
+
+CALL_TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 12}, "days": {"type": "integer"},
+                                         "unit": {"enum": ["C", "F"]}, "hourly": {"type": "boolean"}},
+        "required": ["city", "days"]}}},
+    {"type": "function", "function": {"name": "search", "parameters": {
+        "type": "object", "properties": {"query": {"type": "string", "maxLength": 12}, "limit": {"type": "integer"}},
+        "required": ["query"]}}},
+]
+
+
+def check_call(call) -> None:
+    args = json.loads(call.function.arguments)
+    if call.function.name == "get_weather":
+        assert isinstance(args["city"], str) and len(args["city"]) <= 12 and isinstance(args["days"], int), args
+        assert args.get("unit", "C") in ("C", "F") and isinstance(args.get("hourly", True), bool), args
+        assert set(args) <= {"city", "days", "unit", "hourly"}
+    else:
+        assert call.function.name == "search", call.function.name
+        assert isinstance(args["query"], str) and len(args["query"]) <= 12, args
+        assert isinstance(args.get("limit", 0), int), args
+        assert set(args) <= {"query", "limit"}
+
+
+@pytest.mark.parametrize("which", ["client", "small_client"])  # JSON and XML (Qwen3.5-style) call formats
+@pytest.mark.parametrize("choice", ["required", "named"])
+def test_forced_calls_follow_the_tool_schema(request, which, choice):
+    """A forced call's arguments are generated under the tool's schema: the random model's calls
+    always parse, with the required parameters present and every value of its declared type."""
+    c = request.getfixturevalue(which)
+    tool_choice = ("required" if choice == "required"
+                   else {"type": "function", "function": {"name": "get_weather"}})
+    for seed in range(3):
+        kw = dict(model="tiny", messages=MSG, max_tokens=400, temperature=1.0, seed=seed, tools=CALL_TOOLS,
+                  tool_choice=tool_choice, extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+        r = c.chat.completions.create(**kw)
+        calls = r.choices[0].message.tool_calls
+        assert calls and len(calls) == 1, r.choices[0]
+        if choice == "named":
+            assert calls[0].function.name == "get_weather"
+        check_call(calls[0])
+        streamed = list(c.chat.completions.create(**kw, stream=True))
+        args = "".join(tc.function.arguments or "" for ch in streamed if ch.choices
+                       for tc in (ch.choices[0].delta.tool_calls or []))
+        assert json.loads(args) == json.loads(calls[0].function.arguments)

@@ -23,7 +23,7 @@ import logging
 from typing import Any, Mapping, Sequence
 
 from lucebox.errors import ConfigError
-from lucebox.grammar import Grammar, json_layout_options
+from lucebox.grammar import JSON_OPTIONS, Grammar
 
 from .errors import invalid
 
@@ -33,9 +33,10 @@ __all__ = ["grammar_from_response_format", "grammar_from_text_format", "grammar_
            "grammar_from_structured_outputs", "request_grammar", "forced_call_grammar"]
 
 
-def _build(param: str, make: Any, *args: Any) -> Grammar:
+def _build(param: str, make: Any, *args: Any, **kwargs: Any) -> Grammar:
+    """make(*args, **kwargs), a Grammar constructor; its ConfigError as a 400 naming `param`."""
     try:
-        return make(*args)
+        return make(*args, **kwargs)
     except ConfigError as exc:
         raise invalid(str(exc), param=param) from None
 
@@ -50,29 +51,29 @@ def _typed(fmt: Any, param: str) -> str:
 
 
 def _schema_grammar(schema: Any, param: str, strict: Any = True) -> Grammar:
-    """A schema's grammar; not strict (OpenAI's ``strict: false``, its default): keywords llguidance
-    does not implement are ignored instead of refused."""
-    if not isinstance(schema, (Mapping, bool)):
-        raise invalid(f"{param}.schema must be a JSON schema object", param=param)
-    try:
-        return Grammar.json_schema(schema, lenient=strict is not True)
-    except ConfigError as exc:
-        raise invalid(str(exc), param=param) from None
+    """A schema's grammar (a dict or its JSON text); not strict (OpenAI's ``strict: false``, its
+    default): keywords llguidance does not implement are ignored instead of refused."""
+    return _build(param, Grammar.json_schema, schema, lenient=strict is not True)
 
 
-def grammar_from_response_format(fmt: Any, param: str = "response_format") -> Grammar | None:
-    """OpenAI chat / completions ``response_format``."""
-    if fmt is None:
-        return None
+def _format_grammar(fmt: Any, param: str, schema_key: str | None) -> Grammar | None:
+    """An OpenAI format object: type text (None), json_object, or json_schema with its schema and
+    strict in fmt[schema_key] (chat, completions) or in fmt itself (Responses)."""
     kind = _typed(fmt, param)
     if kind == "text":
         return None
     if kind == "json_object":
         return Grammar.json_object()
-    spec = fmt.get("json_schema")
+    spec = fmt.get(schema_key) if schema_key else fmt
+    where = f"{param}.{schema_key}" if schema_key else param
     if not isinstance(spec, Mapping):
-        raise invalid(f"{param}.json_schema must be an object with a 'schema'", param=param)
-    return _schema_grammar(spec.get("schema", {"type": "object"}), f"{param}.json_schema", spec.get("strict"))
+        raise invalid(f"{where} must be an object with a 'schema'", param=param)
+    return _schema_grammar(spec.get("schema", {"type": "object"}), where, spec.get("strict"))
+
+
+def grammar_from_response_format(fmt: Any, param: str = "response_format") -> Grammar | None:
+    """OpenAI chat / completions ``response_format``."""
+    return None if fmt is None else _format_grammar(fmt, param, "json_schema")
 
 
 def grammar_from_text_format(text: Any, param: str = "text") -> Grammar | None:
@@ -82,14 +83,7 @@ def grammar_from_text_format(text: Any, param: str = "text") -> Grammar | None:
     if not isinstance(text, Mapping):
         raise invalid(f"{param} must be an object", param=param)
     fmt = text.get("format")
-    if fmt is None:
-        return None
-    kind = _typed(fmt, f"{param}.format")
-    if kind == "text":
-        return None
-    if kind == "json_object":
-        return Grammar.json_object()
-    return _schema_grammar(fmt.get("schema", {"type": "object"}), f"{param}.format", fmt.get("strict"))
+    return None if fmt is None else _format_grammar(fmt, f"{param}.format", None)
 
 
 def grammar_from_output_format(fmt: Any, param: str = "output_config.format") -> Grammar | None:
@@ -115,8 +109,6 @@ def grammar_from_structured_outputs(so: Any, param: str = "structured_outputs") 
     value = so[key]
     where = f"{param}.{key}"
     if key == "json":
-        if isinstance(value, str):
-            return _build(where, Grammar.json_schema, value)
         return _schema_grammar(value, where)
     make = {"regex": Grammar.regex, "choice": Grammar.choice, "grammar": Grammar.lark}[key]
     return _build(where, make, value)
@@ -138,7 +130,7 @@ def _inline_json(schema: Any) -> str:
     """A Lark ``%json`` of `schema` under the answer grammar's layout options (lenient: a tool's
     schema is the client's, not a request to refuse)."""
     body = dict(schema) if isinstance(schema, Mapping) else {}
-    body["x-guidance"] = {**json_layout_options(), "lenient": True}
+    body["x-guidance"] = {**JSON_OPTIONS, "lenient": True}
     return "%json " + json.dumps(body, ensure_ascii=False)
 
 

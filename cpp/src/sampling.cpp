@@ -700,10 +700,6 @@ std::vector<std::pair<int32_t, float>> sampler::distribution(const float * logit
     return out;
 }
 
-}  // namespace lucebox
-
-namespace lucebox {
-
 namespace {
 
 struct scored {
@@ -719,10 +715,11 @@ void keep_best(std::vector<scored> & items, size_t n) {
     items.resize(n);
 }
 
-token_logprobs from_subset(std::vector<scored> best, float token_logit, double log_norm, uint32_t n_top) {
+// `best`: the n_top best of the row, in any order.
+token_logprobs from_best(std::vector<scored> best, float token_logit, double log_norm, uint32_t n_top) {
     token_logprobs out;
     out.logprob = float(double(token_logit) - log_norm);
-    keep_best(best, n_top);
+    keep_best(best, n_top);  // (sorts them)
     for (const scored & s : best) {
         out.top.emplace_back(s.id, float(double(s.logit) - log_norm));
     }
@@ -749,17 +746,16 @@ token_logprobs logprobs_of(const logit_row & row, int32_t token, uint32_t n_top,
         }
         auto it = std::lower_bound(subset.begin(), subset.end(), token,
                                    [](const scored & a, int32_t id) { return a.id < id; });
-        bool decided = it != subset.end() && it->id == token;
         for (const scored & s : subset) {
             if (std::isnan(s.logit) || s.logit == std::numeric_limits<float>::infinity()) bad_logit(s.logit, s.id);
         }
-        if (decided && n_top > 0) {  // the n_top-th best must beat every id outside the subset
+        if (it != subset.end() && it->id == token) {
             std::vector<scored> best = subset;
             keep_best(best, n_top);
-            decided = best.size() == n_top && best.back().logit > c->floor;
-        }
-        if (decided) {
-            return from_subset(std::move(subset), it->logit, double(c->log_norm), n_top);
+            // the n_top-th best must beat every id outside the subset
+            if (n_top == 0 || (best.size() == n_top && best.back().logit > c->floor)) {
+                return from_best(std::move(best), it->logit, double(c->log_norm), n_top);
+            }
         }
     }
     const float * logits = row.full();
@@ -794,7 +790,7 @@ token_logprobs logprobs_of(const logit_row & row, int32_t token, uint32_t n_top,
             }
         }
     }
-    return from_subset(std::move(best), logits[token], log_norm, n_top);
+    return from_best(std::move(best), logits[token], log_norm, n_top);
 }
 
 }  // namespace lucebox

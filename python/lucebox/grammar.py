@@ -22,29 +22,17 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
+import llguidance
 import numpy as np
 
 from lucebox.errors import ConfigError, GrammarError
 from lucebox.tokenizer import Tokenizer
 
-__all__ = ["Grammar", "GrammarConstraint", "compiled_vocabulary", "json_layout_options"]
+__all__ = ["Grammar", "GrammarConstraint", "compiled_vocabulary", "JSON_OPTIONS"]
 
-# JSON output may be laid out by the model (newlines, indentation) as it was trained to, but a run of
-# whitespace is bounded so that a model cannot fill max_tokens with it.
-_JSON_OPTIONS = {"whitespace_flexible": True, "whitespace_pattern": r"(?:[\x20\x09]{0,4}|\r?\n[\x20\x09]{0,64})"}
-
-
-def _llguidance() -> Any:
-    try:
-        import llguidance
-    except ImportError as exc:  # pragma: no cover - a dependency of the package
-        raise ConfigError("structured outputs need the 'llguidance' package (pip install llguidance)") from exc
-    return llguidance
-
-
-def json_layout_options() -> dict[str, Any]:
-    """llguidance's JSON options for the layout lucebox allows (a copy of _JSON_OPTIONS)."""
-    return dict(_JSON_OPTIONS)
+# llguidance's JSON options: output may be laid out by the model (newlines, indentation) as it was
+# trained to, but a run of whitespace is bounded so that a model cannot fill max_tokens with it.
+JSON_OPTIONS = {"whitespace_flexible": True, "whitespace_pattern": r"(?:[\x20\x09]{0,4}|\r?\n[\x20\x09]{0,64})"}
 
 
 @dataclass(frozen=True)
@@ -64,7 +52,6 @@ class Grammar:
         """JSON text valid under `schema` (a dict or its JSON text). Keywords llguidance does not
         implement (uniqueItems, say) are refused, or with lenient=True ignored (the output then
         follows the rest of the schema)."""
-        llg = _llguidance()
         if isinstance(schema, str):
             try:
                 schema = json.loads(schema)
@@ -73,8 +60,8 @@ class Grammar:
         if not isinstance(schema, (Mapping, bool)):
             raise ConfigError(f"a JSON schema must be an object or a boolean, not {type(schema).__name__}")
         try:
-            options = {**_JSON_OPTIONS, "lenient": bool(lenient)}
-            source = llg.LLMatcher.grammar_from_json_schema(json.dumps(schema), overrides=options)
+            options = {**JSON_OPTIONS, "lenient": bool(lenient)}
+            source = llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema), overrides=options)
         except (ValueError, TypeError) as exc:
             raise ConfigError(f"invalid JSON schema: {exc}") from None
         return cls._checked("json_schema", source)
@@ -89,7 +76,7 @@ class Grammar:
         """Text that `pattern` matches in full (Rust regex syntax, no lookaround or backreferences)."""
         if not isinstance(pattern, str):
             raise ConfigError(f"a regex must be a string, not {type(pattern).__name__}")
-        return cls._checked("regex", _llguidance().LLMatcher.grammar_from_regex(pattern))
+        return cls._checked("regex", llguidance.LLMatcher.grammar_from_regex(pattern))
 
     @classmethod
     def choice(cls, options: Sequence[str]) -> "Grammar":
@@ -99,7 +86,7 @@ class Grammar:
         if not all(isinstance(o, str) and o for o in options):
             raise ConfigError("every choice must be a non-empty string")
         rule = " | ".join(json.dumps(o, ensure_ascii=False) for o in dict.fromkeys(options))
-        return cls._checked("choice", _llguidance().LLMatcher.grammar_from_lark(f"start: {rule}\n"))
+        return cls._checked("choice", llguidance.LLMatcher.grammar_from_lark(f"start: {rule}\n"))
 
     @classmethod
     def lark(cls, source: str) -> "Grammar":
@@ -107,7 +94,7 @@ class Grammar:
         a JSON schema; ``<|name|>`` names a special token)."""
         if not isinstance(source, str) or not source.strip():
             raise ConfigError("a Lark grammar must be a non-empty string")
-        return cls._checked("lark", _llguidance().LLMatcher.grammar_from_lark(source))
+        return cls._checked("lark", llguidance.LLMatcher.grammar_from_lark(source))
 
     def or_text_starting_with(self, opening: str) -> "Grammar":
         """This language, or any text that starts with `opening` (the server lets a model answer
@@ -125,7 +112,7 @@ class Grammar:
 
     @classmethod
     def _checked(cls, kind: str, source: str) -> "Grammar":
-        failed, messages = _llguidance().LLMatcher.validate_grammar_with_warnings(source)
+        failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(source)
         if failed:
             raise ConfigError(f"invalid {_KIND_NAMES[kind]}: {messages[0] if messages else 'rejected'}")
         return cls(kind, source)
@@ -161,9 +148,8 @@ def compiled_vocabulary(tokenizer: Tokenizer, n_vocab: int) -> Any:
     with _compiled_lock:
         per_size = _compiled.setdefault(tokenizer, {})
         if n_vocab not in per_size:
-            llg = _llguidance()
-            per_size[n_vocab] = llg.LLTokenizer(llg.TokenizerWrapper(_TokenSource(tokenizer)), n_vocab=n_vocab,
-                                                eos_token=sorted(tokenizer.eos_ids))
+            per_size[n_vocab] = llguidance.LLTokenizer(llguidance.TokenizerWrapper(_TokenSource(tokenizer)),
+                                                       n_vocab=n_vocab, eos_token=sorted(tokenizer.eos_ids))
         return per_size[n_vocab]
 
 
@@ -174,14 +160,10 @@ class GrammarConstraint:
     generation ends) and is kept in `error`, which the caller raises as GrammarError."""
 
     def __init__(self, grammar: Grammar, tokenizer: Tokenizer, n_vocab: int, stop_ids: Sequence[int]) -> None:
-        if not isinstance(grammar, Grammar):
-            raise ConfigError(f"grammar must be a lucebox.Grammar, not {type(grammar).__name__}")
-        llg = _llguidance()
-        self._matcher = llg.LLMatcher(compiled_vocabulary(tokenizer, n_vocab), grammar.source, log_level=0)
+        self._matcher = llguidance.LLMatcher(compiled_vocabulary(tokenizer, n_vocab), grammar.source, log_level=0)
         if self._matcher.is_error():
             raise ConfigError(f"invalid {_KIND_NAMES[grammar.kind]}: {self._matcher.get_error()}")
-        self._stop_set = frozenset(int(t) for t in stop_ids)
-        self._stop_ids = np.array(sorted(self._stop_set), dtype=np.int64)
+        self._stop_ids = frozenset(int(t) for t in stop_ids)
         self._stopped = False
         self.error: str | None = None
 
@@ -198,15 +180,16 @@ class GrammarConstraint:
     def accept(self, token: int) -> None:
         if self._stopped or self.error is not None:
             return
-        if token in self._stop_set:
+        if token in self._stop_ids:
             self._stopped = True
             return
         if not self._matcher.consume_token(int(token)):
             self.error = self._matcher.get_error() or f"the grammar refused token {token}"
 
     def _allow_stops(self, words: np.ndarray) -> None:
-        ids = self._stop_ids[self._stop_ids < words.size * 32]
-        np.bitwise_or.at(words, ids // 32, (np.uint32(1) << (ids % 32).astype(np.uint32)))
+        for t in self._stop_ids:
+            if t < words.size * 32:
+                words[t >> 5] |= np.uint32(1 << (t & 31))
 
     def check(self) -> None:
         """Raises GrammarError if the parser failed during the generation."""

@@ -157,7 +157,7 @@ class Service:
         self.metrics.add_gauge("lucebox_slots_active", "Slots generating or reserved.", lambda: self.scheduler.active)
         self.metrics.add_gauge("lucebox_slots_total", "Session slots.", lambda: self.scheduler.n_slots)
         self.metrics.add_gauge("lucebox_context_tokens", "Context length per slot.", lambda: self.n_ctx)
-        # llguidance's view of the vocabulary, built once (about a second for 248k tokens) before the
+        # llguidance's view of the vocabulary, built once (0.7-1.5 s for 248k tokens) before the
         # first structured-output request needs it
         threading.Thread(target=_warm_vocabulary, args=(self.tokenizer, int(engine.hparams.n_vocab)),
                          name="lucebox-grammar-vocabulary", daemon=True).start()

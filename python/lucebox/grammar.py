@@ -10,8 +10,8 @@ still emits exactly what plain decoding emits (at temperature 0 and, with a seed
 generation ends (a stop token) once the grammar is complete. A generation cut by max_tokens or a
 stop string ends where it is cut.
 
-Costs: compiling the vocabulary once per engine (about a second for a 248k vocabulary), a parser
-per generation, and a mask (tens of microseconds) per chosen token. Rows whose allowed ids are not
+Costs: compiling the vocabulary once per engine (0.7-1.5 s for a 248k vocabulary; docs/benchmarks.md),
+a parser per generation, and a mask (tens of microseconds) per chosen token. Rows whose allowed ids are not
 among the device's top candidates read their full logits row.
 """
 from __future__ import annotations

@@ -39,6 +39,7 @@ from lucebox.prefix_cache import start_session
 
 from .logprobs import UnscoredToken
 from .reasoning import THINK_CLOSE
+from .toolcalls import TOOL_CALL_OPEN
 from .scheduler import Scheduler, Slot
 
 __all__ = ["GenerationPlan", "ChoiceResult", "TextEvent", "ChoiceDone", "ErrorEvent", "Event",
@@ -66,7 +67,10 @@ class GenerationPlan:
     ``logprobs`` in `sampling`, with the prompt tokens' logprobs too (the first token's unscored),
     which needs every prompt row: the prompt is then scored from an empty session, not the cache.
     grammar: the answer's language (structured outputs); with think_open it applies from the
-    answer phase on, so the model reasons freely first.
+    answer phase on, so the model reasons freely first. open_call: with tools under ``auto``,
+    the grammar of the rest of the turn once the model opens a call in its answer (called with
+    the text from ``<tool_call>`` to the end; None: the call goes on unconstrained): the answer
+    phase stops at ``<tool_call>`` and goes on under that grammar.
     """
 
     prompt_ids: Sequence[int]
@@ -80,11 +84,12 @@ class GenerationPlan:
     cache_points: tuple[int, ...] = ()  # extra prefix lengths to snapshot (chat-turn boundaries)
     echo_prompt: bool = False
     grammar: Grammar | None = None
+    open_call: Callable[[str], Grammar | None] | None = None
 
     @property
     def two_phase(self) -> bool:
         return self.think_open and (self.reasoning_budget is not None or bool(self.after_reasoning)
-                                    or self.grammar is not None)
+                                    or self.grammar is not None or self.open_call is not None)
 
 
 @dataclass
@@ -262,13 +267,21 @@ def run_plan(session: Any, tokenizer: Any, plan: GenerationPlan, emit: Callable[
         if remaining <= 0:
             return end("length")
         prompt = ids
-    finish, stats, matched = _phase(session, tokenizer, prompt, remaining, plan.stop, plan.sampling, out, cancel,
-                                    plan.grammar)
-    account(stats)
-    if finish == "cancelled":
-        result.finish_reason = "cancelled"
-        return result
-    return end(finish, matched)
+    grammar, open_call = plan.grammar, plan.open_call
+    while True:
+        stop = plan.stop + ((TOOL_CALL_OPEN,) if open_call is not None else ())
+        finish, stats, matched = _phase(session, tokenizer, prompt, remaining, stop, plan.sampling, out, cancel,
+                                        grammar)
+        account(stats)
+        if finish == "cancelled":
+            result.finish_reason = "cancelled"
+            return result
+        if open_call is None or matched is None or matched[0] != TOOL_CALL_OPEN or TOOL_CALL_OPEN in plan.stop:
+            return end(finish, matched)
+        out(matched[1])  # the model opened a tool call: the rest of the turn under the tools' grammar
+        if remaining <= 0:
+            return end("length")
+        prompt, grammar, open_call = [], open_call(matched[1]), None
 
 
 _END = object()

@@ -16,9 +16,13 @@ Tool choice (all API flavours):
   templates) or ``<tool_call>\\n{"name": "NAME", "arguments": `` (JSON templates), and the
   generation stops at the call's end.
 
-A forced call's rest is generated under a grammar (`structured.forced_call_grammar`): a function
-name among the tools, its parameters typed by their schemas (the required ones present), the
-call's end; so the call always parses. A response_format does not apply to it.
+Every call is generated under a grammar (`structured.tool_call_grammar`): a function name among
+the tools, its parameters typed by their schemas (the required ones present), the call's end,
+and with parallel tool calls further calls; the turn then ends. So a call always parses. A forced
+call's rest is under it from its prefix on (a response_format does not apply to it); under
+``auto`` the model writes freely until it opens a call with ``<tool_call>``, and the call is
+under it from there (`GenerationPlan.open_call`); with a response_format too, the answer is in
+the format or is such calls (one grammar, `Grammar.or_`).
 
 When the prompt leaves a think block open, the prefix is inserted after the reasoning ends
 instead (see `generation`). The prefix is part of the prompt but is fed to the output
@@ -27,6 +31,7 @@ parsers, so it appears in the answer only as the structured call it opens.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import secrets
@@ -50,7 +55,7 @@ from .metrics import Metrics
 from .reasoning import prompt_opens_reasoning
 from .scheduler import Scheduler
 from .streaming import ClientDisconnected, unless_disconnected
-from .structured import forced_call_grammar
+from .structured import tool_call_grammar
 from .toolcalls import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, forced_call_prefix, template_tool_format
 
 __all__ = ["Service", "ChatSpec", "PreparedChat"]
@@ -333,11 +338,16 @@ class Service:
         if not think_open:
             budget = None
         points = self._turn_boundaries(spec, tools, ids)
-        grammar = spec.grammar
+        grammar, open_call = spec.grammar, None
+        more = spec.parallel_tool_calls and forced is None
+        fmt = self.tool_format
         if (echo or after) and tools:  # a forced call: its rest typed by the tool's schema
-            grammar = forced_call_grammar(self.tool_format, tools, forced)
-        elif grammar is not None and tools:  # the model may call a tool instead of answering
-            grammar = grammar.or_text_starting_with(TOOL_CALL_OPEN)
+            grammar = tool_call_grammar(fmt, tools, echo or after, name=forced, more=more)
+        elif grammar is not None and tools:  # the model may call tools instead of answering
+            calls = tool_call_grammar(fmt, tools, "", more=more)
+            grammar = grammar.or_(calls or Grammar.lark(f"start: {json.dumps(TOOL_CALL_OPEN)} /(?s:.*)/"))
+        elif tools:  # free text until the model opens a call, which is then typed
+            open_call = functools.partial(tool_call_grammar, fmt, tools, more=more)
         base_seed = int(spec.sampling.get("seed") or 0)
         plans = []
         for i in range(spec.n):
@@ -345,7 +355,8 @@ class Service:
             sampling["seed"] = (base_seed + i) % (1 << 64)
             plans.append(GenerationPlan(prompt_ids=ids, max_tokens=max_tokens, sampling=sampling, stop=tuple(stop),
                                         echo_prefix=echo, think_open=think_open, reasoning_budget=budget,
-                                        after_reasoning=after, cache_points=points, grammar=grammar))
+                                        after_reasoning=after, cache_points=points, grammar=grammar,
+                                        open_call=open_call))
         return PreparedChat(plans=plans, parse_tools=tools, think_open=think_open, n_prompt=len(ids),
                             prompt_text=prompt)
 

@@ -12,12 +12,14 @@
 
 A grammar constrains the answer: after the reasoning when the prompt opens a think block (the
 service runs such a plan in two phases), and with tools offered under ``tool_choice: auto`` the
-model may still call one instead (`Grammar.or_text_starting_with`). A forced call (``required``
-or a named function) is generated under its own grammar instead (`forced_call_grammar`: the
-parameters typed by the tool's schema). Every malformed field is a 400 naming it.
+model may still call them instead (`Grammar.or_`). Every tool call is generated under a grammar of
+the tools' schemas (`tool_call_grammar`): a forced one (``required`` or a named function) from its
+prefix on, one the model opens itself from its ``<tool_call>`` on. Every malformed field is a 400
+naming it.
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from typing import Any, Mapping, Sequence
@@ -26,11 +28,12 @@ from lucebox.errors import ConfigError
 from lucebox.grammar import JSON_OPTIONS, Grammar
 
 from .errors import invalid
+from .toolcalls import forced_call_prefix
 
 log = logging.getLogger("lucebox.server")
 
 __all__ = ["grammar_from_response_format", "grammar_from_text_format", "grammar_from_output_format",
-           "grammar_from_structured_outputs", "request_grammar", "forced_call_grammar"]
+           "grammar_from_structured_outputs", "request_grammar", "tool_call_grammar"]
 
 
 def _build(param: str, make: Any, *args: Any, **kwargs: Any) -> Grammar:
@@ -115,7 +118,7 @@ def grammar_from_structured_outputs(so: Any, param: str = "structured_outputs") 
 
 
 # ---------------------------------------------------------------------------------------------
-# Forced tool calls: the call's rest after the prefix the service puts in (toolcalls.forced_call_prefix)
+# Tool calls: a call's rest after its opening (toolcalls.forced_call_prefix), typed by the tools' schemas
 # ---------------------------------------------------------------------------------------------
 
 _INT = r"/-?(0|[1-9][0-9]*)/"
@@ -177,14 +180,10 @@ def _xml_call(idx: int, params: Mapping[str, Any]) -> list[str]:
     return rules
 
 
-def forced_call_grammar(fmt: str, tools: Sequence[Mapping[str, Any]], name: str | None) -> Grammar | None:
-    """The grammar of a forced call's rest, after toolcalls.forced_call_prefix(fmt, name): the named
-    function's parameters (or, with name None, one of the tools' names and then its parameters),
-    typed by their schemas, and the call's end. XML: parameters in the schema's order, the required
-    ones present, values of their declared type (strings within min/maxLength; enums of strings);
-    JSON: the arguments object valid under the schema (with only the parameters it names, unless it
-    sets additionalProperties). None (logged) when a schema cannot be compiled: the call is then
-    generated unconstrained, as before."""
+def _call_rules(fmt: str, tools: Sequence[Mapping[str, Any]], name: str | None) -> tuple[list[str], list[str]]:
+    """(alternatives, rules) of one call's rest after forced_call_prefix(fmt, name): the named
+    function's parameters (or, with name None, one of the tools' names and then its parameters)
+    and the call's end."""
     fns = [(t["function"]["name"], t["function"].get("parameters") or {}) for t in tools]
     if name is not None:
         fns = [f for f in fns if f[0] == name]
@@ -201,11 +200,40 @@ def forced_call_grammar(fmt: str, tools: Sequence[Mapping[str, Any]], name: str 
             rules.append(f"call{i}: {_inline_json(args)} WS? \"}}\" WS? {_lit('</tool_call>')}")
             head = "" if name is not None else _lit(f'{fn}", "arguments": ') + " "
         alts.append(f"{head}call{i}")
-    source = "start: " + " | ".join(alts) + "\nWS: /[ \\t\\n]+/\n" + "\n".join(rules) + "\n"
+    return alts, rules
+
+
+def tool_call_grammar(fmt: str, tools: Sequence[Mapping[str, Any]], opened: str, *, name: str | None = None,
+                      more: bool = False) -> Grammar | None:
+    """The rest of an assistant turn whose text so far ends with `opened`, a prefix of a call's
+    opening (toolcalls.forced_call_prefix(fmt, name): the whole prefix for a forced call, "" or
+    "<tool_call>" when the model opens one itself): one call, to `name` or to one of the tools,
+    and with `more` (parallel tool calls) further calls, each on a new line; then the turn ends.
+    XML: parameters in the schema's order, the required ones present, values of their declared
+    type (strings within min/maxLength; enums of strings); JSON: the arguments object valid under
+    the schema (with only the parameters it names, unless it sets additionalProperties). None
+    (logged) when `opened` is not such a prefix or a schema cannot be compiled: the call is then
+    generated unconstrained, as before."""
+    opening = forced_call_prefix(fmt, name)
+    if not opening.startswith(opened):
+        log.warning("a tool call opened as %r is not constrained (expected a prefix of %r)", opened, opening)
+        return None
+    return _tool_call_grammar(fmt, json.dumps(list(tools), sort_keys=True), opened, name, more)
+
+
+@functools.lru_cache(maxsize=32)  # an agent sends the same tools with every request (8-12 ms each for 20)
+def _tool_call_grammar(fmt: str, tools_json: str, opened: str, name: str | None, more: bool) -> Grammar | None:
+    opening = forced_call_prefix(fmt, name)
+    alts, rules = _call_rules(fmt, json.loads(tools_json), name)
+    head = opening[len(opened):]
+    first = f"{_lit(head)} calls" if head else "calls"
+    again = f" (\"\\n\" {_lit(opening)} calls)*" if more else ""
+    source = (f"start: {first}{again}\ncalls: " + " | ".join(alts) + "\nWS: /[ \\t\\n]+/\n"
+              + "\n".join(rules) + "\n")
     try:
         return Grammar.lark(source)
     except ConfigError as exc:  # a tool schema the compiler cannot take: the call stays unconstrained
-        log.warning("a forced call to %s is not constrained: %s", name or "one of the tools", exc)
+        log.warning("a call to %s is not constrained: %s", name or "one of the tools", exc)
         return None
 
 

@@ -96,19 +96,18 @@ class Grammar:
             raise ConfigError("a Lark grammar must be a non-empty string")
         return cls._checked("lark", llguidance.LLMatcher.grammar_from_lark(source))
 
-    def or_text_starting_with(self, opening: str) -> "Grammar":
-        """This language, or any text that starts with `opening` (the server lets a model answer
-        in the grammar or open a tool call with ``<tool_call>``)."""
-        if not isinstance(opening, str) or not opening:
-            raise ConfigError("the alternative's opening must be a non-empty string")
-        if self.source.lstrip().startswith("{"):
-            grammars = json.loads(self.source)["grammars"]
-        else:  # Lark text
-            grammars = [{"lark_grammar": self.source}]
-        grammars = [dict(g) for g in grammars]
-        grammars[0]["name"] = "answer"
-        top = f"start: @answer | OPENED\nOPENED: {json.dumps(opening, ensure_ascii=False)} /(?s:.*)/\n"
-        return self._checked(self.kind, json.dumps({"grammars": [{"lark_grammar": top}] + grammars}))
+    def or_(self, other: "Grammar") -> "Grammar":
+        """This language or `other`'s (the server lets a model answer in a response format or
+        call a tool instead). The result keeps this grammar's kind."""
+        if not isinstance(other, Grammar):
+            raise ConfigError(f"a grammar can only be combined with a Grammar, not {type(other).__name__}")
+        parts = [_named_grammars(g.source) for g in (self, other)]
+        used = {g.get("name") for part in parts for g in part}
+        names = [n for n in (f"either{i}" for i in range(len(used) + 2)) if n not in used][:2]
+        for part, name in zip(parts, names):
+            part[0]["name"] = name
+        top = {"lark_grammar": f"start: @{names[0]} | @{names[1]}\n"}
+        return self._checked(self.kind, json.dumps({"grammars": [top] + parts[0] + parts[1]}))
 
     @classmethod
     def _checked(cls, kind: str, source: str) -> "Grammar":
@@ -116,6 +115,14 @@ class Grammar:
         if failed:
             raise ConfigError(f"invalid {_KIND_NAMES[kind]}: {messages[0] if messages else 'rejected'}")
         return cls(kind, source)
+
+
+def _named_grammars(source: str) -> list[dict[str, Any]]:
+    """The grammars of llguidance grammar text (JSON with a "grammars" list, or Lark text), as
+    fresh dicts whose first is the top grammar."""
+    if source.lstrip().startswith("{"):
+        return [dict(g) for g in json.loads(source)["grammars"]]
+    return [{"lark_grammar": source}]
 
 
 _KIND_NAMES = {"json_schema": "JSON schema", "regex": "regex", "choice": "choice", "lark": "Lark grammar"}

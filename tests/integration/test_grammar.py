@@ -101,6 +101,29 @@ def test_choice_and_lark(pair: tuple[str, str]) -> None:
     assert re.fullmatch(r"x=[0-9]{1,3}(,[0-9]{1,3})*", res.text), res.text
 
 
+def test_either_of_two_grammars(pair: tuple[str, str]) -> None:
+    """Grammar.or_: the text is in one of the languages (nested: in one of three), and each way is
+    taken in some seeds; JSON-schema grammars combine with Lark ones."""
+    engine = lucebox.Engine(pair[0], ctx=512, device="cpu")
+    G = lucebox.Grammar
+    either = G.choice(["yes", "no"]).or_(G.regex(r"[0-9]{2,4}")).or_(G.json_schema(PERSON))
+    seen = set()
+    for seed in range(12):
+        res = engine.generate([3, 4, seed], max_tokens=300, grammar=either, temperature=1.0, seed=seed)
+        assert res.finish_reason == "stop", res.text
+        text = res.text
+        if text in ("yes", "no"):
+            seen.add("choice")
+        elif re.fullmatch(r"[0-9]{2,4}", text):
+            seen.add("regex")
+        else:
+            check_person(text)
+            seen.add("json")
+    assert seen == {"choice", "regex", "json"}, seen
+    with pytest.raises(ConfigError, match="Grammar"):
+        G.choice(["a"]).or_("b")  # type: ignore[arg-type]
+
+
 def test_a_custom_constraint_sees_every_token_in_order(pair: tuple[str, str]) -> None:
     """The core's token_constraint contract, through the binding: each chosen token was allowed when
     it was chosen, the emitted tokens are the first ones reported, and speculation reports no

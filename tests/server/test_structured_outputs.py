@@ -208,14 +208,80 @@ def test_forced_calls_follow_the_tool_schema(request, which, choice):
                    else {"type": "function", "function": {"name": "get_weather"}})
     for seed in range(3):
         kw = dict(model="tiny", messages=MSG, max_tokens=400, temperature=1.0, seed=seed, tools=CALL_TOOLS,
-                  tool_choice=tool_choice, extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+                  tool_choice=tool_choice, parallel_tool_calls=False,
+                  extra_body={"chat_template_kwargs": {"enable_thinking": False}})
         r = c.chat.completions.create(**kw)
         calls = r.choices[0].message.tool_calls
+        assert r.choices[0].finish_reason == "tool_calls", r.choices[0]
         assert calls and len(calls) == 1, r.choices[0]
         if choice == "named":
             assert calls[0].function.name == "get_weather"
-        check_call(calls[0])
+        for call in calls:
+            check_call(call)
         streamed = list(c.chat.completions.create(**kw, stream=True))
-        args = "".join(tc.function.arguments or "" for ch in streamed if ch.choices
-                       for tc in (ch.choices[0].delta.tool_calls or []))
-        assert json.loads(args) == json.loads(calls[0].function.arguments)
+        args: dict[int, str] = {}
+        for ch in streamed:
+            for tc in (ch.choices[0].delta.tool_calls or []) if ch.choices else []:
+                args[tc.index] = args.get(tc.index, "") + (tc.function.arguments or "")
+        assert [json.loads(a) for _, a in sorted(args.items())] == [json.loads(c.function.arguments) for c in calls]
+
+
+@pytest.fixture(scope="module")
+def call_open_id(tiny_models) -> int:
+    from lucebox.tokenizer import Tokenizer
+
+    ids = Tokenizer.from_gguf(tiny_models[0]).encode("<tool_call>", parse_special=True)
+    assert len(ids) == 1
+    return ids[0]
+
+
+@pytest.mark.parametrize("which", ["client", "small_client"])  # JSON and XML call formats; small: a think block
+@pytest.mark.parametrize("parallel", [False, True])
+def test_calls_under_auto_follow_the_tool_schema(request, which, parallel, call_open_id):
+    """tool_choice auto: the model writes freely until it opens a call (a logit_bias on <tool_call>
+    makes the random model do so), and from there the call is generated under the tools' schemas:
+    every call parses with typed arguments; without parallel calls there is one; text before the
+    call stays content."""
+    c = request.getfixturevalue(which)
+    for seed in range(4):
+        kw = dict(model="tiny", messages=MSG, max_tokens=300, temperature=1.0, seed=seed, tools=CALL_TOOLS,
+                  parallel_tool_calls=parallel, logit_bias={str(call_open_id): 6})
+        r = c.chat.completions.create(**kw)
+        choice = r.choices[0]
+        calls = choice.message.tool_calls
+        assert calls, choice
+        assert choice.finish_reason in ("tool_calls", "length"), choice
+        complete = calls if choice.finish_reason == "tool_calls" else calls[:-1]
+        assert parallel or len(calls) == 1
+        for call in complete:
+            check_call(call)
+        assert "<tool_call>" not in (choice.message.content or "")
+        streamed = list(c.chat.completions.create(**kw, stream=True))
+        args: dict[int, str] = {}
+        for ch in streamed:
+            for tc in (ch.choices[0].delta.tool_calls or []) if ch.choices else []:
+                args[tc.index] = args.get(tc.index, "") + (tc.function.arguments or "")
+        assert [json.loads(args[i]) for i in range(len(complete))] == [json.loads(c.function.arguments)
+                                                                        for c in complete]
+
+
+@pytest.mark.parametrize("which", ["client", "small_client"])
+def test_calls_or_a_format(request, which):
+    """tool_choice auto with a response_format: the answer is JSON in the format or typed calls (the
+    random model takes each way in some of the seeds)."""
+    c = request.getfixturevalue(which)
+    kinds = set()
+    for seed in range(6):
+        r = c.chat.completions.create(model="tiny", messages=MSG, max_tokens=300, temperature=1.0, seed=seed,
+                                      tools=CALL_TOOLS, parallel_tool_calls=False, response_format=RESPONSE_FORMAT,
+                                      extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+        choice = r.choices[0]
+        if choice.message.tool_calls:
+            assert choice.finish_reason == "tool_calls" and len(choice.message.tool_calls) == 1, choice
+            check_call(choice.message.tool_calls[0])
+            kinds.add("call")
+        else:
+            assert choice.finish_reason == "stop", choice
+            check_forecast(choice.message.content)
+            kinds.add("answer")
+    assert kinds == {"call", "answer"}, kinds

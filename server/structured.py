@@ -129,29 +129,73 @@ def _lit(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)
 
 
-def _inline_json(schema: Any) -> str:
+_DEFS_KEYS = ("$defs", "definitions")
+
+
+def _inline_json(schema: Any, root: Mapping[str, Any] | None = None) -> str:
     """A Lark ``%json`` of `schema` under the answer grammar's layout options (lenient: a tool's
-    schema is the client's, not a request to refuse)."""
+    schema is the client's, not a request to refuse), with the definitions of `root` (the tool's
+    parameters schema) that its local ``$ref``s may point to."""
     body = dict(schema) if isinstance(schema, Mapping) else {}
+    for key in _DEFS_KEYS:
+        if root is not None and isinstance(root.get(key), Mapping) and key not in body:
+            body[key] = root[key]
     body["x-guidance"] = {**JSON_OPTIONS, "lenient": True}
     return "%json " + json.dumps(body, ensure_ascii=False)
 
 
-def _xml_value(rule: str, schema: Any) -> list[str]:
+def _resolved(schema: Any, root: Mapping[str, Any]) -> Any:
+    """`schema` with a local ``$ref`` (``#/$defs/X``, ``#/definitions/X``) into `root` followed
+    (a few levels: refs of refs); anything else as it is."""
+    for _ in range(8):
+        ref = schema.get("$ref") if isinstance(schema, Mapping) else None
+        if not isinstance(ref, str) or not ref.startswith("#/"):
+            return schema
+        target: Any = root
+        for part in ref[2:].split("/"):
+            part = part.replace("~1", "/").replace("~0", "~")
+            target = target.get(part) if isinstance(target, Mapping) else None
+        if not isinstance(target, Mapping):
+            return schema
+        schema = {**target, **{k: v for k, v in schema.items() if k != "$ref"}}
+    return schema
+
+
+def _xml_typed(schema: Any, root: Mapping[str, Any]) -> str | None:
+    """The Lark expression of an XML parameter's value when the schema admits no string (values
+    of other types are written as JSON): integers, numbers, booleans, null, JSON arrays and
+    objects under their schemas, and unions of them (a list of types, anyOf / oneOf). None
+    when a string (verbatim text) or an unstated type is admitted."""
+    schema = _resolved(schema, root)
+    if not isinstance(schema, Mapping):
+        return None
+    options = schema.get("anyOf") or schema.get("oneOf")
+    if isinstance(options, list) and options:
+        base = {k: v for k, v in schema.items() if k not in ("anyOf", "oneOf")}
+        parts = [_xml_typed({**base, **o} if isinstance(o, Mapping) else o, root) for o in options]
+        return None if any(p is None for p in parts) else " | ".join(f"({p})" for p in dict.fromkeys(parts))
+    declared = schema.get("type")
+    if isinstance(declared, list) and declared:
+        parts = [_xml_typed({**schema, "type": t}, root) for t in declared]
+        return None if any(p is None for p in parts) else " | ".join(f"({p})" for p in dict.fromkeys(parts))
+    if not isinstance(declared, str):
+        return None
+    if declared in ("array", "object"):
+        return _inline_json(schema, root)
+    return {"integer": _INT, "number": _NUM, "boolean": '"true" | "false"', "null": '"null"'}.get(declared)
+
+
+def _xml_value(rule: str, schema: Any, root: Mapping[str, Any]) -> list[str]:
     """Lark rules for an XML parameter's value (as the Qwen3.5/3.6 templates write it: strings
     verbatim, other types as JSON) and its closing line; the first rule is named `rule`."""
     close = _lit("\n</parameter>\n")
-    declared = schema.get("type") if isinstance(schema, Mapping) else None
-    types = declared if isinstance(declared, list) else ([declared] if isinstance(declared, str) else [])
+    schema = _resolved(schema, root)
     enum = schema.get("enum") if isinstance(schema, Mapping) else None
     if isinstance(enum, list) and enum and all(isinstance(v, str) and v for v in enum):
         return [f"{rule}: ({' | '.join(_lit(v) for v in dict.fromkeys(enum))}) {close}"]
-    if len(types) == 1 and types[0] in ("integer", "number", "boolean", "null", "array", "object"):
-        t = types[0]
-        value = {"integer": _INT, "number": _NUM, "boolean": '"true" | "false"', "null": '"null"'}.get(t)
-        if value is None:
-            value = _inline_json(schema)
-        return [f"{rule}: ({value}) {close}"]
+    typed = _xml_typed(schema, root)
+    if typed is not None:
+        return [f"{rule}: ({typed}) {close}"]
     # a string (at most maxLength characters, at least minLength), or a type the schema leaves open
     lo = schema.get("minLength") if isinstance(schema, Mapping) else None
     hi = schema.get("maxLength") if isinstance(schema, Mapping) else None
@@ -159,6 +203,9 @@ def _xml_value(rule: str, schema: Any) -> list[str]:
     hi = hi if isinstance(hi, int) and not isinstance(hi, bool) and hi >= lo else None
     body = "/(?s:.*)/" if hi is None and lo == 0 else f"/(?s:.{{{lo},{'' if hi is None else hi}}})/"
     return [f"{rule}[suffix={close}]: {body}"]
+
+
+_XML_CALL_END = _lit("</function>\n</tool_call>")
 
 
 def _xml_call(idx: int, params: Mapping[str, Any]) -> list[str]:
@@ -170,37 +217,49 @@ def _xml_call(idx: int, params: Mapping[str, Any]) -> list[str]:
     for k, (name, sub) in enumerate(props.items()):
         rule = f"p{idx}_{k}"
         rules.append(f"{rule}: {_lit(f'<parameter={name}>' + chr(10))} v{idx}_{k}")
-        rules += _xml_value(f"v{idx}_{k}", sub)
+        rules += _xml_value(f"v{idx}_{k}", sub, schema)
         parts.append(rule if name in required else f"{rule}?")
     if not props:  # parameters the schema does not name: any, with free values
         rules.append(f"p{idx}_any: \"<parameter=\" /[A-Za-z0-9_.-]+/ \">\\n\" v{idx}_any")
-        rules += _xml_value(f"v{idx}_any", None)
+        rules += _xml_value(f"v{idx}_any", None, schema)
         parts.append(f"p{idx}_any*")
-    rules.insert(0, f"call{idx}: {' '.join(parts)} {_lit('</function>' + chr(10) + '</tool_call>')}")
+    rules.insert(0, f"call{idx}: {' '.join(parts)} {_XML_CALL_END}")
     return rules
 
 
-def _call_rules(fmt: str, tools: Sequence[Mapping[str, Any]], name: str | None) -> tuple[list[str], list[str]]:
-    """(alternatives, rules) of one call's rest after forced_call_prefix(fmt, name): the named
-    function's parameters (or, with name None, one of the tools' names and then its parameters)
-    and the call's end."""
-    fns = [(t["function"]["name"], t["function"].get("parameters") or {}) for t in tools]
-    if name is not None:
-        fns = [f for f in fns if f[0] == name]
-    rules: list[str] = []
-    alts: list[str] = []
-    for i, (fn, params) in enumerate(fns):
-        if fmt == "xml":
-            rules += _xml_call(i, params)
-            head = "" if name is not None else _lit(f"{fn}>" + chr(10)) + " "
-        else:
-            args = dict(params) if isinstance(params, Mapping) else {}
-            if isinstance(args.get("properties"), Mapping) and "additionalProperties" not in args:
-                args["additionalProperties"] = False  # the parameters it names, as in the XML format
-            rules.append(f"call{i}: {_inline_json(args)} WS? \"}}\" WS? {_lit('</tool_call>')}")
-            head = "" if name is not None else _lit(f'{fn}", "arguments": ') + " "
-        alts.append(f"{head}call{i}")
-    return alts, rules
+def _json_call(idx: int, params: Mapping[str, Any]) -> list[str]:
+    """The rule `call{idx}`: one function's arguments object and the call's end (JSON format)."""
+    args = dict(params) if isinstance(params, Mapping) else {}
+    if isinstance(args.get("properties"), Mapping) and "additionalProperties" not in args:
+        args["additionalProperties"] = False  # the parameters it names, as in the XML format
+    return [f"call{idx}: {_inline_json(args)} WS? \"}}\" WS? {_lit('</tool_call>')}"]
+
+
+def _untyped_call(fmt: str, idx: int) -> list[str]:
+    """The rule `call{idx}` of a function whose schema the compiler cannot take: any parameters."""
+    if fmt == "xml":
+        return [f"call{idx}[suffix={_XML_CALL_END}]: /(?s:.*)/"]
+    return _json_call(idx, {"type": "object"})
+
+
+def _typed_calls(fmt: str, fns: Sequence[tuple[str, Any]]) -> list[list[str]]:
+    """The rules of each function's call, `_untyped_call`'s (logged) for those whose rules alone
+    do not compile (a schema the compiler cannot take)."""
+    per_call = [_call(fmt, i, params) for i, (_, params) in enumerate(fns)]
+    for i, (fn, _) in enumerate(fns):
+        try:
+            Grammar.lark(f"start: call{i}\n{_WS}" + "\n".join(per_call[i]) + "\n")
+        except ConfigError as exc:
+            log.warning("calls to %s are not typed: its schema does not compile: %s", fn, exc)
+            per_call[i] = _untyped_call(fmt, i)
+    return per_call
+
+
+def _call(fmt: str, idx: int, params: Any) -> list[str]:
+    return (_xml_call if fmt == "xml" else _json_call)(idx, params)
+
+
+_WS = "WS: /[ \\t\\n]+/\n"
 
 
 def tool_call_grammar(fmt: str, tools: Sequence[Mapping[str, Any]], opened: str, *, name: str | None = None,
@@ -210,31 +269,41 @@ def tool_call_grammar(fmt: str, tools: Sequence[Mapping[str, Any]], opened: str,
     "<tool_call>" when the model opens one itself): one call, to `name` or to one of the tools,
     and with `more` (parallel tool calls) further calls, each on a new line; then the turn ends.
     XML: parameters in the schema's order, the required ones present, values of their declared
-    type (strings within min/maxLength; enums of strings); JSON: the arguments object valid under
-    the schema (with only the parameters it names, unless it sets additionalProperties). None
-    (logged) when `opened` is not such a prefix or a schema cannot be compiled: the call is then
-    generated unconstrained, as before."""
+    types (strings within min/maxLength, enums of strings, unions, local $refs); JSON: the
+    arguments object valid under the schema (with only the parameters it names, unless it sets
+    additionalProperties). A function whose schema the compiler cannot take is called with any
+    parameters (logged). None (logged) when `opened` is not such a prefix: the call is then
+    generated unconstrained."""
     opening = forced_call_prefix(fmt, name)
     if not opening.startswith(opened):
         log.warning("a tool call opened as %r is not constrained (expected a prefix of %r)", opened, opening)
         return None
-    return _tool_call_grammar(fmt, json.dumps(list(tools), sort_keys=True), opened, name, more)
+    return _tool_call_grammar(fmt, json.dumps(list(tools)), opened, name, more)  # (keys in order: it is the parameters' order)
 
 
 @functools.lru_cache(maxsize=32)  # an agent sends the same tools with every request (8-12 ms each for 20)
 def _tool_call_grammar(fmt: str, tools_json: str, opened: str, name: str | None, more: bool) -> Grammar | None:
+    fns = [(t["function"]["name"], t["function"].get("parameters") or {}) for t in json.loads(tools_json)]
+    if name is not None:
+        fns = [f for f in fns if f[0] == name]
+    after_name = ">\n" if fmt == "xml" else '", "arguments": '
+    calls = " | ".join(f"call{i}" if name is not None else f"{_lit(fn + after_name)} call{i}"
+                       for i, (fn, _) in enumerate(fns))
     opening = forced_call_prefix(fmt, name)
-    alts, rules = _call_rules(fmt, json.loads(tools_json), name)
-    head = opening[len(opened):]
-    first = f"{_lit(head)} calls" if head else "calls"
+    first = f"{_lit(opening[len(opened):])} calls" if opening != opened else "calls"
     again = f" (\"\\n\" {_lit(opening)} calls)*" if more else ""
-    source = (f"start: {first}{again}\ncalls: " + " | ".join(alts) + "\nWS: /[ \\t\\n]+/\n"
-              + "\n".join(rules) + "\n")
+
+    def source(per_call: Sequence[Sequence[str]]) -> str:
+        return f"start: {first}{again}\ncalls: {calls}\n{_WS}" + "\n".join(r for rs in per_call for r in rs) + "\n"
+
     try:
-        return Grammar.lark(source)
-    except ConfigError as exc:  # a tool schema the compiler cannot take: the call stays unconstrained
-        log.warning("a call to %s is not constrained: %s", name or "one of the tools", exc)
-        return None
+        return Grammar.lark(source([_call(fmt, i, params) for i, (_, params) in enumerate(fns)]))
+    except ConfigError:  # some schema the compiler cannot take: type the other functions' calls
+        try:
+            return Grammar.lark(source(_typed_calls(fmt, fns)))
+        except ConfigError as exc:
+            log.warning("tool calls are not constrained: %s", exc)
+            return None
 
 
 def request_grammar(**fields: tuple[Any, Any]) -> Grammar | None:

@@ -285,3 +285,88 @@ def test_calls_or_a_format(request, which):
             check_forecast(choice.message.content)
             kinds.add("answer")
     assert kinds == {"call", "answer"}, kinds
+
+
+AGENT_TOOLS = [  # schemas as coding agents write them: local $refs, draft-07 definitions, unions
+    {"type": "function", "function": {"name": "todo", "parameters": {
+        "type": "object", "$defs": {"Item": {"type": "object", "properties": {
+            "text": {"type": "string"}, "state": {"enum": ["open", "done"]}}, "required": ["text", "state"]}},
+        "properties": {"items": {"type": "array", "items": {"$ref": "#/$defs/Item"}},
+                       "limit": {"type": ["integer", "null"]}, "mode": {"$ref": "#/$defs/Mode"}},
+        "required": ["items"]}}},
+    {"type": "function", "function": {"name": "bash", "parameters": {
+        "$schema": "http://json-schema.org/draft-07/schema#", "type": "object",
+        "definitions": {"Secs": {"type": "number"}},
+        "properties": {"command": {"type": "string"}, "timeout": {"$ref": "#/definitions/Secs"},
+                       "background": {"anyOf": [{"type": "boolean"}, {"type": "null"}]}},
+        "required": ["command"], "additionalProperties": False}}},
+]
+AGENT_TOOLS[0]["function"]["parameters"]["$defs"]["Mode"] = {"enum": ["fast", "slow"]}
+BROKEN_TOOL = {"type": "function", "function": {"name": "fetch", "parameters": {
+    "type": "object", "properties": {"urls": {"type": "array", "items": {"$ref": "https://example.com/url.json"}}}}}}
+
+
+def grammar_accepts(grammar, text: str, tiny_models) -> bool:
+    """Whether `text` followed by the end of the turn is in the grammar's language."""
+    import llguidance
+
+    from lucebox.grammar import compiled_vocabulary
+    from lucebox.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_gguf(tiny_models[0])
+    m = llguidance.LLMatcher(compiled_vocabulary(tok, tok.n_vocab), grammar.source, log_level=0)
+    return m.consume_tokens(tok.encode(text, parse_special=False)) and m.is_accepting()
+
+
+XML_CALLS = {  # text after "<tool_call>": accepted?
+    '\n<function=todo>\n<parameter=items>\n[{"text": "a", "state": "done"}]\n</parameter>\n'
+    '<parameter=limit>\nnull\n</parameter>\n<parameter=mode>\nfast\n</parameter>\n</function>\n</tool_call>': True,
+    '\n<function=todo>\n<parameter=items>\n[]\n</parameter>\n<parameter=limit>\n7\n</parameter>\n'
+    '</function>\n</tool_call>': True,
+    '\n<function=todo>\n<parameter=items>\n[{"text": "a", "state": "later"}]\n</parameter>\n'
+    '</function>\n</tool_call>': False,  # not in the $ref'd enum
+    '\n<function=todo>\n<parameter=items>\n[]\n</parameter>\n<parameter=limit>\nmany\n</parameter>\n'
+    '</function>\n</tool_call>': False,  # integer or null
+    '\n<function=todo>\n<parameter=items>\n[]\n</parameter>\n<parameter=mode>\nmedium\n</parameter>\n'
+    '</function>\n</tool_call>': False,
+    '\n<function=bash>\n<parameter=command>\nls -l\n</parameter>\n<parameter=timeout>\n2.5\n</parameter>\n'
+    '<parameter=background>\nnull\n</parameter>\n</function>\n</tool_call>': True,
+    '\n<function=bash>\n<parameter=command>\nls\n</parameter>\n<parameter=timeout>\nsoon\n</parameter>\n'
+    '</function>\n</tool_call>': False,
+    '\n<function=bash>\n<parameter=timeout>\n1\n</parameter>\n</function>\n</tool_call>': False,  # required
+    '\n<function=fetch>\n<parameter=urls>\nanything goes\n</parameter>\n</function>\n</tool_call>': True,
+    '\n<function=fetch>\n<parameter=whatever>\n1\n</parameter>\n</function>\n</tool_call>': True,
+    '\n<function=rm>\n<parameter=path>\n/\n</parameter>\n</function>\n</tool_call>': False,  # not a tool
+}
+JSON_CALLS = {
+    '\n{"name": "todo", "arguments": {"items": [{"text": "a", "state": "open"}], "limit": null, "mode": "slow"}}'
+    '\n</tool_call>': True,
+    '\n{"name": "todo", "arguments": {"items": [{"text": "a", "state": "later"}]}}\n</tool_call>': False,
+    '\n{"name": "bash", "arguments": {"command": "ls", "timeout": 3, "background": true}}\n</tool_call>': True,
+    '\n{"name": "bash", "arguments": {"command": "ls", "cwd": "/"}}\n</tool_call>': False,  # additional
+    '\n{"name": "fetch", "arguments": {"urls": 5, "x": [1]}}\n</tool_call>': True,
+    '\n{"name": "rm", "arguments": {}}\n</tool_call>': False,
+}
+
+
+@pytest.mark.parametrize("fmt, cases", [("xml", XML_CALLS), ("json", JSON_CALLS)])
+def test_tool_call_grammar_types_agent_schemas(fmt, cases, tiny_models):
+    """The calls' grammar follows local $refs ($defs, draft-07 definitions), unions of types and
+    enums in both call formats; a tool whose schema does not compile (a remote $ref) is called
+    with any arguments while the others stay typed; parallel calls follow on new lines."""
+    from lucebox.server.structured import tool_call_grammar
+
+    tools = AGENT_TOOLS + [BROKEN_TOOL]
+    single = tool_call_grammar(fmt, tools, "<tool_call>")
+    parallel = tool_call_grammar(fmt, tools, "<tool_call>", more=True)
+    for text, ok in cases.items():
+        assert grammar_accepts(single, text, tiny_models) == ok, text
+    good = [t for t, ok in cases.items() if ok]
+    two = good[0] + "\n<tool_call>" + good[1]
+    assert grammar_accepts(parallel, two, tiny_models) and not grammar_accepts(single, two, tiny_models)
+    forced = tool_call_grammar(fmt, tools, "", name="bash")  # a named call from the turn's start
+    bash_call = next(t for t in good if "bash" in t)
+    prefix = "<tool_call>\n<function=bash>\n" if fmt == "xml" else '<tool_call>\n{"name": "bash", "arguments": '
+    assert grammar_accepts(forced, "<tool_call>" + bash_call, tiny_models)
+    assert tool_call_grammar(fmt, tools, prefix, name="bash") is not None
+    assert tool_call_grammar(fmt, tools, "<tool_call>\n<x") is None  # not a prefix of the opening

@@ -39,6 +39,11 @@ ODD_VALUES: list[Any] = [
     {"regex": "[a-z]{1,5}"}, {"choice": ["yes", "no"]}, {"grammar": "start: \"a\"+"}, {"regex": "(", "json": {}},
     {"json": {"type": "string", "maxLength": 3}},
     [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+    [{"type": "function", "function": {"name": "g", "parameters": {  # a $ref, a union, an uncompilable item
+        "type": "object", "$defs": {"N": {"type": "integer"}}, "required": ["n"],
+        "properties": {"n": {"$ref": "#/$defs/N"}, "u": {"type": ["boolean", "null"]},
+                       "r": {"type": "array", "items": {"$ref": "https://example.com/r.json"}}}}}}],
+    {"1020": 8}, {"1020": 100},  # pushes <tool_call> in the tiny synthetic vocabulary (calls under auto)
     [{"type": "text", "text": "hi"}], [{"type": "image_url", "image_url": {"url": "x"}}],
 ]
 KEYS = ["model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",

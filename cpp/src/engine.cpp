@@ -26,6 +26,7 @@
 #include "placement.h"
 #include "tensor_parallel.h"
 #include "spec/chain.h"
+#include "spec/ngram.h"
 #include "spec/policy.h"
 #include "spec/tree.h"
 #include "state/snapshot.h"
@@ -100,8 +101,8 @@ void engine_config::validate() const {
     parse_kv_type(kv_type_k);
     parse_kv_type(kv_type_v);
     validate_placement(*this);
-    if (spec != "off" && spec != "chain" && spec != "auto" && spec != "tree") {
-        throw config_error("engine: spec '" + spec + "' must be off, chain, auto or tree");
+    if (spec != "off" && spec != "chain" && spec != "auto" && spec != "tree" && spec != "ngram") {
+        throw config_error("engine: spec '" + spec + "' must be off, chain, auto, tree or ngram");
     }
     if (tree_budget < 1 || tree_budget > 256) {
         throw config_error("engine: tree_budget " + std::to_string(tree_budget) + " must be in [1, 256]");
@@ -112,8 +113,12 @@ void engine_config::validate() const {
     if (spec == "tree" && rollback != "fast") {
         throw config_error("engine: spec 'tree' needs rollback 'fast' (a tree commits from its verify checkpoints)");
     }
-    if (spec != "off" && draft_path.empty()) {
+    if ((spec == "chain" || spec == "tree") && draft_path.empty()) {
         throw config_error("engine: spec '" + spec + "' needs a draft model");
+    }
+    if (spec == "ngram" && !draft_path.empty()) {
+        throw config_error("engine: spec 'ngram' proposes from the context and takes no draft model (with a draft: "
+                           "auto, chain or tree)");
     }
     if (rollback != "fast" && rollback != "replay") {
         throw config_error("engine: rollback '" + rollback + "' must be fast or replay");
@@ -1404,7 +1409,7 @@ generate_result session::generate(const std::vector<int32_t> & prompt, const gen
 
     const bool with_logprobs = params.logprobs >= 0;  // then every row goes through the sampler's candidates
     const bool greedy = params.argmax_only();
-    const bool spec_available = (eng_->draft && eng_->cfg.spec != "off") || params.propose || params.propose_tree;
+    const bool spec_available = eng_->cfg.spec != "off" || params.propose || params.propose_tree;
 
     if (spec_available) {
         return generate_speculative(pending, params, on_token);
@@ -1540,8 +1545,16 @@ generate_result session::generate_speculative(const std::vector<int32_t> & pendi
 
     // spec "auto": a step speculates only while that beats plain decoding (spec/policy.h); a plain
     // step is a verify of the last token alone, so state, rollback and sampling stay one path.
-    const bool adaptive = e.cfg.spec == "auto" && e.draft && !params.propose;
     const bool tree = params.propose_tree || (e.cfg.spec == "tree" && e.draft && !params.propose);
+    // no draft (spec "ngram", or "auto" without one): proposals looked up in the context (spec/ngram.h)
+    const bool lookup = !e.draft && !params.propose && !tree;
+    const bool adaptive = (e.cfg.spec == "auto" || e.cfg.spec == "ngram") && !params.propose && !tree;
+    if (lookup) {
+        if (!ngram_) {
+            ngram_ = std::make_unique<spec::ngram_proposer>();
+        }
+        ngram_->sync(tokens_);  // (the session's context may have been reset or restored since)
+    }
     spec::adaptive_policy policy(e.step_costs);
     // after a step's tokens are emitted: the next step's last token, or false when generation ends
     auto next_step = [&](const spec::commit_plan & plan) {
@@ -1573,10 +1586,10 @@ generate_result session::generate_speculative(const std::vector<int32_t> & pendi
             continue;
         }
         const auto t_step = clock::now();
-        const bool speculating = !adaptive || policy.speculate();
+        bool speculating = !adaptive || policy.speculate();
         // tokens verified this step: last + n-1 proposals (n < block only at the end of the context
-        // or where the attention's split changes: split_safe_tokens)
-        const uint32_t n = speculating ? std::min({block, room, split_safe_tokens(n_past(), e.kv_size)}) : 1;
+        // or where the attention's split changes: split_safe_tokens; a lookup without a match: 1)
+        uint32_t n = speculating ? std::min({block, room, split_safe_tokens(n_past(), e.kv_size)}) : 1;
         auto tp = clock::now();
         std::vector<int32_t> verified{last};
         if (!speculating) {
@@ -1593,6 +1606,11 @@ generate_result session::generate_speculative(const std::vector<int32_t> & pendi
                                    std::to_string(n - 1));
             }
             verified.insert(verified.end(), forced.begin(), forced.end());
+        } else if (lookup) {
+            const std::vector<int32_t> found = ngram_->propose(tokens_, last, n - 1);
+            verified.insert(verified.end(), found.begin(), found.end());
+            n = static_cast<uint32_t>(verified.size());
+            speculating = n > 1;  // no match: a plain step
         } else if (n > 1) {
             std::vector<int32_t> proposals = run_draft(last, n);
             verified.insert(verified.end(), proposals.begin(), proposals.end());

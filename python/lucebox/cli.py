@@ -12,6 +12,7 @@ import sys
 import time
 from typing import Any, Sequence
 
+from lucebox.config import SPEC_MODES
 from lucebox.errors import ConfigError, LuceboxError
 
 
@@ -412,10 +413,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("args", nargs="+", metavar="[MODEL] PROMPT",
                    help="qwen35 target GGUF (optional) and the prompt text ('-' reads stdin)")
     p.add_argument("--draft", help="DFlash draft GGUF: enables speculative decoding")
-    p.add_argument("--spec", default="auto", choices=["auto", "off", "chain", "tree"],
+    p.add_argument("--spec", default="auto", choices=list(SPEC_MODES),
                    help="speculative decoding with the draft: auto (speculate while measured faster than "
                         "plain decoding), chain (every step), tree (DDTree: verify a best-first tree of the "
-                        "draft's top-k continuations every step), off")
+                        "draft's top-k continuations every step), off; without a draft, auto and ngram "
+                        "propose from the context (prompt lookup) while measured faster")
     p.add_argument("--tree-budget", type=int, default=22, help="--spec tree: nodes per tree besides the root (1..256)")
     p.add_argument("--tree-top-k", type=int, default=8, help="--spec tree: draft candidates per position (1..64)")
     p.add_argument("--chat", action="store_true", help="wrap the prompt as a user message in the chat template")
@@ -465,9 +467,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="context tokens per slot (default: the model's training context, at most 32768)")
     p.add_argument("--kv-type", default="f16", help="KV cache type: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
-    p.add_argument("--spec", default="auto", choices=["auto", "off", "chain", "tree"],
+    p.add_argument("--spec", default="auto", choices=list(SPEC_MODES),
                    help="speculative decoding with --draft: auto (while measured faster than plain decoding), "
-                        "chain (every step), tree (DDTree, default budget and top-k), off")
+                        "chain (every step), tree (DDTree, default budget and top-k), off; without a draft, "
+                        "auto and ngram propose from the context (prompt lookup)")
     p.add_argument("--threads", type=int, default=0, help="CPU threads (0: all)")
     p.add_argument("--ubatch", type=_positive_int, default=512, help="prefill micro-batch")
     _add_placement_flags(p)

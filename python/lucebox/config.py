@@ -15,7 +15,7 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
     from lucebox import _core
 
 KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
-SPEC_MODES = ("auto", "off", "chain", "tree")
+SPEC_MODES = ("auto", "off", "chain", "tree", "ngram")
 # Placement of the target over devices (docs/multi-gpu.md): one device, contiguous layer ranges
 # per device, or tensor parallel (heads and FFN channels dealt over the devices; cuda:N or cpu:N).
 SPLIT_MODES = ("none", "layer", "tensor")
@@ -42,7 +42,9 @@ class EngineConfig:
     default) speculates while that is measured to be faster than plain decoding and decodes
     plainly otherwise, "chain" speculates every step, "tree" verifies a best-first tree of the
     draft's top-k continuations every step (DDTree; greedy or sampled acceptance, rollback "fast"), "off"
-    never; without a draft "auto" is off and "chain" / "tree" are errors. rollback: how a partly
+    never. Without a draft, "auto" and "ngram" speculate from the context itself (prompt lookup:
+    what followed an earlier occurrence of its last tokens, verified as a chain while that is
+    measured to be faster), "chain" / "tree" are errors; "ngram" with a draft is an error. rollback: how a partly
     rejected verify restores the DeltaNet state: "fast" (per-token checkpoints, one copy) or
     "replay" (one backup, re-run the kept tokens; less memory, more compute). tree_budget: tree
     nodes besides the root (1..256; each costs one recurrent checkpoint, see the memory plan);

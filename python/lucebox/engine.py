@@ -133,13 +133,18 @@ class Engine:
             _core.validate_draft(target, draft_file)
         elif spec in ("chain", "tree"):
             raise ConfigError(f"spec={spec!r} needs a DFlash draft")
+        if self.draft_path is not None and spec == "ngram":
+            raise ConfigError("spec='ngram' proposes from the context and takes no draft (with a draft: "
+                              "'auto', 'chain' or 'tree')")
         self.tokenizer = Tokenizer.from_gguf(self.model_path)
         self.chat_template = ChatTemplate.from_gguf(self.model_path)
         core_cfg = self.config.to_core(self.model_path)
         if self.draft_path is not None and spec != "off":  # spec="off": validated above, not loaded
             core_cfg.draft_path = self.draft_path
             core_cfg.spec = spec  # "chain"/"tree": every step speculates; "auto": while that is faster
-        elif draft_device:
+        elif spec in ("auto", "ngram"):
+            core_cfg.spec = spec  # no draft: proposals looked up in the context, while that is faster
+        if draft_device and (self.draft_path is None or spec == "off"):
             if self.draft_path is None:
                 raise ConfigError(f"draft_device={draft_device!r} is set but there is no draft model")
             core_cfg.draft_device = ""  # the draft is not loaded (spec="off")

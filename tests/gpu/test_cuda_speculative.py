@@ -79,3 +79,21 @@ def test_demo_pair_on_cuda() -> None:
         got = spec.generate(p, max_tokens=96)
         assert got.stats.spec["accepted"] > 0
         _check_same_or_tie(plain, cpu, p, ref, got.tokens)
+
+
+def test_ngram_lookup_on_cuda(pair: tuple[str, str]) -> None:
+    """Draftless n-gram speculation (spec "ngram") on CUDA: the random target's greedy text falls
+    into loops, which the lookup proposes; the tokens are plain decoding's (or part at a near tie)."""
+    target, _ = pair
+    plain = lucebox.Engine(target, ctx=512, device="cuda", spec="off")
+    cpu = lucebox.Engine(target, ctx=512, device="cpu", spec="off")
+    ngram = lucebox.Engine(target, ctx=512, device="cuda", spec="ngram")
+    rng = np.random.default_rng(9)
+    accepted = 0
+    for _ in range(10):
+        p = [int(x) for x in rng.integers(0, 1000, int(rng.integers(5, 80)))]
+        ref = plain.generate(p, max_tokens=120).tokens
+        got = ngram.generate(p, max_tokens=120)
+        accepted += got.stats.spec["accepted"]
+        _check_same_or_tie(plain, cpu, p, ref, got.tokens)
+    assert accepted > 0

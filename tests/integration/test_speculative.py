@@ -489,3 +489,50 @@ def test_auto_drops_to_plain_steps_when_speculation_does_not_pay(pair: tuple[str
         assert c.tokens == ref and c.stats.spec["plain_steps"] == 0
     sampled = auto.generate(prompts(1)[0], max_tokens=60, temperature=0.8, top_k=20, seed=3)
     assert len(sampled.tokens) > 0 and all(0 <= t < auto.hparams.n_vocab for t in sampled.tokens)
+
+
+@pytest.mark.parametrize("sampling", [{}, {"temperature": 0.8, "top_k": 40, "seed": 5},
+                                      {"temperature": 0.0, "repetition_penalty": 1.2}],
+                         ids=["greedy", "sampled", "penalized"])
+def test_ngram_lookup_equals_plain_decoding(pair: tuple[str, str], sampling: dict) -> None:
+    """Draftless speculation (spec="ngram", and "auto" without a draft): proposals looked up in the
+    context (what followed an earlier occurrence of its last tokens) verified as a chain. The tokens
+    and logprobs are plain decoding's: the bundled demo target (whose greedy text repeats itself, so
+    the lookup's proposals are accepted) and the random tiny target. A session's later
+    generations (after a continuation, a reset or a restore) look up in their own context."""
+    from lucebox import default_model
+
+    demo = str(default_model.default_model_paths()[0])
+    snippet = Path(lucebox.__file__).with_name("prefix_cache.py").read_text()[1500:2700]
+    accepted = 0
+    for target, prompt in [(demo, snippet + "\n\n" + snippet + "\n\n" + snippet[:300]), (pair[0], None)]:
+        plain = lucebox.Engine(target, ctx=1024, device="cpu", spec="off")
+        ngram = lucebox.Engine(target, ctx=1024, device="cpu", spec="ngram")
+        auto = lucebox.Engine(target, ctx=1024, device="cpu")  # no draft: "auto" looks up too
+        for p in ([plain.encode_prompt(prompt)] if prompt else prompts(4)):
+            ref = plain.generate(p, max_tokens=96, logprobs=2, **sampling)
+            for engine in (ngram, auto):
+                got = engine.generate(p, max_tokens=96, logprobs=2, **sampling)
+                assert got.tokens == ref.tokens
+                assert [lp.logprob for lp in got.logprobs] == [lp.logprob for lp in ref.logprobs]
+                s = got.stats.spec
+                assert s["speculative"] and sum(s["accept_histogram"]) == s["steps"]
+                accepted += s["accepted"]
+    assert accepted > 0 or sampling  # (sampled or penalized, the demo target strays from its loops)
+    # one session: generations after a continuation, a reset and a restore equal plain ones
+    a, b = prompts(2)
+    ses, ref_ses = ngram.session(), plain.session()
+    for ids in (a, b):
+        assert ses.generate(ids, max_tokens=40, **sampling).tokens == ref_ses.generate(ids, max_tokens=40,
+                                                                                      **sampling).tokens
+    snap, ref_snap = ses.snapshot(), ref_ses.snapshot()
+    ses.reset(), ref_ses.reset()
+    assert ses.generate(b, max_tokens=40, **sampling).tokens == ref_ses.generate(b, max_tokens=40, **sampling).tokens
+    ses.restore(snap), ref_ses.restore(ref_snap)
+    assert ses.generate(a, max_tokens=40, **sampling).tokens == ref_ses.generate(a, max_tokens=40, **sampling).tokens
+
+
+def test_ngram_takes_no_draft(pair: tuple[str, str]) -> None:
+    target, draft = pair
+    with pytest.raises(lucebox.ConfigError, match="ngram"):
+        lucebox.Engine(target, draft, ctx=256, device="cpu", spec="ngram")

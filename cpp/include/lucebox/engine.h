@@ -22,6 +22,7 @@ namespace spec {
 struct draft_tree;  // cpp/src/spec/tree.h
 struct draft_topk;
 struct commit_plan;  // cpp/src/spec/chain.h
+class ngram_proposer;  // cpp/src/spec/ngram.h
 }  // namespace spec
 
 struct engine_config {
@@ -314,6 +315,7 @@ class session {
     std::unique_ptr<state> st_;
     std::vector<int32_t> tokens_;  // evaluated tokens, in order
     uint32_t n_draft_ctx_ = 0;     // positions whose features the draft has injected
+    std::unique_ptr<spec::ngram_proposer> ngram_;  // draftless proposals: the context's n-gram index
     int32_t pending_ = -1;         // emitted by generate() but not yet evaluated
 };
 

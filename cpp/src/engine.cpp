@@ -113,7 +113,7 @@ void engine_config::validate() const {
     if (spec == "tree" && rollback != "fast") {
         throw config_error("engine: spec 'tree' needs rollback 'fast' (a tree commits from its verify checkpoints)");
     }
-    if ((spec == "chain" || spec == "tree") && draft_path.empty()) {
+    if (spec != "off" && spec != "ngram" && draft_path.empty()) {
         throw config_error("engine: spec '" + spec + "' needs a draft model");
     }
     if (spec == "ngram" && !draft_path.empty()) {
@@ -1546,8 +1546,8 @@ generate_result session::generate_speculative(const std::vector<int32_t> & pendi
     // spec "auto": a step speculates only while that beats plain decoding (spec/policy.h); a plain
     // step is a verify of the last token alone, so state, rollback and sampling stay one path.
     const bool tree = params.propose_tree || (e.cfg.spec == "tree" && e.draft && !params.propose);
-    // no draft (spec "ngram", or "auto" without one): proposals looked up in the context (spec/ngram.h)
-    const bool lookup = !e.draft && !params.propose && !tree;
+    // spec "ngram" (no draft): proposals looked up in the context (spec/ngram.h)
+    const bool lookup = e.cfg.spec == "ngram" && !params.propose && !tree;
     const bool adaptive = (e.cfg.spec == "auto" || e.cfg.spec == "ngram") && !params.propose && !tree;
     if (lookup) {
         if (!ngram_) {

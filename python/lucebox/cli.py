@@ -416,8 +416,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--spec", default="auto", choices=list(SPEC_MODES),
                    help="speculative decoding with the draft: auto (speculate while measured faster than "
                         "plain decoding), chain (every step), tree (DDTree: verify a best-first tree of the "
-                        "draft's top-k continuations every step), off; without a draft, auto and ngram "
-                        "propose from the context (prompt lookup) while measured faster")
+                        "draft's top-k continuations every step), off; ngram (no draft): propose from the "
+                        "context (prompt lookup) while measured faster")
     p.add_argument("--tree-budget", type=int, default=22, help="--spec tree: nodes per tree besides the root (1..256)")
     p.add_argument("--tree-top-k", type=int, default=8, help="--spec tree: draft candidates per position (1..64)")
     p.add_argument("--chat", action="store_true", help="wrap the prompt as a user message in the chat template")
@@ -469,8 +469,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     p.add_argument("--spec", default="auto", choices=list(SPEC_MODES),
                    help="speculative decoding with --draft: auto (while measured faster than plain decoding), "
-                        "chain (every step), tree (DDTree, default budget and top-k), off; without a draft, "
-                        "auto and ngram propose from the context (prompt lookup)")
+                        "chain (every step), tree (DDTree, default budget and top-k), off; ngram (no draft): "
+                        "propose from the context (prompt lookup)")
     p.add_argument("--threads", type=int, default=0, help="CPU threads (0: all)")
     p.add_argument("--ubatch", type=_positive_int, default=512, help="prefill micro-batch")
     _add_placement_flags(p)

@@ -42,9 +42,10 @@ class EngineConfig:
     default) speculates while that is measured to be faster than plain decoding and decodes
     plainly otherwise, "chain" speculates every step, "tree" verifies a best-first tree of the
     draft's top-k continuations every step (DDTree; greedy or sampled acceptance, rollback "fast"), "off"
-    never. Without a draft, "auto" and "ngram" speculate from the context itself (prompt lookup:
-    what followed an earlier occurrence of its last tokens, verified as a chain while that is
-    measured to be faster), "chain" / "tree" are errors; "ngram" with a draft is an error. rollback: how a partly
+    never; without a draft "auto" is off and "chain" / "tree" are errors. "ngram" (no draft)
+    speculates from the context itself: prompt lookup, what followed an earlier occurrence of its
+    last tokens, verified as a chain while that is measured to be faster; for text that repeats
+    its context (code edits). rollback: how a partly
     rejected verify restores the DeltaNet state: "fast" (per-token checkpoints, one copy) or
     "replay" (one backup, re-run the kept tokens; less memory, more compute). tree_budget: tree
     nodes besides the root (1..256; each costs one recurrent checkpoint, see the memory plan);

@@ -142,7 +142,7 @@ class Engine:
         if self.draft_path is not None and spec != "off":  # spec="off": validated above, not loaded
             core_cfg.draft_path = self.draft_path
             core_cfg.spec = spec  # "chain"/"tree": every step speculates; "auto": while that is faster
-        elif spec in ("auto", "ngram"):
+        elif spec == "ngram":
             core_cfg.spec = spec  # no draft: proposals looked up in the context, while that is faster
         if draft_device and (self.draft_path is None or spec == "off"):
             if self.draft_path is None:

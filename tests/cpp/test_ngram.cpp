@@ -1,4 +1,5 @@
 // Draftless n-gram proposals (spec/ngram.h): what follows an earlier occurrence of the context's end.
+#include <algorithm>
 #include <random>
 #include <vector>
 
@@ -31,8 +32,11 @@ toks reference(const toks & ctx, int32_t last, uint32_t max, uint32_t min_n, uin
         if (len > best_len) best = p, best_len = len;
         if (len == max_n) break;
     }
+    size_t n = 3;  // proposals: the match's length rounded up to a verify width of 4, 8 or 16
+    while (n < best_len && n < 15) n = 2 * n + 1;
+    n = std::min<size_t>(n, max);
     toks out;
-    for (size_t i = 0; best_len > 0 && i < max; ++i) {
+    for (size_t i = 0; best_len > 0 && i < n; ++i) {
         out.push_back(s[best + 1 + i]);
         s.push_back(out.back());
     }
@@ -44,8 +48,11 @@ TEST_CASE(proposes_what_followed_the_earlier_occurrence) {
     ngram_proposer p(opts(3, 16));
     //            0  1  2  3  4  5  6  7  8  9
     const toks ctx{9, 1, 2, 3, 4, 5, 6, 7, 1, 2};
-    CHECK((p.propose(ctx, 3, 4) == toks{4, 5, 6, 7}));
+    CHECK((p.propose(ctx, 3, 15) == toks{4, 5, 6}));  // a match of 3: a verify width of 4
     CHECK((p.propose(ctx, 3, 2) == toks{4, 5}));
+    toks longer{9, 1, 2, 3, 4, 5, 6, 7, 8, 0, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 1, 2, 3, 4, 5, 6, 7};
+    p.sync(longer);
+    CHECK((p.propose(longer, 8, 15) == toks{0, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 1, 2, 3}));  // 16
     CHECK(p.propose(ctx, 3, 0).empty());
     CHECK(p.propose(ctx, 8, 4).empty());                          // "1 2 8" never occurred
     CHECK((p.propose(toks{1, 2}, 3, 4).empty()));                 // shorter than min_n before last

@@ -85,9 +85,14 @@ std::vector<int32_t> ngram_proposer::propose(const std::vector<int32_t> & tokens
         }
     }
     if (best_len > 0) {
+        // as many proposals as the match is long, rounded up to a verify width of 4, 8 or 16 tokens
+        // (few shapes: each is a graph of its own), at most `max`
+        size_t n = 3;
+        while (n < best_len && n < 15) n = 2 * n + 1;
+        n = std::min<size_t>(n, max);
         // proposal i is s[best + 1 + i] of s extended by the proposals before it: what followed the
         // occurrence, and where that runs into the suffix itself, the repetition continued
-        for (size_t i = 0; i < max; ++i) {
+        for (size_t i = 0; i < n; ++i) {
             out.push_back(seq_[best + 1 + i]);
             seq_.push_back(out.back());
         }

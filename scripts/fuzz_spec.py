@@ -4,7 +4,8 @@ KV cache type, prompt (random ids, 1 token to almost the whole context), token b
 (greedy, seeded temperature / top-k sampling, a logit_bias, logprobs, a grammar), generates without
 speculation, then with a chain or a DDTree tree, and requires the same tokens (and, with logprobs,
 the same logprobs within 1e-3). The
-proposals come from the draft, or are forced (tests/integration/forcing.py): a chain that is right up
+proposals come from the draft, from the context (spec "ngram", a quarter of the cases, on a prompt
+repeating a pattern), or are forced (tests/integration/forcing.py): a chain that is right up
 to a chosen index (verify widths 2..16) or a tree whose right path is a chosen depth and never the
 first child. A `LuceboxError` from the speculative run where the plain one ran, or a different token,
 is printed as a finding. Cases are seeded by their number, so `--start N --cases 1` replays case N.
@@ -37,7 +38,10 @@ def _case(n: int) -> dict:
                                    dict(temperature=0.7, top_k=r.choice([1, 5, 40]), seed=r.randrange(1000)),
                                    dict(logit_bias={r.randrange(1000): -100.0, r.randrange(1000): 3.0})]),
                 logprobs=r.choice([None, None, 0, 3]),
-                grammar=r.choice([None, None, None, "regex", "json", "choice"]))
+                grammar=r.choice([None, None, None, "regex", "json", "choice"]),
+                # a quarter of the cases: draftless lookup (spec "ngram") on a prompt that repeats a
+                # pattern of this period, so its proposals start at once
+                ngram_period=r.randint(2, 24) if r.random() < 0.25 else None)
 
 
 GRAMMARS = {  # (kind, argument) of lucebox.Grammar
@@ -74,7 +78,8 @@ def main() -> int:
         if key not in engines:
             if len(engines) >= 12:
                 engines.clear()
-            engines[key] = lucebox.Engine(str(target), draft=None if spec == "off" else str(draft), ctx=c["ctx"],
+            engines[key] = lucebox.Engine(str(target), draft=None if spec in ("off", "ngram") else str(draft),
+                                          ctx=c["ctx"],
                                           device="cpu", spec=spec, ubatch=c["ubatch"], kv_type_k=c["kv"],
                                           kv_type_v=c["kv"], tree_budget=c["tree_budget"])
         return engines[key]
@@ -84,6 +89,9 @@ def main() -> int:
         c = _case(n)
         pr = random.Random(c["prompt_seed"])
         prompt = [pr.randrange(0, 1000) for _ in range(c["n_prompt"])]
+        if c["ngram_period"] is not None:
+            c["spec"] = "ngram"
+            prompt = [prompt[i % c["ngram_period"]] for i in range(len(prompt))]
         kw = dict(max_tokens=c["max_tokens"], logprobs=c["logprobs"], **c["sampling"])
         if c["grammar"] is not None:
             kind, arg = GRAMMARS[c["grammar"]]
@@ -96,7 +104,7 @@ def main() -> int:
             continue
         e = engine(c, c["spec"])
         try:
-            if c["proposals"] == "draft":
+            if c["proposals"] == "draft" or c["spec"] == "ngram":  # (ngram: its own lookup's proposals)
                 res = e.generate(prompt, **kw)
             elif c["spec"] == "chain":
                 res = e.session().generate(prompt, block_size=c["block_size"],

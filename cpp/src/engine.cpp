@@ -822,6 +822,9 @@ std::function<logit_row(size_t)> session::run_target_sampled(const int32_t * tok
 
 std::vector<int32_t> session::run_draft(int32_t last, uint32_t block, spec::draft_topk * topk) {
     engine::impl & e = *eng_;
+    if (!e.draft) {
+        throw error("internal: a draft forward on an engine without a draft");
+    }
     const dflash_hparams & dh = e.draft->hparams;
     const uint32_t n_past = static_cast<uint32_t>(tokens_.size());
     const uint32_t n_inject = n_past - n_draft_ctx_;
@@ -1593,7 +1596,7 @@ generate_result session::generate_speculative(const std::vector<int32_t> & pendi
         auto tp = clock::now();
         std::vector<int32_t> verified{last};
         if (!speculating) {
-            if (tokens_.size() - n_draft_ctx_ >= st_->model_state.ring_size / 2) {
+            if (e.draft && tokens_.size() - n_draft_ctx_ >= st_->model_state.ring_size / 2) {
                 run_draft(-1, 0);  // the draft's context keeps up while it is not asked to propose
             }
         } else if (params.propose) {

@@ -536,3 +536,20 @@ def test_ngram_takes_no_draft(pair: tuple[str, str]) -> None:
         lucebox.Engine(target, draft, ctx=256, device="cpu", spec="ngram")
     plain = lucebox.Engine(target, ctx=256, device="cpu")  # no draft: "auto" decodes plainly
     assert not plain.generate([1, 2, 3], max_tokens=4).stats.spec["speculative"]
+
+
+def test_ngram_falls_back_to_plain_steps(pair: tuple[str, str]) -> None:
+    """Text from a two-letter alphabet (a grammar) makes the lookup match at most steps, but the
+    random target's sampled letters do not follow the matches, so after a measured window the policy
+    takes plain steps (which touch no draft); the tokens are plain sampling's."""
+    target, _ = pair
+    plain = lucebox.Engine(target, ctx=512, device="cpu", spec="off")
+    ngram = lucebox.Engine(target, ctx=512, device="cpu", spec="ngram")
+    letters = lucebox.Grammar.regex(r"[ab]{400}")
+    for seed, p in enumerate(prompts(3)):
+        kw = dict(max_tokens=150, logprobs=1, temperature=1.0, seed=seed, grammar=letters)
+        ref = plain.generate(p, **kw)
+        got = ngram.generate(p, **kw)
+        assert got.tokens == ref.tokens
+        s = got.stats.spec
+        assert s["steps"] >= 4 and s["plain_steps"] > 0, s

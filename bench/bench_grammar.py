@@ -6,7 +6,9 @@ tokens make the rows differ, and they are marked so), so the ratio is the
 whole cost of the constraint machinery: greedy rows through the device's candidates instead of its
 argmax, a mask per chosen token from llguidance, the Python callback), greedy and sampled, plain or
 speculative (chain). Then a JSON-schema generation from the same prompt (its own tokens, at most
---json-tokens): tok/s, acceptance length, and whether the text parses.
+--json-tokens): tok/s, acceptance length, and whether the text parses. Last, what typing a tool
+call costs the server (with its dependencies installed): the grammar of 20 agent-style tools and
+its parser per call, milliseconds.
 
 Method: one discarded warm-up per row, then --reps generations of --tokens tokens; median decode
 tok/s (GenerationStats.decode_tokens_per_second). Example:
@@ -66,6 +68,42 @@ def main() -> None:
             valid = f"does not parse ({res.finish_reason})"
         al = f"  AL {res.stats.acceptance_length:.2f}" if args.draft else ""
         print(f"  {name:16s} JSON schema     {tps:9.1f} tok/s  {len(res.tokens)} tokens, {valid}{al}")
+    tool_call_costs(engine)
+
+
+def tool_call_costs(engine: lucebox.Engine, n_tools: int = 20) -> None:
+    """What typing a tool call costs the server when the model opens one: the grammar of `n_tools`
+    agent-style tools (compiled once per tool set, then cached) and its parser for one generation
+    (every call), in both call formats; milliseconds, median of 5."""
+    import time
+
+    try:
+        from lucebox.server.structured import tool_call_grammar
+    except ImportError:  # the server's dependencies are not installed
+        return
+    from lucebox.grammar import GrammarConstraint
+
+    def tool(i: int) -> dict:
+        return {"type": "function", "function": {"name": f"tool_{i}", "parameters": {
+            "type": "object", "required": ["path"], "properties": {
+                "path": {"type": "string"}, "mode": {"enum": ["read", "write", "append"]},
+                "offset": {"type": "integer", "minimum": 0}, "tags": {"type": ["array", "null"], "items": {"type": "string"}},
+                "edits": {"type": "array", "items": {"type": "object", "required": ["old", "new"], "properties": {
+                    "old": {"type": "string"}, "new": {"type": "string"}, "all": {"type": "boolean"}}}}}}}}
+
+    tok = engine.tokenizer
+    for fmt in ("xml", "json"):
+        tools = [tool(i) for i in range(n_tools)]
+        t = time.perf_counter()
+        grammar = tool_call_grammar(fmt, tools, "<tool_call>", more=True)
+        first = 1e3 * (time.perf_counter() - t)
+        parser = []
+        for _ in range(5):
+            t = time.perf_counter()
+            GrammarConstraint(grammar, tok, engine.hparams.n_vocab, sorted(tok.eos_ids))
+            parser.append(1e3 * (time.perf_counter() - t))
+        print(f"  tool calls ({fmt}, {n_tools} tools): grammar {first:.1f} ms once per tool set, "
+              f"parser {statistics.median(parser):.1f} ms per call")
 
 
 if __name__ == "__main__":

@@ -553,3 +553,19 @@ def test_ngram_falls_back_to_plain_steps(pair: tuple[str, str]) -> None:
         assert got.tokens == ref.tokens
         s = got.stats.spec
         assert s["steps"] >= 4 and s["plain_steps"] > 0, s
+
+
+def test_cli_generate_spec_ngram(pair: tuple[str, str]) -> None:
+    import os
+    import subprocess
+    import sys
+
+    target, draft = pair
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    base = [sys.executable, "-m", "lucebox", "generate", target, "ab ab ab ab ab ab", "--device", "cpu",
+            "--ctx", "256", "--max-tokens", "16", "--spec", "ngram", "--stats"]
+    ok = subprocess.run(base, capture_output=True, text=True, env=env, timeout=300)
+    assert ok.returncode == 0, ok.stderr
+    assert "[spec]" in ok.stderr
+    bad = subprocess.run([*base, "--draft", draft], capture_output=True, text=True, env=env, timeout=300)
+    assert bad.returncode != 0 and "ngram" in bad.stderr and "Traceback" not in bad.stderr

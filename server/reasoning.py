@@ -20,18 +20,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-__all__ = ["THINK_OPEN", "THINK_CLOSE", "ReasoningSplitter", "Piece", "prompt_opens_reasoning"]
+from lucebox.chat_template import THINK_CLOSE, THINK_OPEN, prompt_opens_reasoning
 
-THINK_OPEN = "<think>"
-THINK_CLOSE = "</think>"
+__all__ = ["THINK_OPEN", "THINK_CLOSE", "ReasoningSplitter", "Piece", "prompt_opens_reasoning"]
 
 Kind = Literal["reasoning", "content"]
 Piece = tuple[Kind, str]
-
-
-def prompt_opens_reasoning(prompt_text: str) -> bool:
-    """True when the rendered prompt ends inside an open think block (``...<think>\\n``)."""
-    return prompt_text.rstrip().endswith(THINK_OPEN)
 
 
 def _partial_suffix(text: str, tag: str) -> int:

@@ -14,9 +14,21 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-__all__ = ["DEFAULT_CHAT_TEMPLATE", "ChatTemplate", "normalize_messages"]
+__all__ = ["DEFAULT_CHAT_TEMPLATE", "ChatTemplate", "normalize_messages", "THINK_OPEN", "THINK_CLOSE",
+           "prompt_opens_reasoning"]
 
 ROLES: tuple[str, ...] = ("system", "user", "assistant", "tool")
+
+# A think block: Qwen3.5/3.6 templates open it in the generation prompt (``...<think>\n``) unless
+# thinking is disabled, so the model writes only its closing tag.
+THINK_OPEN = "<think>"
+THINK_CLOSE = "</think>"
+
+
+def prompt_opens_reasoning(prompt_text: str) -> bool:
+    """True when the rendered prompt ends inside an open think block (``...<think>\n``)."""
+    return prompt_text.rstrip().endswith(THINK_OPEN)
+
 
 # Rendering of one conversation, for reference:
 #   <|im_start|>system\n{system text}[\n\n# Tools ... </tool_call>]<|im_end|>\n

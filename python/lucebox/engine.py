@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterator, Sequence, Union
 import numpy as np
 
 from lucebox import _core
-from lucebox.chat_template import ChatTemplate
+from lucebox.chat_template import THINK_CLOSE, ChatTemplate, prompt_opens_reasoning
 from lucebox.config import EngineConfig, SamplingConfig, check_snapshot_location, stop_list
 from lucebox.errors import ConfigError
 from lucebox.grammar import Grammar, GrammarConstraint
@@ -180,17 +180,22 @@ class Engine:
     def encode_prompt(self, prompt: Prompt, *, add_generation_prompt: bool = True,
                       enable_thinking: bool | None = None, tools: list[dict[str, Any]] | None = None) -> list[int]:
         """Token ids for a text prompt, chat messages (rendered with the model's template) or ids."""
+        return self._encode(prompt, add_generation_prompt, enable_thinking, tools)[0]
+
+    def _encode(self, prompt: Prompt, add_generation_prompt: bool = True, enable_thinking: bool | None = None,
+                tools: list[dict[str, Any]] | None = None) -> tuple[list[int], str | None]:
+        """(token ids, the rendered text of chat messages or None) of a prompt."""
         if isinstance(prompt, str):
-            return self.tokenizer.encode(prompt)
+            return self.tokenizer.encode(prompt), None
         items = list(prompt)
         if not items:
             raise ConfigError("the prompt is empty")
         if all(isinstance(m, dict) for m in items):
             text = self.chat_template.render(items, tools=tools, add_generation_prompt=add_generation_prompt,
                                              enable_thinking=enable_thinking)
-            return self.tokenizer.encode(text, parse_special=True)
+            return self.tokenizer.encode(text, parse_special=True), text
         if all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in items):
-            return [int(t) for t in items]
+            return [int(t) for t in items], None
         raise ConfigError("prompt must be a string, a list of chat messages (dicts) or a list of token ids")
 
     def generate(self, prompt: Prompt, *, max_tokens: int = 256, temperature: float = 0.0, top_k: int = 0,
@@ -204,11 +209,14 @@ class Engine:
                  grammar: Grammar | None = None) -> GenerationResult | Iterator[GenerationChunk]:
         """Generate from a fresh session. Returns a GenerationResult, or an iterator of chunks when
         stream=True. logprobs=N (0..20) reports each token's log probability and its N most likely
-        alternatives (TokenLogprob). grammar (lucebox.Grammar) restricts the output to its language
-        from the first generated token (so with a thinking chat template, pass enable_thinking=False
-        or the model cannot think first). Raises ConfigError for invalid parameters or a prompt
-        longer than the context, before any work."""
-        ids = self.encode_prompt(prompt, tools=tools, enable_thinking=enable_thinking)
+        alternatives (TokenLogprob). grammar (lucebox.Grammar) restricts the output to its language;
+        for chat messages whose rendered prompt opens a think block (a thinking template), after
+        the reasoning: the model reasons freely until ``</think>``, then answers in the grammar
+        (`Grammar.after`). Raises ConfigError for invalid parameters or a prompt longer than the
+        context, before any work."""
+        ids, text = self._encode(prompt, enable_thinking=enable_thinking, tools=tools)
+        if isinstance(grammar, Grammar) and text is not None and prompt_opens_reasoning(text):
+            grammar = grammar.after(THINK_CLOSE)
         session = self.session()
         kwargs = dict(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                       presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,

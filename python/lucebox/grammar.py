@@ -109,6 +109,19 @@ class Grammar:
         top = {"lark_grammar": f"start: @{names[0]} | @{names[1]}\n"}
         return self._checked(self.kind, json.dumps({"grammars": [top] + parts[0] + parts[1]}))
 
+    def after(self, closing: str) -> "Grammar":
+        """Any text through the first `closing`, optional whitespace, then this language: with a
+        prompt that opened a think block, the model reasons freely, closes the block (``</think>``)
+        and answers in this grammar (`Engine.generate` does this for such chat prompts)."""
+        if not isinstance(closing, str) or not closing:
+            raise ConfigError("the closing text must be a non-empty string")
+        answer = _named_grammars(self.source)
+        used = {g.get("name") for g in answer}
+        answer[0]["name"] = next(n for n in (f"after{i}" for i in range(len(used) + 1)) if n not in used)
+        top = (f"start: prelude WS? @{answer[0]['name']}\nprelude[suffix={json.dumps(closing, ensure_ascii=False)}]: "
+               "/(?s:.*)/\nWS: /[ \\t\\r\\n]+/\n")
+        return self._checked(self.kind, json.dumps({"grammars": [{"lark_grammar": top}] + answer}))
+
     @classmethod
     def _checked(cls, kind: str, source: str) -> "Grammar":
         failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(source)

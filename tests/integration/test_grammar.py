@@ -244,3 +244,31 @@ def test_cli_generate_with_a_grammar(pair: tuple[str, str], tmp_path, capsys: py
     assert "JSON schema" in capsys.readouterr().err
     assert cli.main(common + ["--lark", str(tmp_path / "missing.lark")]) == 1
     assert "no such file" in capsys.readouterr().err
+
+
+def test_a_thinking_prompt_reasons_before_the_grammar(pair: tuple[str, str]) -> None:
+    """Chat messages whose rendered prompt opens a think block: the model reasons freely (a bias on
+    </think> makes the random model close it), then answers in the grammar (Grammar.after); with
+    enable_thinking=False, or a text prompt, the grammar applies from the first token."""
+    from lucebox.chat_template import DEFAULT_CHAT_TEMPLATE, ChatTemplate
+
+    engine = lucebox.Engine(pair[0], ctx=1024, device="cpu")
+    closing = "{{- '<think>\\n\\n</think>\\n\\n' -}}\n    {%- endif -%}"
+    assert closing in DEFAULT_CHAT_TEMPLATE
+    engine.chat_template = ChatTemplate(DEFAULT_CHAT_TEMPLATE.replace(
+        closing, "{{- '<think>\\n\\n</think>\\n\\n' -}}\n    {%- else -%}\n        {{- '<think>\\n' -}}\n    {%- endif -%}"))
+    close_id = engine.tokenizer.encode("</think>", parse_special=True)
+    assert len(close_id) == 1
+    messages = [{"role": "user", "content": "Who is it?"}]
+    grammar = lucebox.Grammar.json_schema(PERSON)
+    for seed in range(3):
+        res = engine.generate(messages, max_tokens=400, grammar=grammar, temperature=1.0, seed=seed,
+                              logit_bias={close_id[0]: 4.0})
+        assert res.finish_reason == "stop", res.text
+        reasoning, answer = res.text.split("</think>", 1)
+        assert len(engine.tokenizer.encode(reasoning)) > 0
+        check_person(answer.strip())
+    direct = engine.generate(messages, max_tokens=300, grammar=grammar, enable_thinking=False, temperature=1.0)
+    check_person(direct.text)
+    with pytest.raises(ConfigError, match="closing"):
+        grammar.after("")

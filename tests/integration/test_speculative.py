@@ -569,3 +569,23 @@ def test_cli_generate_spec_ngram(pair: tuple[str, str]) -> None:
     assert "[spec]" in ok.stderr
     bad = subprocess.run([*base, "--draft", draft], capture_output=True, text=True, env=env, timeout=300)
     assert bad.returncode != 0 and "ngram" in bad.stderr and "Traceback" not in bad.stderr
+
+
+@pytest.mark.parametrize("split", ["layer", "tensor"])
+def test_ngram_on_splits(split: str) -> None:
+    """The lookup's chain verifies on a layer or tensor split over two CPU devices: the tokens of the
+    same placement decoding plainly (the bundled demo target repeats itself, so proposals are accepted)."""
+    from lucebox import default_model
+
+    target = str(default_model.default_model_paths()[0])
+    placement = dict(ctx=1024, devices=["cpu:0", "cpu:1"], split=split)
+    plain = lucebox.Engine(target, spec="off", **placement)
+    ngram = lucebox.Engine(target, spec="ngram", **placement)
+    accepted = 0
+    for text in ["def fib(n):\n    if n < 2:\n        return n\n    return fib(n - 1) + fib(n - 2)\n\n\ndef fib(n):\n",
+                 "import os\nimport sys\n"]:
+        ids = plain.encode_prompt(text)
+        got = ngram.generate(ids, max_tokens=80)
+        assert got.tokens == plain.generate(ids, max_tokens=80).tokens
+        accepted += got.stats.spec["accepted"]
+    assert accepted > 0

@@ -108,6 +108,7 @@ void register_engine(py::module_ & m) {
             d["plain_steps"] = s.plain_steps;
             d["drafted"] = s.drafted;
             d["accepted"] = s.accepted;
+            d["predicted_accepted"] = s.predicted_accepted;
             d["accept_histogram"] = s.accept_histogram;
             d["fast_rollbacks"] = s.fast_rollbacks;
             d["replays"] = s.replays;
@@ -148,8 +149,10 @@ void register_engine(py::module_ & m) {
         .def("generate", [](session & s, const std::vector<int32_t> & prompt, uint32_t max_tokens,
                             const sampling_params & sampling, const std::vector<int32_t> & stop_tokens,
                             py::object on_token, py::object on_prefill, py::object propose, uint32_t block_size,
-                            bool phase_timings, py::object propose_tree, int32_t logprobs, py::object constraint) {
+                            bool phase_timings, py::object propose_tree, int32_t logprobs, py::object constraint,
+                            const std::vector<int32_t> & prediction) {
             generate_params p;
+            p.prediction = prediction;
             if (!constraint.is_none()) {
                 p.constraint = std::make_shared<py_constraint>(constraint);
             }
@@ -191,7 +194,8 @@ void register_engine(py::module_ & m) {
         }, py::arg("prompt"), py::arg("max_tokens"), py::arg("sampling"), py::arg("stop_tokens"),
            py::arg("on_token") = py::none(), py::arg("on_prefill") = py::none(), py::arg("propose") = py::none(),
            py::arg("block_size") = 0, py::arg("phase_timings") = false, py::arg("propose_tree") = py::none(),
-           py::arg("logprobs") = -1, py::arg("constraint") = py::none())
+           py::arg("logprobs") = -1, py::arg("constraint") = py::none(),
+           py::arg("prediction") = std::vector<int32_t>())
         .def("reset", &session::reset, py::call_guard<py::gil_scoped_release>())
         .def("snapshot", [](session & s, const std::string & location) {
             const snapshot_location where = parse_snapshot_location(location);

@@ -1412,7 +1412,8 @@ generate_result session::generate(const std::vector<int32_t> & prompt, const gen
 
     const bool with_logprobs = params.logprobs >= 0;  // then every row goes through the sampler's candidates
     const bool greedy = params.argmax_only();
-    const bool spec_available = eng_->cfg.spec != "off" || params.propose || params.propose_tree;
+    const bool spec_available =
+        eng_->cfg.spec != "off" || params.propose || params.propose_tree || !params.prediction.empty();
 
     if (spec_available) {
         return generate_speculative(pending, params, on_token);
@@ -1549,14 +1550,22 @@ generate_result session::generate_speculative(const std::vector<int32_t> & pendi
     // spec "auto": a step speculates only while that beats plain decoding (spec/policy.h); a plain
     // step is a verify of the last token alone, so state, rollback and sampling stay one path.
     const bool tree = params.propose_tree || (e.cfg.spec == "tree" && e.draft && !params.propose);
-    // spec "ngram" (no draft): proposals looked up in the context (spec/ngram.h)
-    const bool lookup = e.cfg.spec == "ngram" && !params.propose && !tree;
-    const bool adaptive = (e.cfg.spec == "auto" || e.cfg.spec == "ngram") && !params.propose && !tree;
+    // spec "ngram" (no draft), or a prediction: proposals looked up in the context and the prediction
+    // (spec/ngram.h); where they find nothing, the draft's (if any), else a plain step
+    const bool lookup = (e.cfg.spec == "ngram" || !params.prediction.empty()) && !params.propose && !tree;
+    // spec "auto" and "ngram" speculate while it pays (spec/policy.h); so does "off" given a prediction
+    const bool adaptive = e.cfg.spec != "chain" && !params.propose && !tree;
+    for (int32_t t : params.prediction) {
+        if (t < 0 || static_cast<uint32_t>(t) >= n_vocab()) {
+            throw config_error("prediction token id " + std::to_string(t) + " is outside the vocabulary");
+        }
+    }
     if (lookup) {
         if (!ngram_) {
             ngram_ = std::make_unique<spec::ngram_proposer>();
         }
         ngram_->sync(tokens_);  // (the session's context may have been reset or restored since)
+        ngram_->set_reference(params.prediction);
     }
     spec::adaptive_policy policy(e.step_costs);
     // after a step's tokens are emitted: the next step's last token, or false when generation ends
@@ -1589,34 +1598,43 @@ generate_result session::generate_speculative(const std::vector<int32_t> & pendi
             continue;
         }
         const auto t_step = clock::now();
-        bool speculating = !adaptive || policy.speculate();
-        // tokens verified this step: last + n-1 proposals (n < block only at the end of the context
-        // or where the attention's split changes: split_safe_tokens; a lookup without a match: 1)
-        uint32_t n = speculating ? std::min({block, room, split_safe_tokens(n_past(), e.kv_size)}) : 1;
+        // the policy's choice; a prediction's proposals are verified even in a plain run (the caller
+        // expects them: a win there brings the policy back to speculation)
+        const bool policy_speculates = !adaptive || policy.speculate();
+        // the most tokens one verify may take: last + block-1 proposals (fewer only at the end of the
+        // context or where the attention's split changes: split_safe_tokens)
+        const uint32_t width = std::min({block, room, split_safe_tokens(n_past(), e.kv_size)});
         auto tp = clock::now();
         std::vector<int32_t> verified{last};
-        if (!speculating) {
-            if (e.draft && tokens_.size() - n_draft_ctx_ >= st_->model_state.ring_size / 2) {
-                run_draft(-1, 0);  // the draft's context keeps up while it is not asked to propose
-            }
-        } else if (params.propose) {
+        bool predicted = false;  // the proposals came from the prediction
+        if (params.propose && policy_speculates) {
             if (e.draft) {
                 run_draft(-1, 0);  // keep the draft context in step
             }
-            std::vector<int32_t> forced = params.propose(tokens_, last, n - 1);
-            if (forced.size() != n - 1) {
+            std::vector<int32_t> forced = params.propose(tokens_, last, width - 1);
+            if (forced.size() != width - 1) {
                 throw config_error("propose returned " + std::to_string(forced.size()) + " tokens, expected " +
-                                   std::to_string(n - 1));
+                                   std::to_string(width - 1));
             }
             verified.insert(verified.end(), forced.begin(), forced.end());
-        } else if (lookup) {
-            const std::vector<int32_t> found = ngram_->propose(tokens_, last, n - 1);
-            verified.insert(verified.end(), found.begin(), found.end());
-            n = static_cast<uint32_t>(verified.size());
-            speculating = n > 1;  // no match: a plain step
-        } else if (n > 1) {
-            std::vector<int32_t> proposals = run_draft(last, n);
+        } else if (policy_speculates || (lookup && !params.prediction.empty())) {
+            std::vector<int32_t> proposals = lookup ? ngram_->propose(tokens_, last, width - 1) : std::vector<int32_t>();
+            predicted = !proposals.empty() && ngram_->from_reference();
+            if (!policy_speculates && !predicted) {
+                proposals.clear();
+            }
+            if (!proposals.empty() && e.draft) {
+                run_draft(-1, 0);  // keep the draft context in step
+            } else if (proposals.empty() && policy_speculates && e.draft && width > 1) {
+                proposals = run_draft(last, width);
+            }
             verified.insert(verified.end(), proposals.begin(), proposals.end());
+        }
+        // tokens verified this step; 1: a plain step (the policy's, or nothing was proposed)
+        const uint32_t n = static_cast<uint32_t>(verified.size());
+        const bool speculating = n > 1;
+        if (!speculating && e.draft && tokens_.size() - n_draft_ctx_ >= st_->model_state.ring_size / 2) {
+            run_draft(-1, 0);  // the draft's context keeps up while it is not asked to propose
         }
         for (int32_t t : verified) {
             if (t < 0 || static_cast<uint32_t>(t) >= n_vocab()) {
@@ -1658,6 +1676,7 @@ generate_result session::generate_speculative(const std::vector<int32_t> & pendi
         const spec::commit_plan plan = spec::plan_commit(verified, target, a, budget, is_stop, emit_step);
         if (speculating) {
             stats.count_step(n - 1, a);
+            stats.predicted_accepted += predicted ? a : 0;
         } else {
             ++stats.plain_steps;
         }

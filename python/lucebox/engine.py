@@ -206,14 +206,16 @@ class Engine:
                  enable_thinking: bool | None = None,
                  prefill_progress: Callable[[int, int], None] | None = None,
                  phase_timings: bool = False, logprobs: int | None = None,
-                 grammar: Grammar | None = None) -> GenerationResult | Iterator[GenerationChunk]:
+                 grammar: Grammar | None = None,
+                 prediction: str | Sequence[int] | None = None) -> GenerationResult | Iterator[GenerationChunk]:
         """Generate from a fresh session. Returns a GenerationResult, or an iterator of chunks when
         stream=True. logprobs=N (0..20) reports each token's log probability and its N most likely
         alternatives (TokenLogprob). grammar (lucebox.Grammar) restricts the output to its language;
         for chat messages whose rendered prompt opens a think block (a thinking template), after
         the reasoning: the model reasons freely until ``</think>``, then answers in the grammar
-        (`Grammar.after`). Raises ConfigError for invalid parameters or a prompt longer than the
-        context, before any work."""
+        (`Grammar.after`). prediction: the output expected (text or ids), a source of speculative
+        proposals that changes the speed only (Session.generate). Raises ConfigError for invalid
+        parameters or a prompt longer than the context, before any work."""
         ids, text = self._encode(prompt, enable_thinking=enable_thinking, tools=tools)
         if isinstance(grammar, Grammar) and text is not None and prompt_opens_reasoning(text):
             grammar = grammar.after(THINK_CLOSE)
@@ -223,7 +225,7 @@ class Engine:
                       repetition_penalty=repetition_penalty, penalty_last_n=penalty_last_n, seed=seed,
                       logit_bias=logit_bias, stop=stop,
                       prefill_progress=prefill_progress,
-                      phase_timings=phase_timings, logprobs=logprobs, grammar=grammar)
+                      phase_timings=phase_timings, logprobs=logprobs, grammar=grammar, prediction=prediction)
         if stream:
             return session.stream(ids, **kwargs)
         return session.generate(ids, **kwargs)
@@ -308,6 +310,18 @@ class Session:
         """Append tokens (prefill) without returning logits."""
         self._core.eval([int(t) for t in tokens], False)
 
+    def _prediction(self, prediction: str | Sequence[int] | None) -> list[int]:
+        """The ids of an expected output (text is encoded as the model writes it: special tokens'
+        text as their ids)."""
+        if prediction is None:
+            return []
+        if isinstance(prediction, str):
+            return self.engine.tokenizer.encode(prediction)
+        ids = list(prediction)
+        if not all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in ids):
+            raise ConfigError("prediction must be text or a list of token ids")
+        return [int(t) for t in ids]
+
     def _prepare(self, prompt: Prompt, max_tokens: int, stop: str | Sequence[str] | None, logprobs: int | None,
                  grammar: Grammar | None, **sampling: Any) -> tuple[list[int], SamplingConfig, list[str]]:
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
@@ -326,7 +340,8 @@ class Session:
              propose: Propose | None = None, block_size: int = 0,
              phase_timings: bool = False, propose_tree: ProposeTree | None = None,
              logprobs: int | None = None,
-             grammar: Grammar | None = None) -> tuple[Any, str, list[int], list[TokenLogprob]]:
+             grammar: Grammar | None = None,
+             prediction: Sequence[int] = ()) -> tuple[Any, str, list[int], list[TokenLogprob]]:
         """Runs the C++ generation; `emit(text, ids, logprobs)` receives decoded pieces with the
         ids (and their logprobs, if asked for) generated since the previous piece. Returns the core
         result, the full text (cut at a stop string), the kept token ids and their logprobs."""
@@ -377,7 +392,7 @@ class Session:
         constraint = None if grammar is None else GrammarConstraint(grammar, tok, self._core.n_vocab, stop_ids)
         res = self._core.generate(ids, max_tokens, sampling.to_core(), stop_ids, on_token, prefill_progress,
                                   propose, block_size, phase_timings, propose_tree,
-                                  -1 if logprobs is None else logprobs, constraint)
+                                  -1 if logprobs is None else logprobs, constraint, list(prediction))
         if constraint is not None:
             constraint.check()
         if not state["stopped"]:
@@ -395,7 +410,8 @@ class Session:
                  prefill_progress: Callable[[int, int], None] | None = None,
                  propose: Propose | None = None, block_size: int = 0,
                  phase_timings: bool = False, propose_tree: ProposeTree | None = None,
-                 logprobs: int | None = None, grammar: Grammar | None = None, **sampling: Any) -> GenerationResult:
+                 logprobs: int | None = None, grammar: Grammar | None = None,
+                 prediction: str | Sequence[int] | None = None, **sampling: Any) -> GenerationResult:
         """Append `prompt` (text, messages or ids) and generate up to max_tokens tokens.
         prefill_progress(done, total) is called after each prefill micro-batch. `propose(context,
         last, n)` (tests; context: the session's tokens, a read-only int32 array) replaces the
@@ -406,12 +422,16 @@ class Session:
         phase_timings measures draft/verify/commit time; logprobs=N (0..20) fills the result's
         logprobs (TokenLogprob: each token's log probability and its N most likely alternatives);
         grammar (lucebox.Grammar) makes every generated token one its language allows (the
-        generation stops when it is complete; GrammarError if its parser fails)."""
+        generation stops when it is complete; GrammarError if its parser fails); prediction (text
+        or ids: the output expected, such as a file being rewritten; OpenAI's predicted outputs)
+        is a source of speculative proposals, looked up where the output matches it: it changes
+        the speed only, never the tokens (stats.spec["predicted_accepted"]: proposals taken from it
+        and accepted)."""
         ids, cfg, stops = self._prepare(prompt, max_tokens, stop, logprobs, grammar, **sampling)
         res, text, kept, lps = self._run(ids, max_tokens, cfg, stops, lambda _t, _i, _l: None,
                                          prefill_progress=prefill_progress, propose=propose, block_size=block_size,
                                          phase_timings=phase_timings, propose_tree=propose_tree, logprobs=logprobs,
-                                         grammar=grammar)
+                                         grammar=grammar, prediction=self._prediction(prediction))
         finish = "stop" if res.finish_reason == "cancelled" and stops else res.finish_reason
         return GenerationResult(text=text, tokens=kept, finish_reason=finish, stats=self._stats(res),
                                 logprobs=lps if logprobs is not None else None)
@@ -419,11 +439,12 @@ class Session:
     def stream(self, prompt: Prompt = (), *, max_tokens: int = 256, stop: str | Sequence[str] | None = None,
                prefill_progress: Callable[[int, int], None] | None = None, phase_timings: bool = False,
                logprobs: int | None = None, grammar: Grammar | None = None,
-               **sampling: Any) -> Iterator[GenerationChunk]:
+               prediction: str | Sequence[int] | None = None, **sampling: Any) -> Iterator[GenerationChunk]:
         """Like generate(), yielding chunks as tokens are committed (with logprobs=N, each chunk's
         logprobs). Parameters are validated before the first chunk; closing the iterator cancels
         the generation."""
         ids, cfg, stops = self._prepare(prompt, max_tokens, stop, logprobs, grammar, **sampling)
+        predicted = self._prediction(prediction)
         q: queue.Queue[Any] = queue.Queue()
         cancel = threading.Event()
         done = object()
@@ -435,7 +456,7 @@ class Session:
             try:
                 res, _text, _kept, _lps = self._run(ids, max_tokens, cfg, stops, emit, cancel.is_set,
                                                     prefill_progress, phase_timings=phase_timings, logprobs=logprobs,
-                                                    grammar=grammar)
+                                                    grammar=grammar, prediction=predicted)
                 finish = "stop" if res.finish_reason == "cancelled" and not cancel.is_set() else res.finish_reason
                 q.put(GenerationChunk(text="", finish_reason=finish, stats=self._stats(res),
                                       logprobs=[] if logprobs is not None else None))

@@ -17,28 +17,51 @@ ngram_proposer::options opts(uint32_t min_n, uint32_t max_n, uint32_t cands = 64
     return o;
 }
 
-// The reference: scan every earlier end position, take the longest match (capped at max_n), the
-// most recent among equals, among the `cands` most recent occurrences of the last min_n tokens.
-toks reference(const toks & ctx, int32_t last, uint32_t max, uint32_t min_n, uint32_t max_n, uint32_t cands) {
+// The reference implementation: scan every earlier end position of the context (and of `ref`),
+// take the longest match (capped at max_n), the most recent among equals, among the `cands` most
+// recent occurrences of the last min_n tokens; the reference wins ties and is skipped where its
+// match ends at its last token.
+struct found {
+    size_t end = 0, len = 0;
+};
+found scan(const toks & seq, size_t limit, const toks & s, size_t end, uint32_t min_n, uint32_t max_n,
+           uint32_t cands) {
+    found best;
+    size_t seen = 0;
+    for (size_t p = limit; p-- > 0 && seen < cands;) {
+        size_t len = 0;
+        while (len < max_n && len <= p && len <= end && seq[p - len] == s[end - len]) ++len;
+        if (len < min_n) continue;
+        ++seen;
+        if (len > best.len) best = {p, len};
+        if (len == max_n) break;
+    }
+    return best;
+}
+
+toks reference(const toks & ctx, int32_t last, uint32_t max, uint32_t min_n, uint32_t max_n, uint32_t cands,
+               const toks & ref = {}) {
     toks s = ctx;
     s.push_back(last);
     const size_t end = s.size() - 1;
-    size_t best = 0, best_len = 0, seen = 0;
-    for (size_t p = end; p-- > 0 && seen < cands;) {
-        size_t len = 0;
-        while (len < max_n && len <= p && s[p - len] == s[end - len]) ++len;
-        if (len < min_n) continue;
-        ++seen;
-        if (len > best_len) best = p, best_len = len;
-        if (len == max_n) break;
-    }
+    if (end < min_n) return {};
+    found r = scan(ref, ref.size(), s, end, min_n, max_n, cands);
+    if (r.end + 1 >= ref.size()) r = {};
+    const found c = scan(s, end, s, end, min_n, max_n, cands);
+    const bool from_ref = r.len > 0 && r.len >= c.len;
+    const found m = from_ref ? r : c;
     size_t n = 3;  // proposals: the match's length rounded up to a verify width of 4, 8 or 16
-    while (n < best_len && n < 15) n = 2 * n + 1;
+    while (n < m.len && n < 15) n = 2 * n + 1;
     n = std::min<size_t>(n, max);
     toks out;
-    for (size_t i = 0; best_len > 0 && i < n; ++i) {
-        out.push_back(s[best + 1 + i]);
-        s.push_back(out.back());
+    for (size_t i = 0; m.len > 0 && i < n; ++i) {
+        if (from_ref) {
+            if (m.end + 1 + i >= ref.size()) break;
+            out.push_back(ref[m.end + 1 + i]);
+        } else {
+            out.push_back(s[m.end + 1 + i]);
+            s.push_back(out.back());
+        }
     }
     return out;
 }
@@ -82,7 +105,7 @@ TEST_CASE(matches_the_reference_on_random_contexts_grown_and_rewritten) {
         const uint32_t vocab = 2 + rng() % 6, min_n = 1 + rng() % 4, max_n = min_n + rng() % 12;
         const uint32_t cands = 1 + rng() % 8;
         ngram_proposer p(opts(min_n, max_n, cands));
-        toks ctx;
+        toks ctx, ref;
         for (uint32_t step = 0; step < 120; ++step) {
             const uint32_t what = rng() % 10;
             if (what == 0 && !ctx.empty()) {  // a rewritten context (a restore): cut and diverge
@@ -95,12 +118,38 @@ TEST_CASE(matches_the_reference_on_random_contexts_grown_and_rewritten) {
                 const uint32_t grow = rng() % 4;
                 for (uint32_t i = 0; i < grow; ++i) ctx.push_back(int32_t(rng() % vocab));
             }
+            if (rng() % 8 == 0) {  // a new reference (a prediction), sometimes none
+                ref.clear();
+                for (uint32_t i = 0, len = rng() % 3 ? rng() % 40 : 0; i < len; ++i) ref.push_back(int32_t(rng() % vocab));
+                p.set_reference(ref);
+            }
             const int32_t last = int32_t(rng() % vocab);
-            const uint32_t max = rng() % 10;
-            CHECK(p.propose(ctx, last, max) == reference(ctx, last, max, min_n, max_n, cands));
+            const uint32_t max = rng() % 20;
+            CHECK(p.propose(ctx, last, max) == reference(ctx, last, max, min_n, max_n, cands, ref));
             CHECK(p.indexed() == ctx.size());
         }
     }
+}
+
+TEST_CASE(a_reference_is_proposed_from_where_it_matches) {
+    ngram_proposer p(opts(3, 16));
+    // the context ends with "1 2" + last 3; the reference (a prediction) holds "1 2 3 40 41 42 ..."
+    const toks ref{7, 1, 2, 3, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49};
+    p.set_reference(ref);
+    const toks ctx{9, 9, 1, 2};
+    CHECK((p.propose(ctx, 3, 15) == toks{40, 41, 42}) && p.from_reference());  // a match of 3: width 4
+    // the context matches further back ("5 1 2 3") than the reference: the context's continuation
+    const toks ctx2{5, 1, 2, 3, 60, 61, 5, 1, 2};
+    p.sync(ctx2);
+    CHECK((p.propose(ctx2, 3, 15) == toks{60, 61, 5, 1, 2, 3, 60}) && !p.from_reference());  // 4: width 8
+    // a long run of the reference proposes 15, and stops at its end
+    const toks ctx3{7, 1, 2, 3, 40, 41, 42, 43, 44, 45, 46};
+    p.sync(ctx3);
+    CHECK((p.propose(ctx3, 47, 15) == toks{48, 49}) && p.from_reference());
+    // the match at the reference's very end: nothing follows there, the context is used
+    p.set_reference(toks{1, 2, 3});
+    p.sync(ctx);
+    CHECK(p.propose(ctx, 3, 15).empty() && !p.from_reference());
 }
 
 TEST_CASE(bad_sizes_are_config_errors) {

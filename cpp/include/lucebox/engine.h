@@ -86,6 +86,11 @@ struct generate_params {
     // past the generation's end (max_tokens, a stop token, a cancel) are reported too; the
     // constraint is of no use after the call. Null: none.
     std::shared_ptr<token_constraint> constraint;
+    // The output the caller expects (OpenAI's predicted outputs: e.g. the file being rewritten), as
+    // token ids: proposals are looked up in it (and in the context; spec/ngram.h) and verified as a
+    // chain, on any engine but a tree's steps; where it has no match, the draft (if any) proposes.
+    // It changes the speed only: the tokens are those of a generation without it.
+    std::vector<int32_t> prediction;
 
     // Rows need only their argmax (computed on the device): greedy, no penalty, bias, constraint or
     // logprobs.
@@ -105,6 +110,7 @@ struct generate_stats {
     uint32_t plain_steps = 0;      // one-token steps taken by spec "auto" when speculation did not pay
     uint32_t drafted = 0;          // proposals verified (tree: nodes besides the root)
     uint32_t accepted = 0;         // proposals accepted
+    uint32_t predicted_accepted = 0;  // of them, proposals taken from generate_params::prediction
     std::vector<uint32_t> accept_histogram;  // [a] = steps that accepted a proposals
     uint32_t fast_rollbacks = 0;   // steps whose state was set from a verify checkpoint
     uint32_t replays = 0;          // steps that restored and replayed instead (none yet)

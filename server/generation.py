@@ -70,7 +70,9 @@ class GenerationPlan:
     answer phase on, so the model reasons freely first. open_call: with tools under ``auto``,
     the grammar of the rest of the turn once the model opens a call in its answer (called with
     the text from ``<tool_call>`` to the end; None: the call goes on unconstrained): the answer
-    phase stops at ``<tool_call>`` and goes on under that grammar.
+    phase stops at ``<tool_call>`` and goes on under that grammar. prediction: token ids of the
+    answer the client expects (OpenAI's predicted outputs), a source of speculative proposals in
+    every phase.
     """
 
     prompt_ids: Sequence[int]
@@ -85,6 +87,7 @@ class GenerationPlan:
     echo_prompt: bool = False
     grammar: Grammar | None = None
     open_call: Callable[[str], Grammar | None] | None = None
+    prediction: tuple[int, ...] = ()
 
     @property
     def two_phase(self) -> bool:
@@ -104,6 +107,7 @@ class ChoiceResult:
     decode_seconds: float = 0.0
     spec: dict[str, Any] = field(default_factory=dict)
     stop_sequence: str | None = None  # the stop string that ended it, if one did
+    prediction_tokens: int = 0  # the length of the plan's prediction
 
 
 @dataclass
@@ -130,7 +134,7 @@ class ErrorEvent:
 
 Event = Union[TextEvent, ChoiceDone, ErrorEvent]
 
-_SUMMED = ("steps", "drafted", "accepted", "fast_rollbacks", "replays",
+_SUMMED = ("steps", "drafted", "accepted", "predicted_accepted", "fast_rollbacks", "replays",
            "draft_seconds", "verify_seconds", "commit_seconds")
 
 
@@ -163,12 +167,14 @@ def _ending_with(tokenizer: Any, generated: Sequence[int], candidates: Sequence[
 
 def _phase(session: Any, tokenizer: Any, prompt: Sequence[int], max_tokens: int, stop: Sequence[str],
            sampling: dict[str, Any], emit: Callable[[str, list[Any] | None], None],
-           cancel: threading.Event, grammar: Grammar | None = None) -> tuple[str, Any, tuple[str, str] | None]:
+           cancel: threading.Event, grammar: Grammar | None = None,
+           prediction: Sequence[int] = ()) -> tuple[str, Any, tuple[str, str] | None]:
     """One `Session.stream` call: (finish reason, stats or None, (stop string, text from it to
     the end) when a stop string ended it)."""
     finish, stats = "cancelled", None
     start = len(session.tokens) + len(prompt)
-    it = session.stream(list(prompt), max_tokens=max_tokens, stop=list(stop) or None, grammar=grammar, **sampling)
+    it = session.stream(list(prompt), max_tokens=max_tokens, stop=list(stop) or None, grammar=grammar,
+                        prediction=list(prediction) or None, **sampling)
     try:
         for chunk in it:
             if chunk.text or chunk.logprobs:
@@ -222,7 +228,8 @@ def run_plan(session: Any, tokenizer: Any, plan: GenerationPlan, emit: Callable[
         if text or logprobs:
             emit(text, logprobs)
 
-    result = ChoiceResult("stop", len(plan.prompt_ids), 0, prefill_seconds=start_seconds)
+    result = ChoiceResult("stop", len(plan.prompt_ids), 0, prefill_seconds=start_seconds,
+                          prediction_tokens=len(plan.prediction))
     remaining = plan.max_tokens
 
     def account(stats: Any, injected: int = 0) -> None:
@@ -246,7 +253,7 @@ def run_plan(session: Any, tokenizer: Any, plan: GenerationPlan, emit: Callable[
     if plan.two_phase:
         limit = remaining if plan.reasoning_budget is None else min(remaining, plan.reasoning_budget)
         finish, stats, matched = _phase(session, tokenizer, prompt, limit, tuple(plan.stop) + (THINK_CLOSE,),
-                                        plan.sampling, out, cancel)
+                                        plan.sampling, out, cancel, prediction=plan.prediction)
         account(stats)
         if finish == "cancelled":
             result.finish_reason = "cancelled"
@@ -271,7 +278,7 @@ def run_plan(session: Any, tokenizer: Any, plan: GenerationPlan, emit: Callable[
     while True:
         stop = plan.stop + ((TOOL_CALL_OPEN,) if open_call is not None else ())
         finish, stats, matched = _phase(session, tokenizer, prompt, remaining, stop, plan.sampling, out, cancel,
-                                        grammar)
+                                        grammar, plan.prediction)
         account(stats)
         if finish == "cancelled":
             result.finish_reason = "cancelled"

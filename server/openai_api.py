@@ -63,8 +63,32 @@ def check_common(body: SamplingFields, svc: Service) -> None:
 
 
 def usage_of(n_prompt: int, results: Sequence[ChoiceResult | None]) -> dict[str, Any]:
-    completion = sum(r.n_generated for r in results if r is not None)
-    return {"prompt_tokens": n_prompt, "completion_tokens": completion, "total_tokens": n_prompt + completion}
+    rs = [r for r in results if r is not None]
+    completion = sum(r.n_generated for r in rs)
+    usage: dict[str, Any] = {"prompt_tokens": n_prompt, "completion_tokens": completion,
+                             "total_tokens": n_prompt + completion}
+    if any(r.prediction_tokens for r in rs):  # predicted outputs: the prediction's tokens used or not
+        accepted = sum(int(r.spec.get("predicted_accepted", 0) or 0) for r in rs)
+        usage["completion_tokens_details"] = {
+            "accepted_prediction_tokens": accepted,
+            "rejected_prediction_tokens": sum(max(0, r.prediction_tokens - int(r.spec.get("predicted_accepted", 0)
+                                                                               or 0)) for r in rs)}
+    return usage
+
+
+def prediction_of(body: ChatCompletionRequest) -> str | None:
+    """The text of OpenAI's ``prediction`` (``{"type": "content", "content": str | [text parts]}``)."""
+    p = body.prediction
+    if p is None:
+        return None
+    content = p.get("content") if p.get("type") == "content" else None
+    if isinstance(content, list) and all(isinstance(c, dict) and c.get("type") == "text"
+                                         and isinstance(c.get("text"), str) for c in content):
+        content = "".join(c["text"] for c in content)
+    if not isinstance(content, str):
+        raise invalid("prediction must be {'type': 'content', 'content': text or a list of text parts}",
+                      param="prediction")
+    return content or None
 
 
 def timings_of(results: Sequence[ChoiceResult | None]) -> dict[str, Any]:
@@ -114,7 +138,7 @@ def chat_spec_from_openai(body: ChatCompletionRequest, svc: Service) -> ChatSpec
         sampling=with_logprobs(svc.sampling(body.model_dump(), body.seed),
                                chat_logprobs_n(body.logprobs, body.top_logprobs)),
         stop=body.stop_list(), n=body.n,
-        reasoning_budget=body.max_reasoning_tokens, grammar=grammar_of(body))
+        reasoning_budget=body.max_reasoning_tokens, grammar=grammar_of(body), prediction=prediction_of(body))
 
 
 async def collect_chat(job: GenerationJob, prepared: PreparedChat, n: int, request: Request

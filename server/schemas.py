@@ -98,6 +98,7 @@ class ChatCompletionRequest(SamplingFields):
     chat_template_kwargs: Optional[dict[str, Any]] = None
     reasoning_effort: Optional[str] = None
     max_reasoning_tokens: Optional[int] = Field(default=None, ge=0)
+    prediction: Optional[dict[str, Any]] = None
 
 
 class CompletionRequest(SamplingFields):

@@ -74,7 +74,9 @@ class ChatSpec:
     tool_choice). enable_thinking: passed to the template when not None. template_kwargs: other
     chat template variables. max_tokens: None means the server default (the rest of the
     context). reasoning_budget: None means the server default. grammar: the answer's language
-    (structured outputs; server/structured.py)."""
+    (structured outputs; server/structured.py). prediction: the answer the client expects
+    (OpenAI's predicted outputs), a source of speculative proposals: the speed changes, the
+    answer does not."""
 
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]] | None = None
@@ -89,6 +91,7 @@ class ChatSpec:
     n: int = 1
     reasoning_budget: int | None = None
     grammar: Grammar | None = None
+    prediction: str | None = None
 
 
 @dataclass
@@ -349,6 +352,7 @@ class Service:
         elif tools:  # free text until the model opens a call, which is then typed
             open_call = functools.partial(tool_call_grammar, fmt, tools, more=more)
         base_seed = int(spec.sampling.get("seed") or 0)
+        prediction = tuple(self.tokenizer.encode(spec.prediction)) if spec.prediction else ()
         plans = []
         for i in range(spec.n):
             sampling = dict(spec.sampling)
@@ -356,7 +360,7 @@ class Service:
             plans.append(GenerationPlan(prompt_ids=ids, max_tokens=max_tokens, sampling=sampling, stop=tuple(stop),
                                         echo_prefix=echo, think_open=think_open, reasoning_budget=budget,
                                         after_reasoning=after, cache_points=points, grammar=grammar,
-                                        open_call=open_call))
+                                        open_call=open_call, prediction=prediction))
         return PreparedChat(plans=plans, parse_tools=tools, think_open=think_open, n_prompt=len(ids),
                             prompt_text=prompt)
 

@@ -83,7 +83,8 @@ def test_demo_pair_on_cuda() -> None:
 
 def test_ngram_lookup_on_cuda(pair: tuple[str, str]) -> None:
     """Draftless n-gram speculation (spec "ngram") on CUDA: the random target's greedy text falls
-    into loops, which the lookup proposes; the tokens are plain decoding's (or part at a near tie)."""
+    into loops, which the lookup proposes; the tokens are plain decoding's (or part at a near tie).
+    Likewise a prediction given to an engine that decodes plainly."""
     target, _ = pair
     plain = lucebox.Engine(target, ctx=512, device="cuda", spec="off")
     cpu = lucebox.Engine(target, ctx=512, device="cpu", spec="off")
@@ -96,4 +97,9 @@ def test_ngram_lookup_on_cuda(pair: tuple[str, str]) -> None:
         got = ngram.generate(p, max_tokens=120)
         accepted += got.stats.spec["accepted"]
         _check_same_or_tie(plain, cpu, p, ref, got.tokens)
+        # a prediction (OpenAI's predicted outputs) on an engine that decodes plainly: its proposals
+        # are verified as a chain on CUDA; the exact answer is accepted nearly whole
+        predicted = plain.generate(p, max_tokens=120, prediction=ref)
+        _check_same_or_tie(plain, cpu, p, ref, predicted.tokens)
+        assert predicted.stats.spec["predicted_accepted"] > 0
     assert accepted > 0

@@ -190,3 +190,28 @@ def test_tokenize_and_detokenize(server, client):
                               ("/detokenize", {"tokens": [10**8]}, "tokens"), ("/detokenize", {}, "tokens")):
         bad = httpx.post(server.base_url + path, json=body, timeout=30)
         assert bad.status_code == 400 and bad.json()["error"]["param"] == param, (path, body, bad.text)
+
+
+def test_predicted_outputs(client):
+    """OpenAI's predicted outputs: the prediction is a source of speculative proposals, so the answer
+    is the one without it; usage reports its tokens accepted and rejected; streaming too; a
+    malformed prediction is a 400 naming it."""
+    import httpx
+
+    kw = dict(model="tiny", messages=[{"role": "user", "content": "Write it again"}], max_tokens=60, temperature=0)
+    plain = client.chat.completions.create(**kw)
+    text = plain.choices[0].message.content
+    assert plain.usage.completion_tokens_details is None or not plain.usage.completion_tokens_details.accepted_prediction_tokens
+    for prediction in (text, [{"type": "text", "text": text[:20]}, {"type": "text", "text": text[20:]}],
+                       text[:30] + " an edit " + text[30:]):
+        got = client.chat.completions.create(**kw, prediction={"type": "content", "content": prediction})
+        assert got.choices[0].message.content == text
+        details = got.usage.completion_tokens_details
+        assert details.accepted_prediction_tokens > 0 and details.rejected_prediction_tokens >= 0
+    chunks = list(client.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True},
+                                                 prediction={"type": "content", "content": text}))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
+    assert chunks[-1].usage.completion_tokens_details.accepted_prediction_tokens > 0
+    bad = httpx.post(str(client.base_url) + "chat/completions", timeout=60,
+                     json={**kw, "prediction": {"type": "content", "content": 5}})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "prediction", bad.text

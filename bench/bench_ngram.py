@@ -10,7 +10,9 @@ rarely matches: what it costs when it does not help). The text is lucebox's own 
 cost alone).
 
 Method: one discarded warm-up per row, then --reps generations of --tokens tokens; median decode
-tok/s (GenerationStats.decode_tokens_per_second). Example:
+tok/s (GenerationStats.decode_tokens_per_second). Then predicted outputs: spec="off" given its own
+answer as the prediction (whole, and with 8 tokens inserted in the middle: an edit), accepted
+counting the prediction's proposals. Example:
     python3 bench/bench_ngram.py                       (the bundled demo target, CPU)
     python3 bench/bench_ngram.py --model t27q4.gguf --device cuda
 """
@@ -39,7 +41,7 @@ def main() -> None:
     prompts = {"repeat": stretch + "\n\n" + stretch + "\n\n" + stretch[:200], "plain": source[4000:5600]}
     engines = {spec: lucebox.Engine(model, ctx=4096, device=args.device, spec=spec) for spec in ("off", "ngram")}
     print(f"{model} on {engines['off'].device}, {args.tokens} tokens greedy, median of {args.reps}")
-    print(f"{'prompt':8} {'spec':6} {'tok/s':>9} {'ratio':>6} {'steps':>6} {'accepted':>8}  tokens")
+    print(f"{'prompt':8} {'spec':12} {'tok/s':>9} {'ratio':>6} {'steps':>6} {'accepted':>8}  tokens")
     for name, text in prompts.items():
         ids = engines["off"].encode_prompt(text)
         base = None
@@ -50,8 +52,20 @@ def main() -> None:
             base = base or rate
             s = runs[-1].stats.spec
             digest = hashlib.sha1(str(runs[-1].tokens).encode()).hexdigest()[:8]
-            print(f"{name:8} {spec:6} {rate:9.1f} {rate / base:6.2f} {s.get('steps', 0):6d} "
+            print(f"{name:8} {spec:12} {rate:9.1f} {rate / base:6.2f} {s.get('steps', 0):6d} "
                   f"{s.get('accepted', 0):8d}  {digest}")
+        # predicted outputs: plain decoding given its own answer, whole and with an edit in the middle
+        off = engines["off"]
+        answer = off.generate(ids, max_tokens=args.tokens).tokens
+        half = len(answer) // 2
+        for label, prediction in (("exact", answer), ("edited", answer[:half] + answer[half + 8:half + 16] + answer[half:])):
+            off.generate(ids, max_tokens=args.tokens, prediction=prediction)  # warm-up
+            runs = [off.generate(ids, max_tokens=args.tokens, prediction=prediction) for _ in range(args.reps)]
+            rate = statistics.median(r.stats.decode_tokens_per_second for r in runs)
+            s = runs[-1].stats.spec
+            digest = hashlib.sha1(str(runs[-1].tokens).encode()).hexdigest()[:8]
+            print(f"{name:8} {'pred:' + label:12} {rate:9.1f} {rate / base:6.2f} {s.get('steps', 0):6d} "
+                  f"{s.get('predicted_accepted', 0):8d}  {digest}")
 
 
 if __name__ == "__main__":

@@ -229,6 +229,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         args.stats = True
     show = sys.stderr.isatty() or args.progress
     grammar = _grammar_of(args)  # (checked before the model loads)
+    prediction = None if args.prediction is None else _read_text_or_file(args.prediction, "--prediction")
     engine = lucebox.Engine(args.model, args.draft, ctx=args.ctx, kv_type_k=args.kv_type_k,
                             kv_type_v=args.kv_type_v, device=args.device, ubatch=args.ubatch, threads=args.threads,
                             spec=args.spec, tree_budget=args.tree_budget, tree_top_k=args.tree_top_k,
@@ -242,7 +243,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
                              top_p=args.top_p, min_p=args.min_p, presence_penalty=args.presence_penalty,
                              repetition_penalty=args.repetition_penalty, seed=args.seed, stop=args.stop or None,
                              stream=True, prefill_progress=_Progress("prefill", "tokens", show),
-                             phase_timings=args.stats, grammar=grammar,
+                             phase_timings=args.stats, grammar=grammar, prediction=prediction,
                              enable_thinking=False if args.chat and grammar is not None else None)
     final = None
     for chunk in chunks:
@@ -265,6 +266,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
                   f"{sp.get('plain_steps', 0)} (spec auto: where speculating did not pay); fast rollbacks "
                   f"{sp['fast_rollbacks']}, replays {sp['replays']}; draft {sp['draft_seconds']:.3f} s, verify "
                   f"{sp['verify_seconds']:.3f} s, commit {sp['commit_seconds']:.3f} s", file=sys.stderr)
+            if prediction is not None:
+                print(f"[prediction] {sp.get('predicted_accepted', 0)} of its proposals accepted", file=sys.stderr)
     return 0
 
 
@@ -435,6 +438,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--json-object", action="store_true", help="answer with a JSON object")
     g.add_argument("--regex", metavar="PATTERN", help="answer with text the regular expression matches in full")
     g.add_argument("--lark", metavar="FILE", help="answer in the language of this Lark grammar (llguidance's dialect)")
+    p.add_argument("--prediction", metavar="TEXT", help="the output expected (text or a file; e.g. a file being "
+                   "rewritten): verified as speculative proposals, so a matching answer comes faster, never other")
     p.add_argument("--ctx", type=_positive_int, default=4096)
     _add_engine_flags(p)
     p.add_argument("--stats", action="store_true", help="print timing and token counts to stderr")

@@ -589,3 +589,24 @@ def test_ngram_on_splits(split: str) -> None:
         assert got.tokens == plain.generate(ids, max_tokens=80).tokens
         accepted += got.stats.spec["accepted"]
     assert accepted > 0
+
+
+def test_cli_generate_with_a_prediction(pair: tuple[str, str], tmp_path: Path) -> None:
+    """`lucebox generate --prediction FILE`: the same text as without it, its proposals accepted."""
+    import os
+    import subprocess
+    import sys
+
+    target, _ = pair
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    base = [sys.executable, "-m", "lucebox", "generate", target, "once upon a time", "--device", "cpu",
+            "--ctx", "256", "--max-tokens", "40", "--spec", "off"]
+    plain = subprocess.run(base, capture_output=True, text=True, env=env, timeout=300)
+    assert plain.returncode == 0, plain.stderr
+    (tmp_path / "expected.txt").write_text(plain.stdout[:-1], encoding="utf-8")  # (less the final newline)
+    got = subprocess.run([*base, "--prediction", str(tmp_path / "expected.txt"), "--stats"], capture_output=True,
+                         text=True, env=env, timeout=300)
+    assert got.returncode == 0, got.stderr
+    assert got.stdout == plain.stdout
+    accepted = int(got.stderr.split("[prediction] ")[1].split()[0])
+    assert accepted > 0, got.stderr

@@ -353,6 +353,9 @@ class Service:
             open_call = functools.partial(tool_call_grammar, fmt, tools, more=more)
         base_seed = int(spec.sampling.get("seed") or 0)
         prediction = tuple(self.tokenizer.encode(spec.prediction)) if spec.prediction else ()
+        if len(prediction) > self.n_ctx:  # (an answer cannot be longer than the context)
+            raise invalid(f"the prediction has {len(prediction)} tokens, more than this model's context of "
+                          f"{self.n_ctx}", param="prediction")
         plans = []
         for i in range(spec.n):
             sampling = dict(spec.sampling)

@@ -212,6 +212,7 @@ def test_predicted_outputs(client):
                                                  prediction={"type": "content", "content": text}))
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
     assert chunks[-1].usage.completion_tokens_details.accepted_prediction_tokens > 0
-    bad = httpx.post(str(client.base_url) + "chat/completions", timeout=60,
-                     json={**kw, "prediction": {"type": "content", "content": 5}})
-    assert bad.status_code == 400 and bad.json()["error"]["param"] == "prediction", bad.text
+    for content in (5, "word " * 5000):  # not text; longer than the context
+        bad = httpx.post(str(client.base_url) + "chat/completions", timeout=60,
+                         json={**kw, "prediction": {"type": "content", "content": content}})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "prediction", bad.text

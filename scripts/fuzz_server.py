@@ -44,6 +44,7 @@ ODD_VALUES: list[Any] = [
         "properties": {"n": {"$ref": "#/$defs/N"}, "u": {"type": ["boolean", "null"]},
                        "r": {"type": "array", "items": {"$ref": "https://example.com/r.json"}}}}}}],
     {"1020": 8}, {"1020": 100},  # pushes <tool_call> in the tiny synthetic vocabulary (calls under auto)
+    {"type": "content", "content": "hello there hello there"}, {"type": "content", "content": [{"type": "text"}]},
     [{"type": "text", "text": "hi"}], [{"type": "image_url", "image_url": {"url": "x"}}],
 ]
 KEYS = ["model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
@@ -51,7 +52,7 @@ KEYS = ["model", "messages", "prompt", "max_tokens", "max_completion_tokens", "t
         "repetition_penalty", "tools", "tool_choice", "response_format", "stream_options", "logit_bias", "user",
         "echo", "suffix", "best_of", "system", "input", "instructions", "max_output_tokens", "reasoning",
         "thinking", "reasoning_effort", "parallel_tool_calls", "include", "chat_template_kwargs", "structured_outputs",
-        "text", "extra"]
+        "text", "extra", "prediction"]
 STREAM_ENDS = ("data: [DONE]", "event: message_stop", "event: response.completed", "event: response.incomplete")
 
 

@@ -610,3 +610,25 @@ def test_cli_generate_with_a_prediction(pair: tuple[str, str], tmp_path: Path) -
     assert got.stdout == plain.stdout
     accepted = int(got.stderr.split("[prediction] ")[1].split()[0])
     assert accepted > 0, got.stderr
+
+
+@pytest.mark.parametrize("spec", ["off", "auto", "chain", "tree", "ngram"])
+@pytest.mark.parametrize("sampling", [{}, {"temperature": 0.9, "top_k": 30, "seed": 2}], ids=["greedy", "sampled"])
+def test_a_prediction_changes_the_speed_not_the_tokens(pair: tuple[str, str], spec: str, sampling: dict) -> None:
+    """Predicted outputs: the plain answer given back as the prediction (whole, edited, or unrelated)
+    is verified as proposals on every engine; the tokens and logprobs are the plain ones, and most
+    of an exact prediction is accepted (a tree's steps ignore it)."""
+    target, draft = pair
+    plain = lucebox.Engine(target, ctx=512, device="cpu", spec="off")
+    engine = lucebox.Engine(target, None if spec in ("off", "ngram") else draft, ctx=512, device="cpu", spec=spec)
+    for p in prompts(3):
+        ref = plain.generate(p, max_tokens=64, logprobs=1, **sampling)
+        edited = ref.tokens[:20] + [7, 8, 9] + ref.tokens[25:]
+        for prediction in (ref.tokens, edited, [5, 6, 7, 8] * 10):
+            got = engine.generate(p, max_tokens=64, logprobs=1, prediction=prediction, **sampling)
+            assert got.tokens == ref.tokens
+            assert [lp.logprob for lp in got.logprobs] == [lp.logprob for lp in ref.logprobs]
+            if prediction is ref.tokens and spec != "tree":
+                assert got.stats.spec["predicted_accepted"] >= len(ref.tokens) // 2, got.stats.spec
+    with pytest.raises(lucebox.ConfigError, match="prediction"):
+        engine.generate(prompts(1)[0], max_tokens=4, prediction=[10**9])

@@ -306,8 +306,6 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     svc = service_of(request)
     svc.check_model(body.model)
     check_common(body, svc)
-    if body.suffix:
-        raise invalid("suffix is not supported by this server", param="suffix", code="unsupported")
     best_of = body.n if body.best_of is None else body.best_of
     if best_of < body.n:
         raise invalid(f"best_of={best_of} must be at least n={body.n}", param="best_of")
@@ -328,7 +326,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     n_top = completion_logprobs_n(body.logprobs, body.top_logprobs)
     sampling = with_logprobs(svc.sampling(body.model_dump(), body.seed), 0 if n_top is None and rank else n_top)
     plans, n_prompt = svc.prepare_prompts(prompts, body.max_tokens, sampling, body.stop_list(), best_of,
-                                          echo=body.echo, grammar=grammar_of(body))
+                                          echo=body.echo, grammar=grammar_of(body), suffix=body.suffix or None)
     job = await svc.start(plans, request)
     rid = "cmpl-" + secrets.token_hex(12)
     base = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": svc.model_name,

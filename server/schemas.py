@@ -1,8 +1,8 @@
 """Request bodies of the HTTP API (pydantic v2), validated before any work.
 
 Unknown fields are accepted and ignored (clients send vendor extensions); a field this server
-cannot honour *and* that would change the answer (suffix) is rejected with a 400 by the endpoint,
-never ignored.
+cannot honour *and* that would change the answer (a completions ``suffix`` for a model without
+fill-in-the-middle tokens) is rejected with a 400 by the endpoint, never ignored.
 Numbers must be finite. Value ranges follow the OpenAI API where it states them.
 """
 from __future__ import annotations

@@ -393,10 +393,15 @@ class Service:
 
     def prepare_prompts(self, prompts: Sequence[str | Sequence[int]], max_tokens: int | None,
                         sampling: dict[str, Any], stop: list[str], n: int,
-                        echo: bool = False, grammar: Grammar | None = None) -> tuple[list[GenerationPlan], int]:
+                        echo: bool = False, grammar: Grammar | None = None,
+                        suffix: str | None = None) -> tuple[list[GenerationPlan], int]:
         """Plans for raw prompts (text, parsed with special tokens, or token ids), n per prompt
-        (echo: each answer begins with its prompt; grammar: the generated text's language).
-        Returns (plans, total prompt tokens)."""
+        (echo: each answer begins with its prompt; grammar: the generated text's language; suffix:
+        fill in the middle, the answer is what goes between the prompt and the suffix, in the
+        model's fill-in-the-middle tokens). Returns (plans, total prompt tokens)."""
+        if suffix is not None and echo:
+            raise invalid("echo cannot be combined with suffix (the answer goes between prompt and suffix)",
+                          param="suffix")
         plans: list[GenerationPlan] = []
         n_prompt_total = 0
         vocab = self.tokenizer.n_vocab
@@ -409,8 +414,13 @@ class Service:
                 bad = [t for t in ids if not 0 <= t < vocab]
                 if bad:
                     raise invalid(f"token id {bad[0]} is outside the vocabulary [0, {vocab})", param="prompt")
-            if not ids:
+            if not ids and suffix is None:
                 raise invalid("the prompt is empty", param="prompt")
+            if suffix is not None:
+                try:
+                    ids = self.tokenizer.fill_in_the_middle(prompt if isinstance(prompt, str) else ids, suffix)
+                except ValueError as exc:
+                    raise invalid(str(exc), param="suffix", code="unsupported") from None
             room = self._room(len(ids), "prompt")
             n_prompt_total += len(ids)
             for i in range(n):

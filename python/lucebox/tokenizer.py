@@ -267,6 +267,18 @@ class Tokenizer:
         """Return the id of the token spelled `s` (GGUF spelling), or None."""
         return self._ids.get(s)
 
+    def fill_in_the_middle(self, prefix: str | list[int], suffix: str) -> list[int]:
+        """The prompt asking the model for the text between `prefix` (text or ids) and `suffix`:
+        ``<|fim_prefix|>`` prefix ``<|fim_suffix|>`` suffix ``<|fim_middle|>`` (Qwen's order; the
+        texts as plain text). Raises ValueError when the vocabulary has no such tokens."""
+        names = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>")
+        ids = [self.token_to_id(n) for n in names]
+        if any(i is None for i in ids):
+            raise ValueError(f"this model's vocabulary has no fill-in-the-middle tokens ({', '.join(names)})")
+        pre, suf, mid = ids
+        head = self.encode(prefix, parse_special=False) if isinstance(prefix, str) else list(prefix)
+        return [pre, *head, suf, *self.encode(suffix, parse_special=False), mid]
+
     def id_to_token(self, i: int) -> str:
         """Return the GGUF spelling of token `i`; raises ValueError if out of range."""
         if not isinstance(i, int) or not 0 <= i < self.n_vocab:

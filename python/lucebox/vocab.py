@@ -66,6 +66,11 @@ USER_DEFINED_TOKENS: tuple[str, ...] = (
     "</tool_response>",
 )
 
+# Fill-in-the-middle tokens (Qwen's names), control tokens placed first among the unused fill tokens
+# of a synthetic vocabulary that has room for them (the tiny one has none).
+FIM_TOKENS: tuple[str, ...] = ("<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>",
+                               "<|repo_name|>", "<|file_sep|>")
+
 #: Fewest merges a synthetic vocabulary may have; with the 256 byte tokens and the special
 #: tokens this sets `MIN_SYNTHETIC_VOCAB`.
 MIN_SYNTHETIC_MERGES = 64
@@ -186,7 +191,8 @@ def synthetic_vocab(n_vocab: int) -> GGUFVocab:
     Layout: the 256 byte tokens (in byte order), the learned tokens in merge order (as many as
     fit), the control tokens ``<|endoftext|> <|im_start|> <|im_end|> <|mask|>``, the
     user-defined tokens ``<think> </think> <tool_call> </tool_call> <tool_response>
-    </tool_response>``, then ``<|extra_N|>`` unused tokens to fill up to `n_vocab`.
+    </tool_response>``, then, where there is room, the control tokens of `FIM_TOKENS`
+    (fill-in-the-middle), then ``<|extra_N|>`` unused tokens to fill up to `n_vocab`.
     eos = ``<|im_end|>``, pad = ``<|endoftext|>``, mask = ``<|mask|>``, no bos, and the chat
     template is `lucebox.chat_template.DEFAULT_CHAT_TEMPLATE`.
 
@@ -243,6 +249,9 @@ def vocab_from_bpe(base_tokens: Sequence[str], base_merges: Sequence[str], n_voc
     token_types.extend([TOKEN_TYPE_CONTROL] * len(CONTROL_TOKENS))
     tokens.extend(USER_DEFINED_TOKENS)
     token_types.extend([TOKEN_TYPE_USER_DEFINED] * len(USER_DEFINED_TOKENS))
+    if n_vocab - len(tokens) >= len(FIM_TOKENS):
+        tokens.extend(FIM_TOKENS)
+        token_types.extend([TOKEN_TYPE_CONTROL] * len(FIM_TOKENS))
     n_extra = n_vocab - len(tokens)
     tokens.extend(f"<|extra_{i}|>" for i in range(n_extra))
     token_types.extend([TOKEN_TYPE_UNUSED] * n_extra)

@@ -79,9 +79,15 @@ def test_synthetic_vocab_has_exact_length_and_valid_layout(n_vocab: int) -> None
     assert len(vocab.tokens) == n_vocab == len(vocab.token_types) == vocab.n_vocab
     assert len(set(vocab.tokens)) == n_vocab, "token strings must be unique"
     assert set(vocab.token_types) <= {1, 3, 4, 5}
-    # Types appear in blocks: normal, control, user-defined, unused.
+    # Types appear in blocks: normal, control, user-defined, then (with room) the fill-in-the-middle
+    # control tokens and unused ones.
     runs = [t for i, t in enumerate(vocab.token_types) if i == 0 or vocab.token_types[i - 1] != t]
-    assert runs in ([1, 3, 4], [1, 3, 4, 5])
+    assert runs in ([1, 3, 4], [1, 3, 4, 3], [1, 3, 4, 3, 5])
+    has_fim = runs[3:4] == [3]
+    assert has_fim == (n_vocab - vocab.token_types.index(4) - len(V.USER_DEFINED_TOKENS) >= len(V.FIM_TOKENS))
+    if has_fim:
+        start = vocab.tokens.index(V.FIM_TOKENS[0])
+        assert tuple(vocab.tokens[start:start + len(V.FIM_TOKENS)]) == V.FIM_TOKENS
     # Every merge is made of tokens, and every merged token is reachable from a merge.
     token_set = set(vocab.tokens)
     joined = set()

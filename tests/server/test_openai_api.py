@@ -216,3 +216,49 @@ def test_predicted_outputs(client):
         bad = httpx.post(str(client.base_url) + "chat/completions", timeout=60,
                          json={**kw, "prediction": {"type": "content", "content": content}})
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "prediction", bad.text
+
+
+def test_completions_suffix_fills_in_the_middle(tmp_path_factory):
+    """Completions' suffix on a model whose vocabulary has fill-in-the-middle tokens: the prompt is
+    <|fim_prefix|> prompt <|fim_suffix|> suffix <|fim_middle|> (the answer equals the engine's on
+    that prompt); on the tiny model (no such tokens) and with echo, a 400 naming suffix."""
+    import httpx
+
+    import lucebox
+    from lucebox import synth
+    from server_helpers import ServerProcess
+
+    d = tmp_path_factory.mktemp("fim")
+    target = d / "fim.gguf"
+    synth.write_target(target, "tiny", seed=0, overrides={"n_vocab": 2048})  # room for the FIM tokens
+    engine = lucebox.Engine(target, ctx=512, device="cpu")
+    tok = engine.tokenizer
+    ids = [tok.token_to_id("<|fim_prefix|>"), *tok.encode("def add(a, b):\n", parse_special=False),
+           tok.token_to_id("<|fim_suffix|>"), *tok.encode("\n\nprint(add(1, 2))\n", parse_special=False),
+           tok.token_to_id("<|fim_middle|>")]
+    assert tok.fill_in_the_middle("def add(a, b):\n", "\n\nprint(add(1, 2))\n") == ids
+    want = engine.generate(ids, max_tokens=12).text
+    srv = ServerProcess(["--model", str(target), "--ctx", "512", "--model-name", "fim"], d / "server.log")
+    try:
+        body = {"model": "fim", "prompt": "def add(a, b):\n", "suffix": "\n\nprint(add(1, 2))\n", "max_tokens": 12,
+                "temperature": 0}
+        r = httpx.post(srv.base_url + "/v1/completions", json=body, timeout=60)
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["text"] == want
+        assert r.json()["usage"]["prompt_tokens"] == len(ids)
+        bad = httpx.post(srv.base_url + "/v1/completions", json={**body, "echo": True}, timeout=60)
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "suffix"
+    finally:
+        srv.stop()
+
+
+def test_suffix_without_fim_tokens_is_a_400(server):
+    import httpx
+
+    r = httpx.post(server.base_url + "/v1/completions", timeout=60,
+                   json={"model": "tiny", "prompt": "a", "suffix": "b", "max_tokens": 4})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "suffix"
+    assert "fill-in-the-middle" in r.json()["error"]["message"]
+    ok = httpx.post(server.base_url + "/v1/completions", timeout=60,
+                    json={"model": "tiny", "prompt": "a", "suffix": "", "max_tokens": 4})  # "" is no suffix
+    assert ok.status_code == 200, ok.text

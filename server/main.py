@@ -33,7 +33,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
 
             raise ConfigError("--draft needs --model")
         target_path, draft_path = default_model.default_model_paths()
-        model, draft = str(target_path), str(draft_path)
+        # (--spec ngram proposes from the context: the demo target alone)
+        model, draft = str(target_path), None if args.spec == "ngram" else str(draft_path)
         model_name = model_name or default_model.DEFAULT_MODEL_NAME
         names = (default_model.DEFAULT_MODEL_NAME,)
     cache_mb = args.prefix_cache_mb

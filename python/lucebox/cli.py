@@ -226,6 +226,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
             raise ConfigError("--draft needs a MODEL")
         args.prompt = args.args[0]
         args.model, args.draft = (str(p) for p in default_model.default_model_paths())
+        if args.spec == "ngram":  # (it proposes from the context: the demo target alone)
+            args.draft = None
         args.stats = True
     show = sys.stderr.isatty() or args.progress
     grammar = _grammar_of(args)  # (checked before the model loads)

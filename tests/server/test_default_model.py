@@ -46,3 +46,12 @@ def test_core_package_does_not_import_the_server():
             "print(bad); sys.exit(1 if bad else 0)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_serve_spec_ngram_without_model_takes_the_demo_target_alone():
+    from lucebox.cli import build_parser
+    from lucebox.server.main import config_from_args
+
+    cfg = config_from_args(build_parser().parse_args(["serve", "--spec", "ngram"]))
+    assert cfg.spec == "ngram" and cfg.draft is None and cfg.model.endswith("lucebox-demo.gguf")
+    assert config_from_args(build_parser().parse_args(["serve"])).draft is not None

@@ -278,7 +278,8 @@ def tool_call_grammar(fmt: str, tools: Sequence[Mapping[str, Any]], opened: str,
     if not opening.startswith(opened):
         log.warning("a tool call opened as %r is not constrained (expected a prefix of %r)", opened, opening)
         return None
-    return _tool_call_grammar(fmt, json.dumps(list(tools)), opened, name, more)  # (keys in order: it is the parameters' order)
+    # (the tools as JSON text: hashable, and their keys in order, which is the parameters' order)
+    return _tool_call_grammar(fmt, json.dumps(list(tools)), opened, name, more)
 
 
 @functools.lru_cache(maxsize=32)  # an agent sends the same tools with every request (8-12 ms each for 20)

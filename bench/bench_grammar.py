@@ -87,7 +87,8 @@ def tool_call_costs(engine: lucebox.Engine, n_tools: int = 20) -> None:
         return {"type": "function", "function": {"name": f"tool_{i}", "parameters": {
             "type": "object", "required": ["path"], "properties": {
                 "path": {"type": "string"}, "mode": {"enum": ["read", "write", "append"]},
-                "offset": {"type": "integer", "minimum": 0}, "tags": {"type": ["array", "null"], "items": {"type": "string"}},
+                "offset": {"type": "integer", "minimum": 0},
+                "tags": {"type": ["array", "null"], "items": {"type": "string"}},
                 "edits": {"type": "array", "items": {"type": "object", "required": ["old", "new"], "properties": {
                     "old": {"type": "string"}, "new": {"type": "string"}, "all": {"type": "boolean"}}}}}}}}
 

@@ -61,7 +61,7 @@ def main() -> None:
         _core.set_own_cuda_kernels(False)  # before the engine: ggml replays the graphs it captured
     if args.ggml_attention_split:
         _core.set_fattn_fixed_split(rows=0)
-    engine = lucebox.Engine(args.model, ctx=max(args.prompts) + args.tokens + 16, device=args.device, spec="off")
+    engine = lucebox.Engine(args.model, ctx=max(args.prompts) + args.tokens + 16, device=args.device)
     n_vocab = engine.session().eval([0]).shape[1]
     rng = np.random.default_rng(args.seed)
     kernels = "ggml's kernels" if args.ggml_kernels else "lucebox's kernels"

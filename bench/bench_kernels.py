@@ -105,7 +105,7 @@ def main() -> int:
         from lucebox import _core as core
 
         core.set_own_cuda_kernels(False)
-    engine = lucebox.Engine(args.model, ctx=max(args.depth, args.prefill) + 64, device="cuda:0", spec="off")
+    engine = lucebox.Engine(args.model, ctx=max(args.depth, args.prefill) + 64, device="cuda:0")
     rng = np.random.default_rng(0)
     prompt = [int(x) for x in rng.integers(10, engine.hparams.n_vocab, args.depth)]
     profile_generation(engine, prompt, "plain decode", args.top)

@@ -149,7 +149,7 @@ def main() -> int:
     command = "python " + shlex.join(sys.argv)
     model = ensure_model(args)
     t = time.perf_counter()
-    engine = lucebox.Engine(model, ctx=ctx, device=args.device, kv_type=args.kv_type, ubatch=args.ubatch, spec="off")
+    engine = lucebox.Engine(model, ctx=ctx, device=args.device, kv_type=args.kv_type, ubatch=args.ubatch)
     load_s = time.perf_counter() - t
     hp = engine.hparams
     prompt = make_prompt(engine, n, args.seed)

@@ -82,7 +82,7 @@ def main() -> int:
                             draft_device=args.draft_device, **placement)
     rng = np.random.default_rng(0)
     prompt = [int(x) for x in rng.integers(10, engine.hparams.n_vocab, args.prompt)]
-    plain = lucebox.Engine(args.model, ctx=args.ctx, spec="off", **placement)
+    plain = lucebox.Engine(args.model, ctx=args.ctx, **placement)
     plain_ref = plain.generate(prompt, max_tokens=args.tokens + 32).tokens
     # the verify path's greedy continuation: proposals that are (almost surely) all rejected
     reference = plain.session().generate(prompt, max_tokens=args.tokens + 32,

@@ -71,7 +71,7 @@ def bench_lucebox(args: argparse.Namespace) -> dict[str, Any]:
     t = time.perf_counter()
     tiled_before = _core.tiled_weights()
     engine = lucebox.Engine(args.model, ctx=args.ctx, device=args.device, ubatch=args.ubatch,
-                            kv_type=args.kv_type, spec="off")  # plain decoding (no n-gram lookup)
+                            kv_type=args.kv_type)
     # the weights' load (from the page cache once the file was read before), row-tiling included
     out: dict[str, Any] = {"device": engine.device, "load_s": time.perf_counter() - t,
                            "tiled_ranges": _core.tiled_weights() - tiled_before}

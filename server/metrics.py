@@ -56,6 +56,7 @@ class Metrics:
         self.spec_steps = 0
         self.spec_drafted = 0
         self.spec_accepted = 0
+        self.predicted_accepted = 0
         self.spec_fallbacks = 0
         self.last_decode_tps = 0.0
         self.last_prefill_tps = 0.0
@@ -102,6 +103,7 @@ class Metrics:
                 self.spec_steps += steps
                 self.spec_accepted += accepted
                 self.spec_drafted += int(spec.get("drafted", 0) or 0)
+                self.predicted_accepted += int(spec.get("predicted_accepted", 0) or 0)
                 self.last_acceptance_length = (accepted + steps) / steps
             if spec.get("replays"):
                 self.spec_fallbacks += 1
@@ -143,6 +145,9 @@ class Metrics:
                    [({}, self.spec_drafted)])
             family("lucebox_spec_accepted_tokens_total", "counter", "Draft tokens accepted by the target.",
                    [({}, self.spec_accepted)])
+            family("lucebox_predicted_accepted_tokens_total", "counter",
+                   "Of them, tokens proposed from a request's prediction (predicted outputs).",
+                   [({}, self.predicted_accepted)])
             family("lucebox_spec_acceptance_length", "gauge",
                    "Tokens committed per speculative step in the last generation (accepted + 1).",
                    [({}, self.last_acceptance_length)])

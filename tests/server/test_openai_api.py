@@ -208,8 +208,15 @@ def test_predicted_outputs(client):
         assert got.choices[0].message.content == text
         details = got.usage.completion_tokens_details
         assert details.accepted_prediction_tokens > 0 and details.rejected_prediction_tokens >= 0
+    def predicted_total() -> float:
+        page = httpx.get(str(client.base_url).removesuffix("v1/") + "metrics", timeout=60).text
+        return float(next(line.split()[-1] for line in page.splitlines()
+                          if line.startswith("lucebox_predicted_accepted_tokens_total")))
+
+    before = predicted_total()
     chunks = list(client.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True},
                                                  prediction={"type": "content", "content": text}))
+    assert predicted_total() >= before + chunks[-1].usage.completion_tokens_details.accepted_prediction_tokens
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
     assert chunks[-1].usage.completion_tokens_details.accepted_prediction_tokens > 0
     for content in (5, "word " * 5000):  # not text; longer than the context

@@ -283,7 +283,7 @@ def run_plan(session: Any, tokenizer: Any, plan: GenerationPlan, emit: Callable[
         if finish == "cancelled":
             result.finish_reason = "cancelled"
             return result
-        if open_call is None or matched is None or matched[0] != TOOL_CALL_OPEN or TOOL_CALL_OPEN in plan.stop:
+        if open_call is None or matched is None or matched[0] != TOOL_CALL_OPEN:
             return end(finish, matched)
         out(matched[1])  # the model opened a tool call: the rest of the turn under the tools' grammar
         if remaining <= 0:

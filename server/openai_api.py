@@ -68,11 +68,10 @@ def usage_of(n_prompt: int, results: Sequence[ChoiceResult | None]) -> dict[str,
     usage: dict[str, Any] = {"prompt_tokens": n_prompt, "completion_tokens": completion,
                              "total_tokens": n_prompt + completion}
     if any(r.prediction_tokens for r in rs):  # predicted outputs: the prediction's tokens used or not
-        accepted = sum(int(r.spec.get("predicted_accepted", 0) or 0) for r in rs)
+        accepted = [int(r.spec.get("predicted_accepted", 0) or 0) for r in rs]
         usage["completion_tokens_details"] = {
-            "accepted_prediction_tokens": accepted,
-            "rejected_prediction_tokens": sum(max(0, r.prediction_tokens - int(r.spec.get("predicted_accepted", 0)
-                                                                               or 0)) for r in rs)}
+            "accepted_prediction_tokens": sum(accepted),
+            "rejected_prediction_tokens": sum(max(0, r.prediction_tokens - a) for r, a in zip(rs, accepted))}
     return usage
 
 

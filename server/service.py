@@ -347,9 +347,9 @@ class Service:
         if (echo or after) and tools:  # a forced call: its rest typed by the tool's schema
             grammar = tool_call_grammar(fmt, tools, echo or after, name=forced, more=more)
         elif grammar is not None and tools:  # the model may call tools instead of answering
-            calls = tool_call_grammar(fmt, tools, "", more=more)
-            grammar = grammar.or_(calls or Grammar.lark(f"start: {json.dumps(TOOL_CALL_OPEN)} /(?s:.*)/"))
-        elif tools:  # free text until the model opens a call, which is then typed
+            calls = tool_call_grammar(fmt, tools, "", more=more)  # (None: not even untyped calls compile; logged)
+            grammar = grammar.or_(calls) if calls is not None else grammar
+        elif tools and TOOL_CALL_OPEN not in stop:  # free text until the model opens a call, then typed
             open_call = functools.partial(tool_call_grammar, fmt, tools, more=more)
         base_seed = int(spec.sampling.get("seed") or 0)
         prediction = tuple(self.tokenizer.encode(spec.prediction)) if spec.prediction else ()
@@ -407,20 +407,19 @@ class Service:
         vocab = self.tokenizer.n_vocab
         base_seed = sampling.get("seed", 0)
         for p_index, prompt in enumerate(prompts):
-            if isinstance(prompt, str):
-                ids = self.tokenizer.encode(prompt, parse_special=True)
-            else:
-                ids = [int(t) for t in prompt]
-                bad = [t for t in ids if not 0 <= t < vocab]
-                if bad:
-                    raise invalid(f"token id {bad[0]} is outside the vocabulary [0, {vocab})", param="prompt")
-            if not ids and suffix is None:
-                raise invalid("the prompt is empty", param="prompt")
-            if suffix is not None:
+            head: str | list[int] = prompt if isinstance(prompt, str) else [int(t) for t in prompt]
+            bad = [t for t in head if not 0 <= t < vocab] if isinstance(head, list) else []
+            if bad:
+                raise invalid(f"token id {bad[0]} is outside the vocabulary [0, {vocab})", param="prompt")
+            if suffix is not None:  # (text before a suffix is plain text: fill_in_the_middle encodes it)
                 try:
-                    ids = self.tokenizer.fill_in_the_middle(prompt if isinstance(prompt, str) else ids, suffix)
+                    ids = self.tokenizer.fill_in_the_middle(head, suffix)
                 except ValueError as exc:
                     raise invalid(str(exc), param="suffix", code="unsupported") from None
+            else:
+                ids = self.tokenizer.encode(head, parse_special=True) if isinstance(head, str) else head
+            if not ids:
+                raise invalid("the prompt is empty", param="prompt")
             room = self._room(len(ids), "prompt")
             n_prompt_total += len(ids)
             for i in range(n):

@@ -1379,6 +1379,12 @@ generate_result session::generate(const std::vector<int32_t> & prompt, const gen
         throw config_error("generate: block_size " + std::to_string(params.block_size) + " exceeds " +
                            std::to_string(MAX_FORCED_BLOCK));
     }
+    for (int32_t t : params.prediction) {
+        if (static_cast<uint32_t>(t) >= V) {
+            throw config_error("prediction token id " + std::to_string(t) + " is outside the vocabulary [0, " +
+                               std::to_string(V) + ")");
+        }
+    }
     for (const auto & [id, bias] : params.sampling.logit_bias) {
         if (static_cast<uint32_t>(id) >= V) {
             throw config_error("logit_bias token id " + std::to_string(id) + " is outside the vocabulary [0, " +
@@ -1555,11 +1561,6 @@ generate_result session::generate_speculative(const std::vector<int32_t> & pendi
     const bool lookup = (e.cfg.spec == "ngram" || !params.prediction.empty()) && !params.propose && !tree;
     // spec "auto" and "ngram" speculate while it pays (spec/policy.h); so does "off" given a prediction
     const bool adaptive = e.cfg.spec != "chain" && !params.propose && !tree;
-    for (int32_t t : params.prediction) {
-        if (t < 0 || static_cast<uint32_t>(t) >= n_vocab()) {
-            throw config_error("prediction token id " + std::to_string(t) + " is outside the vocabulary");
-        }
-    }
     if (lookup) {
         if (!ngram_) {
             ngram_ = std::make_unique<spec::ngram_proposer>();

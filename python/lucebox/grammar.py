@@ -20,7 +20,7 @@ import json
 import threading
 import weakref
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import llguidance
 import numpy as np
@@ -101,13 +101,7 @@ class Grammar:
         call a tool instead). The result keeps this grammar's kind."""
         if not isinstance(other, Grammar):
             raise ConfigError(f"a grammar can only be combined with a Grammar, not {type(other).__name__}")
-        parts = [_named_grammars(g.source) for g in (self, other)]
-        used = {g.get("name") for part in parts for g in part}
-        names = [n for n in (f"either{i}" for i in range(len(used) + 2)) if n not in used][:2]
-        for part, name in zip(parts, names):
-            part[0]["name"] = name
-        top = {"lark_grammar": f"start: @{names[0]} | @{names[1]}\n"}
-        return self._checked(self.kind, json.dumps({"grammars": [top] + parts[0] + parts[1]}))
+        return self._composed(lambda n: f"start: @{n[0]} | @{n[1]}\n", self.source, other.source)
 
     def after(self, closing: str) -> "Grammar":
         """Any text through the first `closing`, optional whitespace, then this language: with a
@@ -115,12 +109,19 @@ class Grammar:
         and answers in this grammar (`Engine.generate` does this for such chat prompts)."""
         if not isinstance(closing, str) or not closing:
             raise ConfigError("the closing text must be a non-empty string")
-        answer = _named_grammars(self.source)
-        used = {g.get("name") for g in answer}
-        answer[0]["name"] = next(n for n in (f"after{i}" for i in range(len(used) + 1)) if n not in used)
-        top = (f"start: prelude WS? @{answer[0]['name']}\nprelude[suffix={json.dumps(closing, ensure_ascii=False)}]: "
-               "/(?s:.*)/\nWS: /[ \\t\\r\\n]+/\n")
-        return self._checked(self.kind, json.dumps({"grammars": [{"lark_grammar": top}] + answer}))
+        prelude = f"prelude[suffix={json.dumps(closing, ensure_ascii=False)}]: /(?s:.*)/\nWS: /[ \\t\\r\\n]+/\n"
+        return self._composed(lambda n: f"start: prelude WS? @{n[0]}\n" + prelude, self.source)
+
+    def _composed(self, top: Callable[[list[str]], str], *sources: str) -> "Grammar":
+        """A grammar of this kind whose top Lark rules, top(names), refer to the grammars of
+        `sources` by name (``@name``): each source's top grammar gets a name no other uses."""
+        parts = [_named_grammars(src) for src in sources]
+        used = {g.get("name") for part in parts for g in part}
+        names = [n for n in (f"part{i}" for i in range(len(used) + len(parts))) if n not in used][:len(parts)]
+        for part, name in zip(parts, names):
+            part[0]["name"] = name
+        grammars = [{"lark_grammar": top(names)}] + [g for part in parts for g in part]
+        return self._checked(self.kind, json.dumps({"grammars": grammars}))
 
     @classmethod
     def _checked(cls, kind: str, source: str) -> "Grammar":

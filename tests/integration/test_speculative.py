@@ -632,3 +632,7 @@ def test_a_prediction_changes_the_speed_not_the_tokens(pair: tuple[str, str], sp
                 assert got.stats.spec["predicted_accepted"] >= len(ref.tokens) // 2, got.stats.spec
     with pytest.raises(lucebox.ConfigError, match="prediction"):
         engine.generate(prompts(1)[0], max_tokens=4, prediction=[10**9])
+    session = engine.session()
+    with pytest.raises(lucebox.ConfigError, match="prediction"):
+        session.generate(prompts(1)[0], max_tokens=4, prediction=[10**9])
+    assert session.n_past == 0  # refused before any work

@@ -36,6 +36,12 @@ void ngram_proposer::index::append(int32_t token, uint32_t min_n) {
     prev.push_back(before);
 }
 
+void ngram_proposer::index::extend(const std::vector<int32_t> & tokens, uint32_t min_n) {
+    for (size_t p = seq.size(); p < tokens.size(); ++p) {
+        append(tokens[p], min_n);
+    }
+}
+
 void ngram_proposer::index::pop(uint32_t min_n) {
     const size_t p = seq.size() - 1;
     if (p + 1 >= min_n) {  // its hash's latest end becomes the one before
@@ -58,16 +64,12 @@ void ngram_proposer::sync(const std::vector<int32_t> & tokens) {
     while (seq.size() > shared) {
         context_.pop(opt_.min_n);
     }
-    for (size_t p = seq.size(); p < tokens.size(); ++p) {
-        context_.append(tokens[p], opt_.min_n);
-    }
+    context_.extend(tokens, opt_.min_n);
 }
 
 void ngram_proposer::set_reference(const std::vector<int32_t> & reference) {
     reference_ = index();
-    for (int32_t t : reference) {
-        reference_.append(t, opt_.min_n);
-    }
+    reference_.extend(reference, opt_.min_n);
 }
 
 ngram_proposer::match ngram_proposer::best_match(const index & ix, const std::vector<int32_t> & s,
@@ -97,9 +99,7 @@ std::vector<int32_t> ngram_proposer::propose(const std::vector<int32_t> & tokens
     if (tokens.size() < context_.seq.size()) {
         sync(tokens);
     }
-    for (size_t p = context_.seq.size(); p < tokens.size(); ++p) {
-        context_.append(tokens[p], opt_.min_n);
-    }
+    context_.extend(tokens, opt_.min_n);
     std::vector<int32_t> & s = context_.seq;  // s = tokens + [last] while proposing; `last` at `end`
     const size_t end = s.size();
     if (max == 0 || end < opt_.min_n) {

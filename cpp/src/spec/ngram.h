@@ -52,6 +52,7 @@ class ngram_proposer {
         std::vector<uint32_t> prev;  // per end position: the previous end of the same hash
         std::unordered_map<uint64_t, uint32_t> latest;  // hash -> the most recent end position
         void append(int32_t token, uint32_t min_n);
+        void extend(const std::vector<int32_t> & tokens, uint32_t min_n);  // appends tokens[seq.size()..]
         void pop(uint32_t min_n);  // forgets the last position
     };
     struct match {

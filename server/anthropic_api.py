@@ -28,7 +28,7 @@ from typing import Any, AsyncIterator, Mapping
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from .chat_output import ChatOutput
+from lucebox.chat_output import ChatOutput
 from .structured import grammar_from_output_format
 from .errors import api_error_from, invalid
 from .generation import ChoiceDone, ChoiceResult, ErrorEvent, GenerationJob, TextEvent

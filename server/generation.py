@@ -38,8 +38,8 @@ from lucebox.grammar import Grammar
 from lucebox.prefix_cache import start_session
 
 from .logprobs import UnscoredToken
-from .reasoning import THINK_CLOSE
-from .toolcalls import TOOL_CALL_OPEN
+from lucebox.chat_template import THINK_CLOSE
+from lucebox.toolcalls import TOOL_CALL_OPEN
 from .scheduler import Scheduler, Slot
 
 __all__ = ["GenerationPlan", "ChoiceResult", "TextEvent", "ChoiceDone", "ErrorEvent", "Event",

@@ -35,7 +35,7 @@ from fastapi.responses import JSONResponse, Response
 
 from lucebox.grammar import Grammar
 
-from .chat_output import ChatOutput, OutputDelta, finish_reason_for
+from lucebox.chat_output import ChatOutput, OutputDelta, finish_reason_for
 from .errors import APIError, api_error_from, invalid
 from .generation import ChoiceDone, ChoiceResult, ErrorEvent, GenerationJob, TextEvent
 from .logprobs import LogprobFormatter, chat_logprobs_n, completion_logprobs_n

@@ -52,11 +52,11 @@ from .config import ServerConfig
 from .errors import APIError, invalid
 from .generation import ChoiceResult, GenerationJob, GenerationPlan
 from .metrics import Metrics
-from .reasoning import prompt_opens_reasoning
+from lucebox.chat_template import prompt_opens_reasoning
 from .scheduler import Scheduler
 from .streaming import ClientDisconnected, unless_disconnected
 from .structured import tool_call_grammar
-from .toolcalls import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, forced_call_prefix, template_tool_format
+from lucebox.toolcalls import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, forced_call_prefix, template_tool_format
 
 __all__ = ["Service", "ChatSpec", "PreparedChat"]
 

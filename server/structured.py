@@ -28,7 +28,7 @@ from lucebox.errors import ConfigError
 from lucebox.grammar import JSON_OPTIONS, Grammar
 
 from .errors import invalid
-from .toolcalls import forced_call_prefix
+from lucebox.toolcalls import forced_call_prefix
 
 log = logging.getLogger("lucebox.server")
 

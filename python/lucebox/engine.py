@@ -14,6 +14,7 @@ from typing import Any, Callable, Iterator, Sequence, Union
 import numpy as np
 
 from lucebox import _core
+from lucebox.chat_output import ChatMessage, ChatOutput
 from lucebox.chat_template import THINK_CLOSE, ChatTemplate, prompt_opens_reasoning
 from lucebox.config import EngineConfig, SamplingConfig, check_snapshot_location, stop_list
 from lucebox.errors import ConfigError
@@ -79,13 +80,15 @@ class GenerationResult:
     """A finished generation: text (stop string excluded), token ids, why it ended, and stats.
     finish_reason is "stop" (stop token or string), "length" (max_tokens), "context" (the
     context is full) or "cancelled". logprobs: with logprobs=N, one TokenLogprob per token of
-    `tokens`; else None."""
+    `tokens`; else None. message: for a prompt of chat messages (Engine.generate), the reply split
+    into reasoning, content and tool calls (parsed when tools were given); else None."""
 
     text: str
     tokens: list[int]
     finish_reason: str
     stats: GenerationStats
     logprobs: list[TokenLogprob] | None = None
+    message: ChatMessage | None = None
 
 
 @dataclass
@@ -93,13 +96,15 @@ class GenerationChunk:
     """One streamed piece: new text and the token ids generated since the previous chunk (their
     concatenation over a stream is the result's `tokens`; a token whose text is held back, e.g. as
     a possible stop string's start, comes with the chunk that releases it). logprobs: one per id
-    of `tokens` with logprobs=N. The last chunk has finish_reason set and carries the final stats."""
+    of `tokens` with logprobs=N. The last chunk has finish_reason set and carries the final stats
+    (and, for a prompt of chat messages, the whole reply's `message`, as GenerationResult's)."""
 
     text: str
     tokens: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     stats: GenerationStats | None = None
     logprobs: list[TokenLogprob] | None = None
+    message: ChatMessage | None = None
 
 
 class Engine:
@@ -214,10 +219,15 @@ class Engine:
         for chat messages whose rendered prompt opens a think block (a thinking template), after
         the reasoning: the model reasons freely until ``</think>``, then answers in the grammar
         (`Grammar.after`). prediction: the output expected (text or ids), a source of speculative
-        proposals that changes the speed only (Session.generate). Raises ConfigError for invalid
-        parameters or a prompt longer than the context, before any work."""
+        proposals that changes the speed only (Session.generate). For chat messages the result's
+        `message` (stream: the last chunk's) is the reply split into reasoning, content and tool
+        calls (with `tools`: the calls the model wrote, in the template's XML or JSON format, their
+        arguments typed by the tools' schemas; `message.to_dict()` is the assistant turn to append
+        for the next request). Raises ConfigError for invalid parameters or a prompt longer than
+        the context, before any work."""
         ids, text = self._encode(prompt, enable_thinking=enable_thinking, tools=tools)
-        if isinstance(grammar, Grammar) and text is not None and prompt_opens_reasoning(text):
+        think_open = text is not None and prompt_opens_reasoning(text)
+        if isinstance(grammar, Grammar) and think_open:
             grammar = grammar.after(THINK_CLOSE)
         session = self.session()
         kwargs = dict(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
@@ -226,9 +236,31 @@ class Engine:
                       logit_bias=logit_bias, stop=stop,
                       prefill_progress=prefill_progress,
                       phase_timings=phase_timings, logprobs=logprobs, grammar=grammar, prediction=prediction)
+        if text is None:  # text or ids: no chat reply to split
+            return session.stream(ids, **kwargs) if stream else session.generate(ids, **kwargs)
         if stream:
-            return session.stream(ids, **kwargs)
-        return session.generate(ids, **kwargs)
+            return _with_message(session.stream(ids, **kwargs), ChatOutput(think_open, tools))
+        result = session.generate(ids, **kwargs)
+        output = ChatOutput(think_open, tools)
+        output.feed(result.text)
+        output.finish()
+        result.message = output.message()
+        return result
+
+
+def _with_message(chunks: Iterator[GenerationChunk], output: ChatOutput) -> Iterator[GenerationChunk]:
+    """The chunks of a chat reply, the last with the reply split into a ChatMessage."""
+    try:
+        for chunk in chunks:
+            output.feed(chunk.text)
+            if chunk.finish_reason is not None:
+                output.finish()
+                chunk.message = output.message()
+            yield chunk
+    finally:
+        close = getattr(chunks, "close", None)
+        if close is not None:
+            close()  # (a consumer that stops early cancels the generation)
 
 
 class Session:

@@ -8,18 +8,41 @@ parser: text goes in, `OutputDelta`s come out, in order, each of one kind:
 * ``tool_start``: a call begins (``index``, ``call_id``, ``name``)
 * ``tool_args``: a fragment of a call's JSON arguments (``index``, ``text``)
 
-The same object accumulates the final message (`reasoning`, `content`, `tool_calls`), so the
-streaming and non-streaming answers are built by one code path and always agree.
+The same object accumulates the final message (`reasoning`, `content`, `tool_calls`, or all
+three as a `ChatMessage`), so the streaming and non-streaming answers are built by one code path
+and always agree: the server's endpoints and `Engine.generate` on chat messages alike.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping, Sequence
 
 from .reasoning import ReasoningSplitter
 from .toolcalls import TextDelta, ToolCall, ToolCallArgsDelta, ToolCallParser, ToolCallStart
 
-__all__ = ["ChatOutput", "OutputDelta", "finish_reason_for"]
+__all__ = ["ChatMessage", "ChatOutput", "OutputDelta", "finish_reason_for"]
+
+
+@dataclass
+class ChatMessage:
+    """An assistant reply split into its parts: the reasoning (the think block's text, "" without
+    one), the answer text without any parsed tool-call markup, and the tool calls, their arguments
+    typed by the tools' JSON schemas (`lucebox.toolcalls`)."""
+
+    content: str
+    reasoning: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The reply as a chat message to append to the conversation for the next turn (OpenAI's
+        assistant message: ``content``, ``reasoning_content`` when there is reasoning,
+        ``tool_calls`` when calls were made)."""
+        out: dict[str, Any] = {"role": "assistant", "content": self.content}
+        if self.reasoning:
+            out["reasoning_content"] = self.reasoning
+        if self.tool_calls:
+            out["tool_calls"] = [call.to_openai() for call in self.tool_calls]
+        return out
 
 
 @dataclass
@@ -87,6 +110,10 @@ class ChatOutput:
     @property
     def tool_calls(self) -> list[ToolCall]:
         return list(self._parser.calls) if self._parser is not None else []
+
+    def message(self) -> ChatMessage:
+        """The message so far (after `finish`: the whole reply)."""
+        return ChatMessage(content=self.content, reasoning=self.reasoning, tool_calls=self.tool_calls)
 
 
 def finish_reason_for(engine_finish: str, has_tool_calls: bool) -> str:

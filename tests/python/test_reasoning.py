@@ -5,8 +5,8 @@ import random
 
 import pytest
 
-from lucebox.server.chat_output import ChatOutput, finish_reason_for
-from lucebox.server.reasoning import ReasoningSplitter, prompt_opens_reasoning
+from lucebox.chat_output import ChatOutput, finish_reason_for
+from lucebox.reasoning import ReasoningSplitter, prompt_opens_reasoning
 
 
 def split(text: str, in_reasoning: bool, sizes=(10_000,)) -> tuple[str, str]:

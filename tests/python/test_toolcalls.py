@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from lucebox.server.toolcalls import (
+from lucebox.toolcalls import (
     TextDelta,
     ToolCallArgsDelta,
     ToolCallParser,

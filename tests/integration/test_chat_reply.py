@@ -8,7 +8,7 @@ import pytest
 
 import lucebox
 from lucebox.chat_output import ChatMessage
-from lucebox.chat_template import DEFAULT_CHAT_TEMPLATE, ChatTemplate
+from templates import thinking_template
 
 TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "The weather forecast of a city.",
@@ -60,10 +60,8 @@ def test_reasoning_then_a_call_streamed_and_not(engine: lucebox.Engine) -> None:
     """A prompt that opens a think block: the model reasons (a bias on </think> closes it), then the
     grammar (applied after </think>) writes the call. Streamed, the last chunk carries the same
     message as the whole result."""
-    closing = "{{- '<think>\\n\\n</think>\\n\\n' -}}\n    {%- endif -%}"
     thinking = lucebox.Engine(engine.model_path, ctx=1024, device="cpu")
-    thinking.chat_template = ChatTemplate(DEFAULT_CHAT_TEMPLATE.replace(
-        closing, "{{- '<think>\\n\\n</think>\\n\\n' -}}\n    {%- else -%}\n        {{- '<think>\\n' -}}\n    {%- endif -%}"))
+    thinking.chat_template = thinking_template()
     close_id = thinking.tokenizer.encode("</think>", parse_special=True)
     assert len(close_id) == 1
     kwargs = dict(tools=TOOLS, max_tokens=300, grammar=lucebox.Grammar.choice([CALL]), temperature=1.0, seed=3,

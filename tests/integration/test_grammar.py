@@ -14,6 +14,7 @@ import lucebox
 from lucebox import _core, default_model
 from lucebox.errors import ConfigError
 from forcing import forced, forced_tree
+from templates import thinking_template
 
 PERSON = {
     "type": "object",
@@ -250,13 +251,8 @@ def test_a_thinking_prompt_reasons_before_the_grammar(pair: tuple[str, str]) -> 
     """Chat messages whose rendered prompt opens a think block: the model reasons freely (a bias on
     </think> makes the random model close it), then answers in the grammar (Grammar.after); with
     enable_thinking=False, or a text prompt, the grammar applies from the first token."""
-    from lucebox.chat_template import DEFAULT_CHAT_TEMPLATE, ChatTemplate
-
     engine = lucebox.Engine(pair[0], ctx=1024, device="cpu")
-    closing = "{{- '<think>\\n\\n</think>\\n\\n' -}}\n    {%- endif -%}"
-    assert closing in DEFAULT_CHAT_TEMPLATE
-    engine.chat_template = ChatTemplate(DEFAULT_CHAT_TEMPLATE.replace(
-        closing, "{{- '<think>\\n\\n</think>\\n\\n' -}}\n    {%- else -%}\n        {{- '<think>\\n' -}}\n    {%- endif -%}"))
+    engine.chat_template = thinking_template()
     close_id = engine.tokenizer.encode("</think>", parse_special=True)
     assert len(close_id) == 1
     messages = [{"role": "user", "content": "Who is it?"}]

@@ -65,45 +65,6 @@ __device__ __forceinline__ void warp_sum(float (&v)[N]) {
         for (int j = 0; j < N; ++j) v[j] += __shfl_xor_sync(0xffffffffu, v[j], off);
 }
 
-// The column whose warp total lane `lane` holds after warp_sum_scatter: lane bits 4, 3, 2 as column
-// bits 2, 1, 0 (four lanes, differing in bits 1 and 0, hold each column); column_lane(c) is the
-// first of them.
-__device__ __forceinline__ int scatter_column(int lane) {
-    return ((lane >> 4) & 1) << 2 | ((lane >> 3) & 1) << 1 | ((lane >> 2) & 1);
-}
-__device__ __forceinline__ int column_lane(int c) { return ((c >> 2) & 1) << 4 | ((c >> 1) & 1) << 3 | (c & 1) << 2; }
-
-// v[c] (8 columns) summed over the warp's lanes, returned for column scatter_column(lane) only: at
-// each distance (16, 8, 4 lanes) a lane sends the half of its columns its partner keeps, then the
-// last two distances add whole sums. 9 shuffles where warp_sum<8> takes 40, with warp_sum's additions
-// (the same pairs in the same order, so the same total). The recurrence's two sums a token are on its
-// dependency chain: H200 probe (bench/probes/delta_net_bench.cu, 48 heads), a 16-token verify 25.8 ->
-// 19.6 us a layer, a decode step 5.6 -> 5.3.
-__device__ __forceinline__ float warp_sum_scatter(const float (&v)[8], int lane) {
-    const bool b4 = lane & 16, b3 = lane & 8, b2 = lane & 4;
-    float w[4], x[2];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) w[j] = (b4 ? v[4 + j] : v[j]) + __shfl_xor_sync(0xffffffffu, b4 ? v[j] : v[4 + j], 16);
-#pragma unroll
-    for (int j = 0; j < 2; ++j) x[j] = (b3 ? w[2 + j] : w[j]) + __shfl_xor_sync(0xffffffffu, b3 ? w[j] : w[2 + j], 8);
-    float y = (b2 ? x[1] : x[0]) + __shfl_xor_sync(0xffffffffu, b2 ? x[0] : x[1], 4);
-    y += __shfl_xor_sync(0xffffffffu, y, 2);
-    return y + __shfl_xor_sync(0xffffffffu, y, 1);
-}
-
-// A lane's part of each of its warp's N state columns times v (its 4 rows of the column): out[c] =
-// S[c].x v.x + S[c].y v.y + S[c].z v.z + S[c].w v.w, in that order (S^T k and S^T q alike).
-template <int N>
-__device__ __forceinline__ void column_dots(const float4 (&S)[N], float4 v, float (&out)[N]) {
-#pragma unroll
-    for (int c = 0; c < N; ++c) {
-        out[c] = S[c].x * v.x;
-        out[c] += S[c].y * v.y;
-        out[c] += S[c].z * v.z;
-        out[c] += S[c].w * v.w;
-    }
-}
-
 constexpr int INPUT_PREFETCH = 16;  // tokens whose inputs a thread loads before it convolves them
 
 // The blocks of the inputs kernel: one per head-sized block of conv channels, then one per HEAD
@@ -197,18 +158,72 @@ __global__ void __launch_bounds__(HEAD) inputs_kernel(inputs_args a) {
     }
 }
 
-constexpr int REC_COLS = 8;          // state columns per warp
-constexpr int REC_ROWS = HEAD / 32;  // k indices per lane: 4 consecutive (one float4)
+// How a warp holds its state columns (probe knobs of bench/probes/delta_net_bench.cu; the defaults
+// are the measured choice): LUCEBOX_REC_LANES lanes share a group of LUCEBOX_REC_LANE_COLS columns,
+// each lane HEAD / REC_LANES k indices of every column of its group. A column's dot products are
+// summed in registers, then over its group's lanes by log2(REC_LANES) butterfly shuffles, which leave
+// the same bits in every lane of the group (IEEE addition commutes): no broadcast of the deltas. More
+// lanes a group: shorter register sums, more shuffles; more columns a group: each staged k and q value
+// a lane loads serves that many columns.
+#ifndef LUCEBOX_REC_LANES
+#define LUCEBOX_REC_LANES 8
+#endif
+#ifndef LUCEBOX_REC_LANE_COLS
+#define LUCEBOX_REC_LANE_COLS 2
+#endif
+constexpr int REC_LANES = LUCEBOX_REC_LANES;           // lanes per column group
+constexpr int REC_LANE_COLS = LUCEBOX_REC_LANE_COLS;   // columns per group (and per lane)
+static_assert(REC_LANES == 4 || REC_LANES == 8 || REC_LANES == 16 || REC_LANES == 32, "a group of 4 to 32 lanes");
+constexpr int REC_COLS = 32 / REC_LANES * REC_LANE_COLS;  // state columns per warp
+constexpr int REC_VECS = HEAD / 4 / REC_LANES;            // float4s of a column per lane
+static_assert(REC_COLS <= HEAD / 4, "a CTA of a 4-CTA cluster holds at least one warp");
+constexpr int REC_ROWS = HEAD / 32;  // (the gated norm: values per lane of a token's HEAD outputs)
 constexpr int CHUNK = 16;            // tokens staged in shared memory at a time
 constexpr int REC_CLUSTER = 4;       // CTAs per value head where the device has thread-block clusters
 
-// Value head h (key head h % Hk) in NC CTAs of HEAD / NC state columns each (NC = 1: one CTA of 16
-// warps; NC = REC_CLUSTER: one thread-block cluster of 4 CTAs of 4 warps, compute capability >= 9.0,
-// so that the heads' recurrences spread over all SMs); warp w of a CTA owns its columns 8w..8w+7,
-// lane l their k indices 4l..4l+3 (in registers for the whole batch). Per token: kv = S^T k, delta
-// = (v - exp(g) kv) beta, S = exp(g) S + k delta^T, o = S^T q / sqrt(HEAD); then RMSNorm(o) *
-// norm_w * SiLU(z) per token over the head's 128 outputs (with NC CTAs: each adds its columns'
-// squares, then every CTA adds the NC partial sums in rank order from distributed shared memory).
+// A lane's part of its state columns times v: for each column j, the float4s i of S[j] (k indices
+// 4 (REC_LANES i + r) .. + 3, r = the lane's rank in its group) times the same float4s of v, in up to
+// 4 running sums (i mod 4: short dependency chains) added as (0 + 1) + (2 + 3), then summed over the
+// group's lanes (butterfly).
+__device__ __forceinline__ void column_dots(const float4 (&S)[REC_LANE_COLS][REC_VECS], const float4 * v, int r,
+                                            float (&out)[REC_LANE_COLS]) {
+    constexpr int P = REC_VECS < 4 ? REC_VECS : 4;
+    float p[REC_LANE_COLS][P];
+#pragma unroll
+    for (int i = 0; i < REC_VECS; ++i) {
+        const float4 w = v[REC_LANES * i + r];
+#pragma unroll
+        for (int j = 0; j < REC_LANE_COLS; ++j) {
+            float d = S[j][i].x * w.x;
+            d += S[j][i].y * w.y;
+            d += S[j][i].z * w.z;
+            d += S[j][i].w * w.w;
+            if (i < P) p[j][i] = d;
+            else p[j][i % P] += d;
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < REC_LANE_COLS; ++j) {
+        if constexpr (P == 4) out[j] = (p[j][0] + p[j][1]) + (p[j][2] + p[j][3]);
+        else if constexpr (P == 2) out[j] = p[j][0] + p[j][1];
+        else out[j] = p[j][0];
+    }
+#pragma unroll
+    for (int off = 1; off < REC_LANES; off *= 2)
+#pragma unroll
+        for (int j = 0; j < REC_LANE_COLS; ++j) out[j] += __shfl_xor_sync(0xffffffffu, out[j], off);
+}
+
+// Value head h (key head h % Hk) in NC CTAs of HEAD / NC state columns each (NC = 1: one CTA of
+// HEAD / REC_COLS warps; NC = REC_CLUSTER: one thread-block cluster of 4 CTAs, compute capability
+// >= 9.0, so that the heads' recurrences spread over all SMs); warp w of a CTA owns its columns
+// REC_COLS w .. + REC_COLS - 1, lane l = REC_LANES g + r group g of them (REC_LANE_COLS columns)
+// and its float4s i of k indices 4 (REC_LANES i + r) .. + 3, i < REC_VECS (in registers for the whole
+// batch). Per token:
+// kv = S^T k, delta = (v - exp(g) kv) beta, S = exp(g) S + k delta^T, o = S^T q / sqrt(HEAD); then
+// RMSNorm(o) * norm_w * SiLU(z) per token over the head's 128 outputs (with NC CTAs: each adds its
+// columns' squares, then every CTA adds the NC partial sums in rank order from distributed shared
+// memory).
 // (The body of recurrence_kernel and replay_layers_kernel: one arithmetic for both. A replay,
 // OUTPUTS false, skips S^T q and the norm: the state goes through the same instructions.)
 template <int NC, bool OUTPUTS>
@@ -225,11 +240,24 @@ __device__ __forceinline__ void recurrence_body(const recurrence_args & a) {
     const float scale = rsqrtf(float(HEAD));
     cuda::wait_for_previous();
 
-    float4 S[REC_COLS];  // S[cc] = state column c0 + warp * REC_COLS + cc, k indices 4 lane .. 4 lane + 3
-    const int cw = c0 + warp * REC_COLS;  // this warp's first column
-    const float4 * s0 = reinterpret_cast<const float4 *>(a.s0 + h * D);
+    const int cr = lane % REC_LANES;                                             // my rank in my group
+    const int col0 = c0 + warp * REC_COLS + lane / REC_LANES * REC_LANE_COLS;   // my group's first column
+    float4 S[REC_LANE_COLS][REC_VECS];  // S[j][i] = column col0 + j's k indices 4 (REC_LANES i + cr) .. + 3
+    auto load_state = [&](const float * from) {  // [HEAD (column)][HEAD (k index)]
+        const float4 * f = reinterpret_cast<const float4 *>(from) + col0 * (HEAD / 4) + cr;
 #pragma unroll
-    for (int cc = 0; cc < REC_COLS; ++cc) S[cc] = s0[(cw + cc) * (HEAD / 4) + lane];
+        for (int j = 0; j < REC_LANE_COLS; ++j)
+#pragma unroll
+            for (int i = 0; i < REC_VECS; ++i) S[j][i] = f[j * (HEAD / 4) + REC_LANES * i];
+    };
+    auto store_state = [&](float * to) {
+        float4 * f = reinterpret_cast<float4 *>(to) + col0 * (HEAD / 4) + cr;
+#pragma unroll
+        for (int j = 0; j < REC_LANE_COLS; ++j)
+#pragma unroll
+            for (int i = 0; i < REC_VECS; ++i) f[j * (HEAD / 4) + REC_LANES * i] = S[j][i];
+    };
+    load_state(a.s0 + h * D);
 
     for (int t0 = 0; t0 < a.T; t0 += CHUNK) {
         const int n = a.T - t0 < CHUNK ? a.T - t0 : CHUNK;
@@ -262,44 +290,32 @@ __device__ __forceinline__ void recurrence_body(const recurrence_args & a) {
         for (int t = 0; t < n; ++t) {
             if (a.parents != nullptr) {  // a tree: node t0 + t continues its parent's state (a slot this thread wrote) or s0
                 const int node = t0 + t, p = a.parents[node];
-                if (p != node - 1) {
-                    const float4 * from =
-                        p < 0 ? s0 : reinterpret_cast<const float4 *>(a.state_dst + int64_t(a.T - 1 - p) * a.slot_stride + h * D);
+                if (p != node - 1) load_state(p < 0 ? a.s0 + h * D : a.state_dst + int64_t(a.T - 1 - p) * a.slot_stride + h * D);
+            }
+            const float eg = sg[t], b = sb[t];
+            float kv[REC_LANE_COLS], delta[REC_LANE_COLS];
+            column_dots(S, sk[t], cr, kv);
 #pragma unroll
-                    for (int cc = 0; cc < REC_COLS; ++cc) S[cc] = from[(cw + cc) * (HEAD / 4) + lane];
+            for (int j = 0; j < REC_LANE_COLS; ++j) delta[j] = (sv[t][col0 + j] - eg * kv[j]) * b;
+#pragma unroll
+            for (int i = 0; i < REC_VECS; ++i) {
+                const float4 k = sk[t][REC_LANES * i + cr];
+#pragma unroll
+                for (int j = 0; j < REC_LANE_COLS; ++j) {
+                    S[j][i].x = eg * S[j][i].x + k.x * delta[j];
+                    S[j][i].y = eg * S[j][i].y + k.y * delta[j];
+                    S[j][i].z = eg * S[j][i].z + k.z * delta[j];
+                    S[j][i].w = eg * S[j][i].w + k.w * delta[j];
                 }
             }
-            const float4 k = sk[t][lane];
-            const float eg = sg[t], b = sb[t];
-            float kv[REC_COLS];
-            column_dots(S, k, kv);
-            static_assert(REC_COLS == 8, "warp_sum_scatter sums 8 columns");
-            // my column's delta, then every column's from the lanes holding it
-            const int mc = scatter_column(lane);
-            const float my_delta = (sv[t][cw + mc] - eg * warp_sum_scatter(kv, lane)) * b;
-            float deltas[REC_COLS];
-#pragma unroll
-            for (int cc = 0; cc < REC_COLS; ++cc) deltas[cc] = __shfl_sync(0xffffffffu, my_delta, column_lane(cc));
-#pragma unroll
-            for (int cc = 0; cc < REC_COLS; ++cc) {
-                const float delta = deltas[cc];
-                S[cc].x = eg * S[cc].x + k.x * delta;
-                S[cc].y = eg * S[cc].y + k.y * delta;
-                S[cc].z = eg * S[cc].z + k.z * delta;
-                S[cc].w = eg * S[cc].w + k.w * delta;
-            }
             if constexpr (OUTPUTS) {
-                const float4 q = sq[t][lane];
-                float at[REC_COLS];
-                column_dots(S, q, at);
-                const float my_at = warp_sum_scatter(at, lane);
-                if ((lane & 3) == 0) so[t][cw + mc] = my_at * scale;
-            }
-            if (a.state_mode == 1) {
-                float4 * slot = reinterpret_cast<float4 *>(a.state_dst + int64_t(a.T - 1 - (t0 + t)) * a.slot_stride + h * D);
+                float at[REC_LANE_COLS];
+                column_dots(S, sq[t], cr, at);
+                if (cr == 0)
 #pragma unroll
-                for (int cc = 0; cc < REC_COLS; ++cc) slot[(cw + cc) * (HEAD / 4) + lane] = S[cc];
+                    for (int j = 0; j < REC_LANE_COLS; ++j) so[t][col0 + j] = at[j] * scale;
             }
+            if (a.state_mode == 1) store_state(a.state_dst + int64_t(a.T - 1 - (t0 + t)) * a.slot_stride + h * D);
         }
         if constexpr (!OUTPUTS) continue;
         __syncthreads();
@@ -348,11 +364,7 @@ __device__ __forceinline__ void recurrence_body(const recurrence_args & a) {
             for (int c = c0 + lane; c < c0 + COLS; c += 32) ot[c] = so[t][c] * rr * a.norm_w[c] * silu(zt[c]);
         }
     }
-    if (a.state_mode == 0) {
-        float4 * dst = reinterpret_cast<float4 *>(a.state_dst + h * D);
-#pragma unroll
-        for (int cc = 0; cc < REC_COLS; ++cc) dst[(cw + cc) * (HEAD / 4) + lane] = S[cc];
-    }
+    if (a.state_mode == 0) store_state(a.state_dst + h * D);
 }
 
 template <int NC>

@@ -4,8 +4,10 @@
 // of one layer's outputs and final state for each T and can write T = 16's (DIR), so that two builds
 // of a change can be compared; then the replay_layers kernel (a chain commit of all 48 layers in one
 // launch) for T kept tokens: us a layer, and whether its state is the recurrence's final state to the
-// bit. Correctness is tests/cpp/test_delta_net_step.cpp; this only times (random inputs, unit-norm q and
-// k).
+// bit. Each T's outputs and state are also checked against a double-precision reference on the host
+// ("err": the largest difference over the largest reference value, outputs and state; "BAD" above
+// 1e-4), so that a variant of the kernel is known to compute the recurrence before it is timed; the
+// full correctness tests are tests/cpp/test_delta_net_step.cpp (random inputs, unit-norm q and k).
 // Standalone (no ggml); on the GPU machine:
 //     nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Icpp/kernels -Itests/cpp \
 //          -o /tmp/gdn bench/probes/delta_net_bench.cu && /tmp/gdn [--once] [--heads HK:HV] [DIR]
@@ -22,6 +24,7 @@
 #include "cuda_check.h"
 #include "delta_net_step.cuh"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -46,6 +49,51 @@ uint64_t hash_of(const std::vector<float> & v) {
         for (int i = 0; i < 4; ++i) h = (h ^ ((b >> (8 * i)) & 0xFF)) * 1099511628211ull;
     }
     return h;
+}
+
+// The recurrence of one layer for T tokens in double precision (recurrence_args' contract, state_mode 0):
+// out [T][HV HEAD], state [HV][HEAD (column)][HEAD (k index)].
+void reference(const std::vector<float> & x, int x_tokens, int HK, int HV, int T, const std::vector<float> & s0,
+               const std::vector<float> & z, const std::vector<float> & norm_w, float eps, std::vector<double> & out,
+               std::vector<double> & state) {
+    const int64_t CONV = int64_t(2 * HK + HV) * HEAD, G = CONV * x_tokens, B = G + int64_t(HV) * x_tokens;
+    out.assign(size_t(T) * HV * HEAD, 0.0);
+    state.assign(s0.begin(), s0.end());
+    std::vector<double> o(HEAD);
+    for (int h = 0; h < HV; ++h) {
+        double * S = state.data() + size_t(h) * HEAD * HEAD;
+        const int kh = h % HK;
+        for (int t = 0; t < T; ++t) {
+            const float * row = x.data() + t * CONV;
+            const float *q = row + kh * HEAD, *k = row + (HK + kh) * HEAD, *v = row + (2 * HK + h) * HEAD;
+            const double eg = std::exp(double(x[G + t * HV + h])), beta = x[B + t * HV + h];
+            double ss = 0.0;
+            for (int c = 0; c < HEAD; ++c) {
+                double kv = 0.0;
+                for (int i = 0; i < HEAD; ++i) kv += S[c * HEAD + i] * k[i];
+                const double delta = (v[c] - eg * kv) * beta;
+                double at = 0.0;
+                for (int i = 0; i < HEAD; ++i) {
+                    S[c * HEAD + i] = eg * S[c * HEAD + i] + k[i] * delta;
+                    at += S[c * HEAD + i] * q[i];
+                }
+                o[c] = at / std::sqrt(double(HEAD));
+                ss += o[c] * o[c];
+            }
+            const double rr = 1.0 / std::sqrt(ss / HEAD + eps);
+            for (int c = 0; c < HEAD; ++c) {
+                const double zc = z[(size_t(t) * HV + h) * HEAD + c];
+                out[(size_t(t) * HV + h) * HEAD + c] = o[c] * rr * norm_w[c] * zc / (1.0 + std::exp(-zc));
+            }
+        }
+    }
+}
+
+// max |a - b| / max |b|
+double rel_err(const std::vector<float> & a, const std::vector<double> & b) {
+    double d = 0.0, m = 0.0;
+    for (size_t i = 0; i < b.size(); ++i) d = std::max(d, std::fabs(a[i] - b[i])), m = std::max(m, std::fabs(b[i]));
+    return m > 0.0 ? d / m : d;
 }
 
 }  // namespace
@@ -128,7 +176,7 @@ int main(int argc, char ** argv) {
         return a;
     };
     std::printf("recurrence kernel, %d value heads of %d, %d layers in one graph\n", HV, HEAD, LAYERS);
-    std::printf("%4s %10s %14s %18s\n", "T", "us/layer", "us/extra token", "hash (out, state)");
+    std::printf("%4s %10s %14s %18s   %s\n", "T", "us/layer", "us/extra token", "hash (out, state)", "err (out, state)");
     double us1 = 0.0;
     for (int T : {1, 2, 4, 8, 16, 32, 64}) {
         if (once && T != 1 && T != 16) continue;
@@ -139,6 +187,11 @@ int main(int argc, char ** argv) {
         CHECK_CUDA(cudaMemcpy(ho.data(), out, ho.size() * 4, cudaMemcpyDeviceToHost));
         CHECK_CUDA(cudaMemcpy(hd.data(), dst, state * 4, cudaMemcpyDeviceToHost));
         const uint64_t h = hash_of(ho) ^ (hash_of(hd) * 31);
+        std::vector<double> ro, rs;
+        reference(hx, MAX_T, HK, HV, T, hs, hz, hn, 1e-6f, ro, rs);
+        const double eo = rel_err(ho, ro), es = rel_err(hd, rs);
+        char err[64];
+        std::snprintf(err, sizeof err, "%.1e %.1e%s", eo, es, eo > 1e-4 || es > 1e-4 ? " BAD" : "");
         if (dump != nullptr && T == 16) {
             for (auto [name, v] : {std::pair{"out16.f32", &ho}, std::pair{"state16.f32", &hd}}) {
                 const std::string path = std::string(dump) + "/" + name;
@@ -148,7 +201,7 @@ int main(int argc, char ** argv) {
             }
         }
         if (once) {
-            std::printf("%4d %10s %14s   %016llx\n", T, "-", "-", (unsigned long long) h);
+            std::printf("%4d %10s %14s   %016llx   %s\n", T, "-", "-", (unsigned long long) h, err);
             continue;
         }
 
@@ -168,7 +221,8 @@ int main(int argc, char ** argv) {
         CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
         const double us = 1000.0 * ms / (REPS * LAYERS);
         if (T == 1) us1 = us;
-        std::printf("%4d %10.2f %14.3f   %016llx\n", T, us, T > 1 ? (us - us1) / (T - 1) : 0.0, (unsigned long long) h);
+        std::printf("%4d %10.2f %14.3f   %016llx   %s\n", T, us, T > 1 ? (us - us1) / (T - 1) : 0.0,
+                    (unsigned long long) h, err);
         CHECK_CUDA(cudaGraphExecDestroy(exec));
         CHECK_CUDA(cudaGraphDestroy(graph));
     }

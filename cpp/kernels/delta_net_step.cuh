@@ -164,9 +164,14 @@ __global__ void __launch_bounds__(HEAD) inputs_kernel(inputs_args a) {
 // summed in registers, then over its group's lanes by log2(REC_LANES) butterfly shuffles, which leave
 // the same bits in every lane of the group (IEEE addition commutes): no broadcast of the deltas. More
 // lanes a group: shorter register sums, more shuffles; more columns a group: each staged k and q value
-// a lane loads serves that many columns.
+// a lane loads serves that many columns. H100 probe (bash bench/probes/ab.sh
+// bench/probes/delta_net_bench.cu 2 ..., 27B heads, us a layer at T = 1 / 16 / 64, replay T = 6):
+// 16 lanes x 2 columns 5.89 / 13.61 / 45.05, 2.79; 8 x 1 5.88 / 13.94 / 45.96, 2.85; 4 x 1 6.34 /
+// 14.96 / 48.93, 3.18; 8 x 2 6.15 / 15.94 / 53.21, 2.52; 16 x 4 6.22 / 16.47 / 55.38, 2.53; the
+// former layout (a warp's 32 lanes on 8 columns, a reduce-scatter and a broadcast of the deltas) 6.19 /
+// 16.10 / 54.17, 2.53. Every variant equal to a double-precision reference (within 3e-7).
 #ifndef LUCEBOX_REC_LANES
-#define LUCEBOX_REC_LANES 8
+#define LUCEBOX_REC_LANES 16
 #endif
 #ifndef LUCEBOX_REC_LANE_COLS
 #define LUCEBOX_REC_LANE_COLS 2

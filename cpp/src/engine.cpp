@@ -41,6 +41,16 @@ constexpr uint32_t MAX_FORCED_BLOCK = 16;  // verify width available to forced p
 
 uint32_t pad_to(uint32_t n, uint32_t m) { return (n + m - 1) / m * m; }
 
+// Refuses ids outside [0, V): "<what>token id X at index i is outside the vocabulary [0, V)".
+void check_token_ids(const std::vector<int32_t> & ids, uint32_t V, const std::string & what) {
+    for (size_t i = 0; i < ids.size(); ++i) {
+        if (ids[i] < 0 || static_cast<uint32_t>(ids[i]) >= V) {
+            throw config_error(what + "token id " + std::to_string(ids[i]) + " at index " + std::to_string(i) +
+                               " is outside the vocabulary [0, " + std::to_string(V) + ")");
+        }
+    }
+}
+
 // The target's key view for a forward whose last token sits at position end - 1: cache rows [0, n),
 // n = end padded to KV_PAD rows, or to kernels::k_fattn_long_view_pad rows once that reaches
 // kernels::fattn_long_keys() (a long view: CUDA's fixed-split attention, ggml patch 0008, then takes a
@@ -1291,13 +1301,7 @@ void session::check_appendable(const std::vector<int32_t> & tokens, const char *
         throw config_error(std::string(what) + ": the session has a pending generated token; pass it first or reset");
     }
     check_fits(tokens.size());
-    const uint32_t V = n_vocab();
-    for (size_t i = 0; i < tokens.size(); ++i) {
-        if (tokens[i] < 0 || static_cast<uint32_t>(tokens[i]) >= V) {
-            throw config_error("token id " + std::to_string(tokens[i]) + " at index " + std::to_string(i) +
-                               " is outside the vocabulary [0, " + std::to_string(V) + ")");
-        }
-    }
+    check_token_ids(tokens, n_vocab(), "");
 }
 
 std::vector<float> session::eval(const std::vector<int32_t> & tokens, bool all_logits) {
@@ -1369,22 +1373,12 @@ generate_result session::generate(const std::vector<int32_t> & prompt, const gen
     }
     check_fits(prompt.size());
     const uint32_t V = n_vocab();
-    for (size_t i = 0; i < prompt.size(); ++i) {
-        if (prompt[i] < 0 || static_cast<uint32_t>(prompt[i]) >= V) {
-            throw config_error("prompt token id " + std::to_string(prompt[i]) + " at index " + std::to_string(i) +
-                               " is outside the vocabulary [0, " + std::to_string(V) + ")");
-        }
-    }
+    check_token_ids(prompt, V, "prompt ");
     if (params.block_size > MAX_FORCED_BLOCK) {
         throw config_error("generate: block_size " + std::to_string(params.block_size) + " exceeds " +
                            std::to_string(MAX_FORCED_BLOCK));
     }
-    for (int32_t t : params.prediction) {
-        if (static_cast<uint32_t>(t) >= V) {
-            throw config_error("prediction token id " + std::to_string(t) + " is outside the vocabulary [0, " +
-                               std::to_string(V) + ")");
-        }
-    }
+    check_token_ids(params.prediction, V, "prediction ");
     for (const auto & [id, bias] : params.sampling.logit_bias) {
         if (static_cast<uint32_t>(id) >= V) {
             throw config_error("logit_bias token id " + std::to_string(id) + " is outside the vocabulary [0, " +

@@ -111,6 +111,16 @@ static_assert(STAGES >= 2, "one chunk loads while another is multiplied");
 #ifndef LUCEBOX_Q8_0_PDL  // 0: plain launches (for the probe's A/B)
 #define LUCEBOX_Q8_0_PDL 1
 #endif
+// LUCEBOX_Q8_0_ROW_PAD 1: a stage holds each Q4_K row's 144-byte chunk at a 160-byte stride instead
+// of 144. At 144 bytes (36 words, 4 mod 32) row g starts at bank 4g, so the 8-byte quant loads of
+// lanes (g, t) (row g, bytes 8t..8t+7 of a 32-byte run) overlap for rows g and g + 1 of a half warp:
+// ncu on an H100 counts 25-35 % of the Q4_K products' shared-load wavefronts as bank conflicts
+// (none for Q6_K, staged in fragment order; docs/benchmarks.md, forty-first session). At 160 bytes
+// (40 words, 8 mod 32) the 4 rows of a half warp take disjoint groups of 8 banks. Costs 16 bytes of
+// shared memory a staged row (4 KB a gated 4-warp CTA of 2 stages). Not yet measured: 0 until it is.
+#ifndef LUCEBOX_Q8_0_ROW_PAD
+#define LUCEBOX_Q8_0_ROW_PAD 0
+#endif
 
 static_assert(CHUNK_BYTES % 16 == 0 && Q4K_BLOCK_BYTES % 16 == 0 && Q5K_BLOCK_BYTES % 16 == 0,
               "a staged row chunk must be whole 16-byte vectors");
@@ -124,8 +134,12 @@ static_assert(16 * Q6K_BLOCK_BYTES % 16 == 0, "a staged q6_k tile chunk (16 rows
 // q4_k / q5_k: 144 / 176-byte row chunks, and the activation sums [8][cols] after the scales. A one-column
 // product (decode) stages its one column only (xcols 1; the mma's other 7 columns are zero
 // registers): 4.6 KB a Q8_0 stage instead of 6.6, so more chunks fit in flight.
+// A staged weight row's stride: its chunk's bytes, plus LUCEBOX_Q8_0_ROW_PAD's 16 for Q4_K.
+__host__ __device__ constexpr int staged_row_bytes(weight_type wt) {
+    return chunk_bytes(wt) + (LUCEBOX_Q8_0_ROW_PAD && wt == weight_type::q4_k ? 16 : 0);
+}
 __host__ __device__ constexpr int stage_bytes(int xcols, int m_tiles, weight_type wt = weight_type::q8_0) {
-    return 16 * m_tiles * chunk_bytes(wt) + CHUNK_BLOCKS * xcols * (QK + 4 + (has_mins(wt) ? 4 : 0));
+    return 16 * m_tiles * staged_row_bytes(wt) + CHUNK_BLOCKS * xcols * (QK + 4 + (has_mins(wt) ? 4 : 0));
 }
 // A column's sum of squares is added as NORM_PARTS partial sums (blocks b = p mod NORM_PARTS).
 constexpr int NORM_PARTS = 8;
@@ -366,8 +380,10 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
     constexpr bool Q5K = WT == weight_type::q5_k, Q6K = WT == weight_type::q6_k;
     constexpr bool MINS = has_mins(WT);  // q4_k (Q4K in the comments) or Q5K
     constexpr int CB = chunk_bytes(WT), CHUNK_VECS = CB / 16;
+    constexpr int RS = staged_row_bytes(WT);  // a staged row's stride (CB, or padded: see LUCEBOX_Q8_0_ROW_PAD)
+    static_assert(RS == CB || (WT == weight_type::q4_k && RS % 16 == 0), "only Q4_K rows are padded, by whole vectors");
     constexpr int STAGE = stage_bytes(XC, M_TILES, WT);
-    constexpr int W_BYTES = TILE_ROWS * CB;
+    constexpr int W_BYTES = TILE_ROWS * RS;
     constexpr int X_BYTES = CHUNK_BLOCKS * XC * QK;
     constexpr int X_VECS = X_BYTES / 16, D_VECS = CHUNK_BLOCKS * XC * 4 / 16;
     static_assert(CHUNK_BLOCKS * 4 % 16 == 0, "a chunk's scales of one column are whole 16-byte vectors");
@@ -423,7 +439,8 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
                 const int idx = lane + 32 * c;
                 if (PIECES * PIECE_VECS % 32 != 0 && idx >= PIECES * PIECE_VECS) break;
                 const int p = idx / PIECE_VECS;
-                cuda::cp_async16(st + 16 * idx, piece[p] + 16 * (idx - p * PIECE_VECS));
+                // (padded rows: vector idx of the piece is row idx / CHUNK_VECS's, RS - CB bytes a row further)
+                cuda::cp_async16(st + 16 * idx + (RS - CB) * (idx / CHUNK_VECS), piece[p] + 16 * (idx - p * PIECE_VECS));
             }
         } else {  // rows row_bytes apart, or a tile's last partial piece: row by row, rows past M repeat M-1
 #pragma unroll
@@ -436,7 +453,7 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
                 const int64_t at = a.tiled ? tiles::chunk_offset(row, chunk, a.M, a.row_bytes, CB)
                                            : int64_t(row) * a.row_bytes + int64_t(chunk) * CB;
                 const uint8_t * src = (from_gate ? a.gate : a.w) + at + 16 * v;
-                cuda::cp_async16(st + 16 * idx, src);
+                cuda::cp_async16(st + (RS == CB ? 16 * idx : s * RS + 16 * v), src);
             }
         }
     };
@@ -526,7 +543,7 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
             for (int mt = 0; mt < M_TILES; ++mt)
 #pragma unroll
                 for (int hr = 0; hr < 2; ++hr) {
-                    const uint8_t * row = st + (16 * mt + g + 8 * hr) * CB;
+                    const uint8_t * row = st + (16 * mt + g + 8 * hr) * RS;
                     dm[mt][hr] = __half22float2(*reinterpret_cast<const __half2 *>(row));
 #pragma unroll
                     for (int i = 0; i < 3; ++i) sc[mt][hr][i] = reinterpret_cast<const uint32_t *>(row + 4)[i];
@@ -546,7 +563,7 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
                 for (int mt = 0; mt < M_TILES; ++mt)
 #pragma unroll
                     for (int hr = 0; hr < 2; ++hr)
-                        qh[mt][hr] = *reinterpret_cast<const uint2 *>(st + (16 * mt + g + 8 * hr) * CB + 16 + 8 * t);
+                        qh[mt][hr] = *reinterpret_cast<const uint2 *>(st + (16 * mt + g + 8 * hr) * RS + 16 + 8 * t);
             }
             int isum[M_TILES][NG][4] = {};
 #pragma unroll
@@ -556,7 +573,7 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
                 for (int mt = 0; mt < M_TILES; ++mt)
 #pragma unroll
                     for (int hr = 0; hr < 2; ++hr)
-                        qw[mt][hr] = *reinterpret_cast<const uint2 *>(st + (16 * mt + g + 8 * hr) * CB + QS_AT + 32 * jq + 8 * t);
+                        qw[mt][hr] = *reinterpret_cast<const uint2 *>(st + (16 * mt + g + 8 * hr) * RS + QS_AT + 32 * jq + 8 * t);
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     const int s = 2 * jq + h;  // sub-block = activation block of the chunk

@@ -2,15 +2,16 @@
 # A/B of kernel headers with one of the standalone probes: builds PROBE once for each variant, with the
 # variant's directory searched before cpp/kernels (so its copies of the headers replace the
 # repository's), then runs the builds one after the other, ROUNDS times, so that drifts of the machine
-# fall on every variant alike. A variant is NAME=DIR; NAME=. is the repository's own headers.
-#     bash bench/probes/ab.sh PROBE.cu ROUNDS NAME=DIR... [-- PROBE ARGS]
+# fall on every variant alike. A variant is NAME=DIR; NAME=. is the repository's own headers; NAME=-DX=1
+# (comma-separated -D flags) is the repository's headers compiled with those macros (a probe knob).
+#     bash bench/probes/ab.sh PROBE.cu ROUNDS NAME=DIR|NAME=-DMACRO=V[,-D...]... [-- PROBE ARGS]
 # e.g. the working tree against a branch's recurrence kernel (the copy made where git is):
 #     mkdir -p /tmp/ab_new && git show BRANCH:cpp/kernels/delta_net_step.cuh > /tmp/ab_new/delta_net_step.cuh
 #     bash bench/probes/ab.sh bench/probes/delta_net_bench.cu 2 main=. new=/tmp/ab_new
 # Builds go to $TMPDIR/ab_builds (TMPDIR default /tmp); each run's output is printed under "=== NAME ROUND".
 # NVCC_ARCH (default 90a) picks the architecture.
 set -euo pipefail
-[ $# -ge 3 ] || { sed -n 2,11p "$0"; exit 2; }
+[ $# -ge 3 ] || { sed -n 2,12p "$0"; exit 2; }
 probe=$1 rounds=$2
 shift 2
 names=() dirs=() args=()
@@ -18,7 +19,7 @@ while [ $# -gt 0 ]; do
     if [ "$1" = "--" ]; then shift; args=("$@"); break; fi
     [[ "$1" == *=* ]] || { echo "ab.sh: a variant is NAME=DIR, got '$1'" >&2; exit 2; }
     names+=("${1%%=*}") dirs+=("${1#*=}")
-    [ -d "${dirs[-1]}" ] || { echo "ab.sh: no directory '${dirs[-1]}' (variant ${names[-1]})" >&2; exit 2; }
+    [[ "${dirs[-1]}" == -D* ]] || [ -d "${dirs[-1]}" ] || { echo "ab.sh: no directory '${dirs[-1]}' (variant ${names[-1]})" >&2; exit 2; }
     shift
 done
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -27,7 +28,11 @@ mkdir -p "$out"
 pids=()
 for i in "${!names[@]}"; do
     inc=()
-    [ "${dirs[i]}" = "." ] || inc=(-I"$(cd "${dirs[i]}" && pwd)")
+    if [[ "${dirs[i]}" == -D* ]]; then
+        IFS=, read -r -a inc <<< "${dirs[i]}"
+    elif [ "${dirs[i]}" != "." ]; then
+        inc=(-I"$(cd "${dirs[i]}" && pwd)")
+    fi
     nvcc -O3 -std=c++17 -lineinfo -gencode "arch=compute_$arch,code=sm_$arch" "${inc[@]}" -I"$root/cpp/kernels" \
         -I"$root/tests/cpp" -o "$out/${names[i]}" "$probe" &
     pids+=($!)

@@ -111,15 +111,23 @@ static_assert(STAGES >= 2, "one chunk loads while another is multiplied");
 #ifndef LUCEBOX_Q8_0_PDL  // 0: plain launches (for the probe's A/B)
 #define LUCEBOX_Q8_0_PDL 1
 #endif
-// LUCEBOX_Q8_0_ROW_PAD 1: a stage holds each Q4_K row's 144-byte chunk at a 160-byte stride instead
-// of 144. At 144 bytes (36 words, 4 mod 32) row g starts at bank 4g, so the 8-byte quant loads of
-// lanes (g, t) (row g, bytes 8t..8t+7 of a 32-byte run) overlap for rows g and g + 1 of a half warp:
-// ncu on an H100 counts 25-35 % of the Q4_K products' shared-load wavefronts as bank conflicts
-// (none for Q6_K, staged in fragment order; docs/benchmarks.md, forty-first session). At 160 bytes
-// (40 words, 8 mod 32) the 4 rows of a half warp take disjoint groups of 8 banks. Costs 16 bytes of
-// shared memory a staged row (4 KB a gated 4-warp CTA of 2 stages). Not yet measured: 0 until it is.
-#ifndef LUCEBOX_Q8_0_ROW_PAD
-#define LUCEBOX_Q8_0_ROW_PAD 0
+// Two knobs prepared from an ncu profile of the H100 (docs/benchmarks.md, forty-first session), not
+// yet measured or run on a GPU, hence 0 (at 0 the code is what it was before them):
+// LUCEBOX_Q8_0_ROW_SWIZZLE 1: lane g of a Q4_K / Q5_K product takes staged rows row_swizzle(g) and
+// row_swizzle(g) + 8 as its mma rows g and g + 8 (the results land in the rows they belong to). A
+// staged row is 144 (176) bytes, 4 (12) banks mod 32 from the next, so the 8-byte quant loads of rows
+// g and g + 1 in a half warp overlap: ncu counts 25-35 % of Q4_K's shared-load wavefronts as bank
+// conflicts. The half warp's rows 0, 2, 4, 6 (or 1, 3, 5, 7) fall on disjoint banks instead. No
+// shared memory, no copy and no arithmetic change: every row's sums are the same operations.
+// LUCEBOX_Q8_0_ONE_SCALE 1: a chunk-scaled format's stage (Q4_K, Q5_K, Q6_K: one activation scale a
+// chunk) holds one scale a column, not one a block of which the product reads only the first: 3.5 KB
+// less for a gated 16-column Q4_K CTA (78.4 -> 74.8 KB), which lets 3 CTAs share a multiprocessor
+// instead of 2 (the profile: these products wait, with 2 warps a scheduler).
+#ifndef LUCEBOX_Q8_0_ROW_SWIZZLE
+#define LUCEBOX_Q8_0_ROW_SWIZZLE 0
+#endif
+#ifndef LUCEBOX_Q8_0_ONE_SCALE
+#define LUCEBOX_Q8_0_ONE_SCALE 0
 #endif
 
 static_assert(CHUNK_BYTES % 16 == 0 && Q4K_BLOCK_BYTES % 16 == 0 && Q5K_BLOCK_BYTES % 16 == 0,
@@ -134,13 +142,17 @@ static_assert(16 * Q6K_BLOCK_BYTES % 16 == 0, "a staged q6_k tile chunk (16 rows
 // q4_k / q5_k: 144 / 176-byte row chunks, and the activation sums [8][cols] after the scales. A one-column
 // product (decode) stages its one column only (xcols 1; the mma's other 7 columns are zero
 // registers): 4.6 KB a Q8_0 stage instead of 6.6, so more chunks fit in flight.
-// A staged weight row's stride: its chunk's bytes, plus LUCEBOX_Q8_0_ROW_PAD's 16 for Q4_K.
-__host__ __device__ constexpr int staged_row_bytes(weight_type wt) {
-    return chunk_bytes(wt) + (LUCEBOX_Q8_0_ROW_PAD && wt == weight_type::q4_k ? 16 : 0);
+// The activation scales of a stage: every block's of every column, or (LUCEBOX_Q8_0_ONE_SCALE, a
+// chunk-scaled format) one a column, in whole 16-byte vectors.
+__host__ __device__ constexpr int scale_bytes(int xcols, weight_type wt) {
+    return LUCEBOX_Q8_0_ONE_SCALE && chunk_scaled(wt) ? (xcols * 4 + 15) / 16 * 16 : CHUNK_BLOCKS * xcols * 4;
 }
 __host__ __device__ constexpr int stage_bytes(int xcols, int m_tiles, weight_type wt = weight_type::q8_0) {
-    return 16 * m_tiles * staged_row_bytes(wt) + CHUNK_BLOCKS * xcols * (QK + 4 + (has_mins(wt) ? 4 : 0));
+    return 16 * m_tiles * chunk_bytes(wt) + CHUNK_BLOCKS * xcols * (QK + (has_mins(wt) ? 4 : 0)) + scale_bytes(xcols, wt);
 }
+// The staged row (0..15 of a 16-row piece) that mma row r takes (LUCEBOX_Q8_0_ROW_SWIZZLE): bit 3
+// kept, bits 0, 1 -> 1, 2 and bit 2 -> 0, so rows 0..3 -> 0, 2, 4, 6, rows 4..7 -> 1, 3, 5, 7.
+__host__ __device__ constexpr int row_swizzle(int r) { return (r & 8) | (r & 3) << 1 | (r >> 2 & 1); }
 // A column's sum of squares is added as NORM_PARTS partial sums (blocks b = p mod NORM_PARTS).
 constexpr int NORM_PARTS = 8;
 
@@ -380,16 +392,21 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
     constexpr bool Q5K = WT == weight_type::q5_k, Q6K = WT == weight_type::q6_k;
     constexpr bool MINS = has_mins(WT);  // q4_k (Q4K in the comments) or Q5K
     constexpr int CB = chunk_bytes(WT), CHUNK_VECS = CB / 16;
-    constexpr int RS = staged_row_bytes(WT);  // a staged row's stride (CB, or padded: see LUCEBOX_Q8_0_ROW_PAD)
-    static_assert(RS == CB || (WT == weight_type::q4_k && RS % 16 == 0), "only Q4_K rows are padded, by whole vectors");
     constexpr int STAGE = stage_bytes(XC, M_TILES, WT);
-    constexpr int W_BYTES = TILE_ROWS * RS;
+    constexpr int W_BYTES = TILE_ROWS * CB;
     constexpr int X_BYTES = CHUNK_BLOCKS * XC * QK;
     constexpr int X_VECS = X_BYTES / 16, D_VECS = CHUNK_BLOCKS * XC * 4 / 16;
+    constexpr int D_BYTES = scale_bytes(XC, WT);  // the stage's activation scales (the sums follow)
+    static_assert(D_BYTES % 16 == 0, "the activation sums start at a whole vector");
+    // lane g's mma rows g, g + 8 are staged rows srow, srow + 8 (of each 16-row piece); out_row: the
+    // piece's row an accumulator row r (0..15) holds
+    constexpr bool SWIZZLE = LUCEBOX_Q8_0_ROW_SWIZZLE && MINS;
+    auto out_row = [](int r) { return SWIZZLE ? row_swizzle(r) : r; };
     static_assert(CHUNK_BLOCKS * 4 % 16 == 0, "a chunk's scales of one column are whole 16-byte vectors");
     constexpr int OUT_ROWS = GATED ? TILE_ROWS / 2 : TILE_ROWS;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int g = lane / 4, t = lane % 4;
+    const int srow = out_row(g);  // (g without LUCEBOX_Q8_0_ROW_SWIZZLE)
     const bool x_lane = !ONE || g == 0;  // this lane's B column (g) is a staged one
     auto x_col = [&](int j) { return ONE ? 0 : COL_GROUP * j + g; };  // its staged column
     const int n_chunks = a.K / K_ALIGN;
@@ -439,8 +456,7 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
                 const int idx = lane + 32 * c;
                 if (PIECES * PIECE_VECS % 32 != 0 && idx >= PIECES * PIECE_VECS) break;
                 const int p = idx / PIECE_VECS;
-                // (padded rows: vector idx of the piece is row idx / CHUNK_VECS's, RS - CB bytes a row further)
-                cuda::cp_async16(st + 16 * idx + (RS - CB) * (idx / CHUNK_VECS), piece[p] + 16 * (idx - p * PIECE_VECS));
+                cuda::cp_async16(st + 16 * idx, piece[p] + 16 * (idx - p * PIECE_VECS));
             }
         } else {  // rows row_bytes apart, or a tile's last partial piece: row by row, rows past M repeat M-1
 #pragma unroll
@@ -453,7 +469,7 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
                 const int64_t at = a.tiled ? tiles::chunk_offset(row, chunk, a.M, a.row_bytes, CB)
                                            : int64_t(row) * a.row_bytes + int64_t(chunk) * CB;
                 const uint8_t * src = (from_gate ? a.gate : a.w) + at + 16 * v;
-                cuda::cp_async16(st + (RS == CB ? 16 * idx : s * RS + 16 * v), src);
+                cuda::cp_async16(st + 16 * idx, src);
             }
         }
     };
@@ -479,7 +495,7 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
             if (MINS) {
                 const float * ssrc = xs + int64_t(chunk) * CHUNK_BLOCKS * XC;
                 for (int idx = lane; idx < D_VECS; idx += 32)
-                    cuda::cp_async16(st + W_BYTES + X_BYTES + 16 * (D_VECS + idx), ssrc + 4 * idx);
+                    cuda::cp_async16(st + W_BYTES + X_BYTES + D_BYTES + 16 * idx, ssrc + 4 * idx);
             }
         }
         cuda::cp_async_commit();
@@ -535,7 +551,7 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
         const int8_t * sx = reinterpret_cast<const int8_t *>(st + W_BYTES);
         const float * sd = reinterpret_cast<const float *>(st + W_BYTES + X_BYTES);
         if constexpr (MINS) {
-            const float * sums = sd + CHUNK_BLOCKS * XC;  // the activation blocks' sums (for the mins)
+            const float * sums = sd + D_BYTES / 4;  // the activation blocks' sums (for the mins)
             float2 dm[M_TILES][2];                         // (d, dmin) of rows g and g + 8
             uint32_t sc[M_TILES][2][3];                    // their packed scales and mins
             uint32_t sc4[M_TILES][2][2];                   // their sub-blocks' scales, a byte each (q4k_scales4)
@@ -543,7 +559,7 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
             for (int mt = 0; mt < M_TILES; ++mt)
 #pragma unroll
                 for (int hr = 0; hr < 2; ++hr) {
-                    const uint8_t * row = st + (16 * mt + g + 8 * hr) * RS;
+                    const uint8_t * row = st + (16 * mt + srow + 8 * hr) * CB;
                     dm[mt][hr] = __half22float2(*reinterpret_cast<const __half2 *>(row));
 #pragma unroll
                     for (int i = 0; i < 3; ++i) sc[mt][hr][i] = reinterpret_cast<const uint32_t *>(row + 4)[i];
@@ -563,7 +579,7 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
                 for (int mt = 0; mt < M_TILES; ++mt)
 #pragma unroll
                     for (int hr = 0; hr < 2; ++hr)
-                        qh[mt][hr] = *reinterpret_cast<const uint2 *>(st + (16 * mt + g + 8 * hr) * RS + 16 + 8 * t);
+                        qh[mt][hr] = *reinterpret_cast<const uint2 *>(st + (16 * mt + srow + 8 * hr) * CB + 16 + 8 * t);
             }
             int isum[M_TILES][NG][4] = {};
 #pragma unroll
@@ -573,7 +589,7 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
                 for (int mt = 0; mt < M_TILES; ++mt)
 #pragma unroll
                     for (int hr = 0; hr < 2; ++hr)
-                        qw[mt][hr] = *reinterpret_cast<const uint2 *>(st + (16 * mt + g + 8 * hr) * RS + QS_AT + 32 * jq + 8 * t);
+                        qw[mt][hr] = *reinterpret_cast<const uint2 *>(st + (16 * mt + srow + 8 * hr) * CB + QS_AT + 32 * jq + 8 * t);
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     const int s = 2 * jq + h;  // sub-block = activation block of the chunk
@@ -784,7 +800,7 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
     // flight into it, and it takes none before the second barrier below), then the CTA's threads
     // add them in warp order: the same order for every tile, grid and column count.
     // red[w][mt][j][lane][e]: accumulator e of lane 4g+t in tile (mt, j) is staged row
-    // 16mt + g + 8*(e/2), column 8j + 2t + e%2
+    // 16mt + out_row(g + 8*(e/2)), column 8j + 2t + e%2
     constexpr int PER_WARP = M_TILES * NG * 32 * 4;
     static_assert(PER_WARP * 4 <= STAGE, "a warp's partial sums fit one of its stages");
     auto red_of = [&](int w) {  // warp w's last stage of tile tl (stage 0, never used, if it takes no chunk)
@@ -808,7 +824,9 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
     constexpr int OUT_TILES = GATED ? M_TILES / 2 : M_TILES;
     for (int idx = threadIdx.x; idx < OUT_TILES * NG * 128; idx += WARPS * 32) {
         const int e = idx % 4, l = (idx / 4) % 32, j = (idx / 128) % NG, mt = idx / (128 * NG);
-        const int m = r0 + 16 * mt + l / 4 + 8 * (e / 2);
+        int m;
+        if constexpr (SWIZZLE) m = r0 + 16 * mt + row_swizzle(l / 4 + 8 * (e / 2));
+        else m = r0 + 16 * mt + l / 4 + 8 * (e / 2);
         const int n = COL_GROUP * j + 2 * (l % 4) + e % 2;
         const float nf = a.norm_w != nullptr ? norm_factor[n] : 1.0f;
         float v = red[0][idx];

@@ -153,6 +153,30 @@ __host__ __device__ constexpr int stage_bytes(int xcols, int m_tiles, weight_typ
 // The staged row (0..15 of a 16-row piece) that mma row r takes (LUCEBOX_Q8_0_ROW_SWIZZLE): bit 3
 // kept, bits 0, 1 -> 1, 2 and bit 2 -> 0, so rows 0..3 -> 0, 2, 4, 6, rows 4..7 -> 1, 3, 5, 7.
 __host__ __device__ constexpr int row_swizzle(int r) { return (r & 8) | (r & 3) << 1 | (r >> 2 & 1); }
+// Its promise for rows of row_bytes: a permutation of 0..15 that keeps bit 3 (a lane's second row is
+// its first + 8), under which the 4 rows of each half warp (g = 0..3 or 4..7, + 8 for hr 1) start
+// their 8-word (32-byte) runs at offsets that do not share a bank.
+constexpr bool swizzle_bank_free(int row_bytes) {
+    unsigned seen = 0;
+    for (int r = 0; r < 16; ++r) {
+        if ((row_swizzle(r) & 8) != (r & 8) || (seen >> row_swizzle(r) & 1)) return false;
+        seen |= 1u << row_swizzle(r);
+    }
+    for (int group = 0; group < 4; ++group) {
+        unsigned banks = 0;
+        for (int i = 0; i < 4; ++i) {
+            const int first = row_swizzle(4 * group + i) * row_bytes / 4;
+            for (int w = 0; w < 8; ++w) {
+                const unsigned bank = 1u << (first + w) % 32;
+                if (banks & bank) return false;
+                banks |= bank;
+            }
+        }
+    }
+    return true;
+}
+static_assert(swizzle_bank_free(Q4K_BLOCK_BYTES) && swizzle_bank_free(Q5K_BLOCK_BYTES),
+              "row_swizzle spreads a half warp's Q4_K and Q5_K rows over distinct banks");
 // A column's sum of squares is added as NORM_PARTS partial sums (blocks b = p mod NORM_PARTS).
 constexpr int NORM_PARTS = 8;
 

@@ -576,7 +576,7 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
         const float * sd = reinterpret_cast<const float *>(st + W_BYTES + X_BYTES);
         if constexpr (MINS) {
             const float * sums = sd + D_BYTES / 4;  // the activation blocks' sums (for the mins)
-            float2 dm[M_TILES][2];                         // (d, dmin) of rows g and g + 8
+            float2 dm[M_TILES][2];                         // (d, dmin) of staged rows srow and srow + 8
             uint32_t sc[M_TILES][2][3];                    // their packed scales and mins
             uint32_t sc4[M_TILES][2][2];                   // their sub-blocks' scales, a byte each (q4k_scales4)
 #pragma unroll
@@ -597,7 +597,7 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
             // 127 * 16 < 2^31). d / 16 scales the chunk's sum back: a power of two, so the products
             // are those of the plain sums to the bit.
             constexpr int QS_AT = Q5K ? 48 : 16;  // the quant bytes' offset in a row's chunk
-            uint2 qh[M_TILES][2];                  // Q5K: qh bytes 8t .. + 7 of rows g and g + 8
+            uint2 qh[M_TILES][2];                  // Q5K: qh bytes 8t .. + 7 of staged rows srow, srow + 8
             if constexpr (Q5K) {
 #pragma unroll
                 for (int mt = 0; mt < M_TILES; ++mt)
@@ -608,7 +608,7 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
             int isum[M_TILES][NG][4] = {};
 #pragma unroll
             for (int jq = 0; jq < 4; ++jq) {
-                uint2 qw[M_TILES][2];  // quant bytes 32jq + 8t .. + 7 of rows g and g + 8
+                uint2 qw[M_TILES][2];  // quant bytes 32jq + 8t .. + 7 of staged rows srow, srow + 8
 #pragma unroll
                 for (int mt = 0; mt < M_TILES; ++mt)
 #pragma unroll

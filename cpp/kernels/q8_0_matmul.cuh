@@ -422,15 +422,12 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
     constexpr int X_VECS = X_BYTES / 16, D_VECS = CHUNK_BLOCKS * XC * 4 / 16;
     constexpr int D_BYTES = scale_bytes(XC, WT);  // the stage's activation scales (the sums follow)
     static_assert(D_BYTES % 16 == 0, "the activation sums start at a whole vector");
-    // lane g's mma rows g, g + 8 are staged rows srow, srow + 8 (of each 16-row piece); out_row: the
-    // piece's row an accumulator row r (0..15) holds
-    constexpr bool SWIZZLE = LUCEBOX_Q8_0_ROW_SWIZZLE && MINS;
-    auto out_row = [](int r) { return SWIZZLE ? row_swizzle(r) : r; };
+    constexpr bool SWIZZLE = LUCEBOX_Q8_0_ROW_SWIZZLE && MINS;  // mma row r is staged row row_swizzle(r)
     static_assert(CHUNK_BLOCKS * 4 % 16 == 0, "a chunk's scales of one column are whole 16-byte vectors");
     constexpr int OUT_ROWS = GATED ? TILE_ROWS / 2 : TILE_ROWS;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int g = lane / 4, t = lane % 4;
-    const int srow = out_row(g);  // (g without LUCEBOX_Q8_0_ROW_SWIZZLE)
+    const int srow = SWIZZLE ? row_swizzle(g) : g;  // lane g's mma rows g, g + 8 are staged rows srow, srow + 8
     const bool x_lane = !ONE || g == 0;  // this lane's B column (g) is a staged one
     auto x_col = [&](int j) { return ONE ? 0 : COL_GROUP * j + g; };  // its staged column
     const int n_chunks = a.K / K_ALIGN;
@@ -824,7 +821,7 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
     // flight into it, and it takes none before the second barrier below), then the CTA's threads
     // add them in warp order: the same order for every tile, grid and column count.
     // red[w][mt][j][lane][e]: accumulator e of lane 4g+t in tile (mt, j) is staged row
-    // 16mt + out_row(g + 8*(e/2)), column 8j + 2t + e%2
+    // 16mt + g + 8*(e/2) (SWIZZLE: row_swizzle of that within the piece), column 8j + 2t + e%2
     constexpr int PER_WARP = M_TILES * NG * 32 * 4;
     static_assert(PER_WARP * 4 <= STAGE, "a warp's partial sums fit one of its stages");
     auto red_of = [&](int w) {  // warp w's last stage of tile tl (stage 0, never used, if it takes no chunk)

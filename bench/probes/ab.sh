@@ -10,8 +10,14 @@
 #     bash bench/probes/ab.sh bench/probes/delta_net_bench.cu 2 main=. new=/tmp/ab_new
 # Builds go to $TMPDIR/ab_builds (TMPDIR default /tmp); each run's output is printed under "=== NAME ROUND".
 # NVCC_ARCH (default 90a) picks the architecture.
+# --test "SOURCES" (first): also builds SOURCES (a test and what it links, e.g. "tests/cpp/test_q8_0_matmul.cu
+# cpp/kernels/weight_tiles.cpp") with each variant's headers and flags, runs those builds side by side
+# before any timing, and times only the variants whose test exits 0 (a knob's times mean nothing if
+# its products are wrong).
 set -euo pipefail
-[ $# -ge 3 ] || { sed -n 2,12p "$0"; exit 2; }
+test_src=()
+if [ "${1:-}" = "--test" ]; then read -r -a test_src <<< "$2"; shift 2; fi
+[ $# -ge 3 ] || { sed -n 2,16p "$0"; exit 2; }
 probe=$1 rounds=$2
 shift 2
 names=() dirs=() args=()
@@ -36,10 +42,25 @@ for i in "${!names[@]}"; do
     nvcc -O3 -std=c++17 -lineinfo -gencode "arch=compute_$arch,code=sm_$arch" "${inc[@]}" -I"$root/cpp/kernels" \
         -I"$root/tests/cpp" -o "$out/${names[i]}" "$probe" &
     pids+=($!)
+    if [ ${#test_src[@]} -gt 0 ]; then
+        nvcc -O3 -std=c++17 -gencode "arch=compute_$arch,code=sm_$arch" "${inc[@]}" -I"$root/cpp/kernels" \
+            -I"$root/tests/cpp" -o "$out/${names[i]}_test" "${test_src[@]}" &
+        pids+=($!)
+    fi
 done
 for pid in "${pids[@]}"; do wait "$pid" || { echo "ab.sh: a build failed" >&2; exit 1; }; done
+timed=("${names[@]}")
+if [ ${#test_src[@]} -gt 0 ]; then
+    test_pids=()
+    for name in "${names[@]}"; do "$out/${name}_test" > "$out/${name}_test.log" 2>&1 & test_pids+=($!); done
+    timed=()
+    for i in "${!names[@]}"; do
+        if wait "${test_pids[i]}"; then timed+=("${names[i]}"); r=passed; else r=FAILED; fi
+        echo "=== test ${names[i]}: $r ($(tail -1 "$out/${names[i]}_test.log"); all of it: $out/${names[i]}_test.log)"
+    done
+fi
 for r in $(seq 1 "$rounds"); do
-    for name in "${names[@]}"; do
+    for name in "${timed[@]}"; do
         echo "=== $name $r"
         "$out/$name" ${args[@]+"${args[@]}"} || echo "ab.sh: $name exited with status $?"
     done

@@ -37,7 +37,7 @@ static float time_ms(cudaEvent_t a, cudaEvent_t b) {
 // for the one-column staging, -DLUCEBOX_Q8_0_ROW_SWIZZLE=1 and -DLUCEBOX_Q8_0_ONE_SCALE=1 (Q4_K rows read
 // in a bank-free order, one activation scale a column staged)
 // (q8_0_matmul.cuh; run tests/cpp/test_q8_0_matmul.cu built
-// with the same flags before trusting a variant's times).
+// with the same flags before trusting a variant's times: bench/probes/ab.sh --test does both).
 std::vector<int> int_list(const char * s) {
     std::vector<int> v;
     for (const char * p = s; *p;) {

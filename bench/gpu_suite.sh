@@ -24,7 +24,9 @@ rm -f "$TMP/anchor.done"
 ( lucebox synth qwen3.6-27b -o "$TMP/t27.gguf" --draft-out "$TMP/d27.gguf" --type q8_0 > "$OUT/synth.log" 2>&1 &&
   lucebox synth qwen3.6-27b -o "$TMP/t27q4.gguf" --type q4_k_m >> "$OUT/synth.log" 2>&1
   echo $? > "$TMP/synth.done" ) &
-ctest --test-dir "$TMP/lucebox-cuda" -R "q8_0|gpu|top_k" --output-on-failure 2>&1 | tee "$OUT/ctest.log" | tail -4
+# side by side (--parallel): correctness cases, no timings; the two q8_0 product tests (~100 s each on
+# an H200, mostly their CPU reference) then take the time of one
+ctest --test-dir "$TMP/lucebox-cuda" -R "q8_0|gpu|top_k" --parallel 4 --output-on-failure 2>&1 | tee "$OUT/ctest.log" | tail -4
 python3 -m pytest tests/gpu -q -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu.log" | tail -3
 wait
 [ "$(cat "$TMP/synth.done" 2>/dev/null)" = 0 ] || { echo "synth failed: $OUT/synth.log"; exit 1; }

@@ -152,11 +152,11 @@ void reference(const weights & w, const std::vector<float> & x, int64_t x_stride
     // with every column: the same terms summed in the same order as value by value
     const int wg = w.type == q8::weight_type::q6_k ? 16 : q8::QK;  // values per weight scale
     std::vector<int> q(w.K);
-    std::vector<double> scale(w.K / wg), min(nb);
+    std::vector<double> scales(w.K / wg), mins(nb);
     for (int m = 0; m < w.M; ++m) {
         for (int k = 0; k < w.K; ++k) q[k] = w.q(m, k);
-        for (int g = 0; g < w.K / wg; ++g) scale[g] = w.scale_at(m, g * wg);
-        for (int b = 0; b < nb; ++b) min[b] = w.min(m, b);
+        for (int g = 0; g < w.K / wg; ++g) scales[g] = w.scale_at(m, g * wg);
+        for (int b = 0; b < nb; ++b) mins[b] = w.min(m, b);
         for (int n = 0; n < N; ++n) {
             const int * xn = xq.data() + size_t(n) * w.K;
             double s = 0, a = 0;
@@ -164,11 +164,11 @@ void reference(const weights & w, const std::vector<float> & x, int64_t x_stride
                 for (int k0 = b * q8::QK; k0 < (b + 1) * q8::QK; k0 += wg) {
                     int dot = 0;  // |q| <= 127, |xq| <= 127, 32 terms: fits
                     for (int i = 0; i < wg; ++i) dot += q[k0 + i] * xn[k0 + i];
-                    const double term = scale[k0 / wg] * xd[n * nb + b] * double(dot);
+                    const double term = scales[k0 / wg] * xd[n * nb + b] * double(dot);
                     s += term;
                     a += std::fabs(term);
                 }
-                const double min_term = min[b] * xsum[size_t(n) * nb + b];
+                const double min_term = mins[b] * xsum[size_t(n) * nb + b];
                 s -= min_term;
                 a += std::fabs(min_term);
             }

@@ -129,6 +129,20 @@ static_assert(STAGES >= 2, "one chunk loads while another is multiplied");
 #ifndef LUCEBOX_Q8_0_ONE_SCALE
 #define LUCEBOX_Q8_0_ONE_SCALE 0
 #endif
+// LUCEBOX_Q8_0_WEIGHTS_AHEAD W (forty-second session, from the H100 profile; compiled, not yet run
+// or measured, hence 0): launches of 8 or 16 staged columns (products of up to 16 columns, the
+// one-column Q4_K / Q5_K / Q8_0 ones included; not the one-staged-column Q6_K decode) load their
+// weight chunks W chunks further ahead than their activations, in W more weight-only buffers a warp
+// (the activations, 2-4.5 KB a stage at 16 columns and read from L2, keep their depth). Across the
+// profiled launches the share of the copy rate follows the weight bytes in flight a multiprocessor
+// (warps x chunks in flight x chunk bytes): Q6_K ffn_down 1 column 64 KB -> 85 %, 16 columns 31 KB
+// -> 65 %; Q4_K gate+up 52 -> 89 %, 36 -> 76 %; DeltaNet stack 38 -> 78 %, 25 -> 65 %. The larger
+// CTAs fit fewer a multiprocessor (with ONE_SCALE: 16-column Q6_K plain still 3, Q4_K plain 3, Q4_K
+// gated 2; Q8_0 gated 2 -> 1), so whether the bytes in flight win has to be measured. No arithmetic
+// or order changes, so the bits do not.
+#ifndef LUCEBOX_Q8_0_WEIGHTS_AHEAD
+#define LUCEBOX_Q8_0_WEIGHTS_AHEAD 0
+#endif
 
 static_assert(CHUNK_BYTES % 16 == 0 && Q4K_BLOCK_BYTES % 16 == 0 && Q5K_BLOCK_BYTES % 16 == 0,
               "a staged row chunk must be whole 16-byte vectors");
@@ -180,10 +194,17 @@ static_assert(swizzle_bank_free(Q4K_BLOCK_BYTES) && swizzle_bank_free(Q5K_BLOCK_
 // A column's sum of squares is added as NORM_PARTS partial sums (blocks b = p mod NORM_PARTS).
 constexpr int NORM_PARTS = 8;
 
-// The warps' stages, then the columns' RMS norm factors [cols] and partial sums [cols][NORM_PARTS].
+// The extra weight-only buffers a warp of a launch of `cols` staged columns (LUCEBOX_Q8_0_WEIGHTS_AHEAD:
+// 8 or 16; not the one-staged-column launches, whose partial sums would not fit an activation stage).
+__host__ __device__ constexpr int weights_ahead(int cols, bool one) {
+    return !one && cols <= 16 ? LUCEBOX_Q8_0_WEIGHTS_AHEAD : 0;
+}
+// The warps' stages, their extra weight buffers, then the columns' RMS norm factors [cols] and
+// partial sums [cols][NORM_PARTS].
 __host__ __device__ constexpr int smem_bytes(int cols, int m_tiles, weight_type wt = weight_type::q8_0, int stages = STAGES,
                                              bool one = false) {
-    return WARPS * stages * stage_bytes(one ? 1 : cols, m_tiles, wt) + cols * 4 * (1 + NORM_PARTS);
+    return WARPS * stages * stage_bytes(one ? 1 : cols, m_tiles, wt) +
+           WARPS * weights_ahead(cols, one) * 16 * m_tiles * chunk_bytes(wt) + cols * 4 * (1 + NORM_PARTS);
 }
 
 namespace detail {
@@ -381,6 +402,16 @@ __device__ __forceinline__ void add_chunk_sums(float (&acc)[M_TILES][NG][4], con
     }
 }
 
+// Where warp `warp` stages chunk i's weights with WA > 0 weight-only buffers (LUCEBOX_Q8_0_WEIGHTS_AHEAD):
+// buffer i % (ST + WA), the weight parts of its ST stages (STAGE bytes each, the warps' stages first in
+// shared memory) first, then its WA buffers of W_BYTES after every warp's stages. (With WA 0 the
+// weights share stage i % ST with the activations.)
+template <int ST, int WA, int STAGE, int W_BYTES>
+__device__ __forceinline__ uint8_t * weight_slot(uint8_t * smem, int warp, int i) {
+    const int b = i % (ST + WA);
+    return b < ST ? smem + (warp * ST + b) * STAGE : smem + WARPS * ST * STAGE + (warp * WA + b - ST) * W_BYTES;
+}
+
 // Fragments of m16n8k32 (lane = 4g + t): A a0 = row g, k 4t..4t+3; a1 = row g+8, same k; a2 = row
 // g, k 16+4t..; a3 = row g+8, k 16+4t..; B b0 = k 4t..4t+3 of column g, b1 = k 16+4t.. of column g;
 // C c0, c1 = row g, columns 2t, 2t+1; c2, c3 = row g+8. The k order inside a block is ours to choose
@@ -442,6 +473,9 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
     const int n_total = my_tiles * n_mine;
     auto tile_row = [&](int tl) { return (int(blockIdx.x) + tl * int(gridDim.x)) * OUT_ROWS; };
     uint8_t * stages = smem + warp * ST * STAGE;
+    // LUCEBOX_Q8_0_WEIGHTS_AHEAD: chunk i's weights in buffer i % (ST + WA) (weight_slot), its
+    // activations in stage i % ST; weights are issued WA chunks ahead of the activations (see issue)
+    enum : int { WA = weights_ahead(COLS, ONE) };  // (an enumerator, not a variable: the code at 0 is what it was)
     // the next kernel (ggml's launch with PDL, or the next quantization) may launch once every CTA
     // here has started; it waits for this grid's completion before it reads anything
     cuda::launch_dependents();
@@ -457,6 +491,7 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
         const int chunk = warp + w_k * WARPS, r0 = tile_row(w_tl);
         if (++w_k == n_mine) w_k = 0, ++w_tl;
         uint8_t * st = stages + (i % ST) * STAGE;
+        if constexpr (WA > 0) st = weight_slot<ST, WA, STAGE, W_BYTES>(smem, warp, i);
         // The chunk's pieces of 16 rows (plain: rows r0.., r0 + 16..; gated: U's rows r0.. and G's).
         // In the row-tiled layout a piece of a whole 16-row tile is 16 x CB contiguous bytes; q6_k
         // (tiled, M % 16 == 0) always is, a piece past M repeating the last tile.
@@ -521,9 +556,18 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
         }
         cuda::cp_async_commit();
     };
+    // chunk i's weights and activations, one commit group; WA > 0: chunk i's activations, then chunk
+    // i + WA's weights in a group of their own after them, so that waiting for chunk i's activations
+    // covers chunk i's weights (committed earlier) and leaves chunks i + 1 .. i + WA's in flight
     auto issue = [&](int i) {
-        issue_weights(i);
-        issue_x(i);
+        if constexpr (WA == 0) {
+            issue_weights(i);
+            issue_x(i);
+        } else {
+            issue_x(i);
+            issue_weights(i + WA);
+            cuda::cp_async_commit();
+        }
     };
 
     float acc[M_TILES][NG][4];
@@ -537,12 +581,15 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
     // the first chunks: weights, then (PDL) the wait for quantize_columns (a no-op when not
     // launched as its dependent), then their activations; one commit group per chunk
 #pragma unroll
-    for (int i = 0; i < ST - 1; ++i) issue_weights(i);
+    for (int i = 0; i < ST - 1 + WA; ++i) issue_weights(i);
     cuda::wait_for_previous();
 #pragma unroll
-    for (int i = 0; i < ST - 1; ++i) issue_x(i);
+    for (int i = 0; i < ST - 1; ++i) {
+        issue_x(i);
+        if constexpr (WA > 0) cuda::cp_async_commit();  // (empty: keeps two groups a chunk, as issue does)
+    }
     // the columns' partial sums of squares (while the first chunks load), added after the main loop
-    float * norm_factor = reinterpret_cast<float *>(smem + WARPS * ST * STAGE);
+    float * norm_factor = reinterpret_cast<float *>(smem + WARPS * (ST * STAGE + WA * W_BYTES));
     float * norm_part = norm_factor + COLS;  // [COLS][NORM_PARTS]
     if (a.norm_w != nullptr) {
         const int nb = a.K / QK;
@@ -565,12 +612,15 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
     for (int tl = 0; tl < my_tiles; ++tl) {
     const int r0 = tile_row(tl);
     for (int k = 0; k < n_mine; ++k, ++i) {
-        cuda::cp_async_wait<ST - 2>();
+        // chunk i's group and all before it; after it: one group for each of the next ST - 2 chunks,
+        // or (WA > 0) chunk i + WA's weights and two groups for each of the next ST - 2 chunks
+        cuda::cp_async_wait<(WA > 0 ? 2 * ST - 3 : ST - 2)>();
         __syncwarp();  // chunk i visible to the whole warp; everyone is done with chunk i-1's stage
         issue(i + ST - 1);
         const uint8_t * st = stages + (i % ST) * STAGE;
         const int8_t * sx = reinterpret_cast<const int8_t *>(st + W_BYTES);
         const float * sd = reinterpret_cast<const float *>(st + W_BYTES + X_BYTES);
+        if constexpr (WA > 0) st = weight_slot<ST, WA, STAGE, W_BYTES>(smem, warp, i);  // (st: the weights from here)
         if constexpr (MINS) {
             const float * sums = sd + D_BYTES / 4;  // the activation blocks' sums (for the mins)
             float2 dm[M_TILES][2];                         // (d, dmin) of staged rows srow and srow + 8
@@ -823,10 +873,12 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
     // red[w][mt][j][lane][e]: accumulator e of lane 4g+t in tile (mt, j) is staged row
     // 16mt + g + 8*(e/2) (SWIZZLE: row_swizzle of that within the piece), column 8j + 2t + e%2
     constexpr int PER_WARP = M_TILES * NG * 32 * 4;
-    static_assert(PER_WARP * 4 <= STAGE, "a warp's partial sums fit one of its stages");
+    // (WA > 0: in the stage's activation part, since a weight copy may be in flight into its weight part)
+    constexpr int RED_AT = WA > 0 ? W_BYTES : 0;
+    static_assert(PER_WARP * 4 <= STAGE - RED_AT, "a warp's partial sums fit one of its stages");
     auto red_of = [&](int w) {  // warp w's last stage of tile tl (stage 0, never used, if it takes no chunk)
         const int nw = chunks_of(w);
-        return reinterpret_cast<float *>(smem + (w * ST + (nw > 0 ? ((tl + 1) * nw - 1) % ST : 0)) * STAGE);
+        return reinterpret_cast<float *>(smem + (w * ST + (nw > 0 ? ((tl + 1) * nw - 1) % ST : 0)) * STAGE + RED_AT);
     };
     float * mine = red_of(warp);
 #pragma unroll

@@ -2,7 +2,7 @@
 """A model of one warp's chunk pipeline in cpp/kernels/q8_0_matmul.cuh (no GPU needed).
 
 Replays the kernel's order of weight and activation copies, cp.async commit groups and waits for
-ST stages and WA weights-ahead buffers (LUCEBOX_Q8_0_WEIGHTS_AHEAD) and checks, for every chunk:
+ST stages and WA weights-ahead buffers (weights_ahead) and checks, for every chunk:
 its weights and activations are complete in their buffers when it is multiplied; no copy lands in
 a buffer whose chunk is not yet consumed; the tile's partial sums go where no copy is pending; and,
 with WA > 0, that the weights WA chunks ahead are still in flight (the wait does not cover them).

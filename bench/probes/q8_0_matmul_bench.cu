@@ -34,10 +34,8 @@ static float time_ms(cudaEvent_t a, cudaEvent_t b) {
 // launch A/B, -DLUCEBOX_Q8_0_PERSISTENT=W (0: never persistent CTAs; 1: from one wave on),
 // -DLUCEBOX_Q8_0_STAGES=N and -DLUCEBOX_Q8_0_ONE_TILE_MAX_NG=G for the
 // pipeline depth and the rows per warp, -DLUCEBOX_Q8_0_ONE_COL=0|1|2 and -DLUCEBOX_Q8_0_ONE_STAGES=N
-// for the one-column staging, -DLUCEBOX_Q8_0_ROW_SWIZZLE=1, -DLUCEBOX_Q8_0_ONE_SCALE=1 and
-// -DLUCEBOX_Q8_0_WEIGHTS_AHEAD=1 (Q4_K rows read in a bank-free order, one activation scale a column
-// staged, weight chunks loaded one chunk further ahead than the activations)
-// (q8_0_matmul.cuh; run tests/cpp/test_q8_0_matmul.cu built
+// for the one-column staging (q8_0_matmul.cuh; a variant of weights_ahead or of other constexpr
+// choices goes in a copy of the header, bench/probes/ab.sh NAME=DIR; run tests/cpp/test_q8_0_matmul.cu built
 // with the same flags before trusting a variant's times: bench/probes/ab.sh --test does both).
 std::vector<int> int_list(const char * s) {
     std::vector<int> v;

@@ -111,38 +111,6 @@ static_assert(STAGES >= 2, "one chunk loads while another is multiplied");
 #ifndef LUCEBOX_Q8_0_PDL  // 0: plain launches (for the probe's A/B)
 #define LUCEBOX_Q8_0_PDL 1
 #endif
-// Two knobs prepared from an ncu profile of the H100 (docs/benchmarks.md, forty-first session), not
-// yet measured or run on a GPU, hence 0 (at 0 the code is what it was before them):
-// LUCEBOX_Q8_0_ROW_SWIZZLE 1: lane g of a Q4_K / Q5_K product takes staged rows row_swizzle(g) and
-// row_swizzle(g) + 8 as its mma rows g and g + 8 (the results land in the rows they belong to). A
-// staged row is 144 (176) bytes, 4 (12) banks mod 32 from the next, so the 8-byte quant loads of rows
-// g and g + 1 in a half warp overlap: ncu counts 25-35 % of Q4_K's shared-load wavefronts as bank
-// conflicts. The half warp's rows 0, 2, 4, 6 (or 1, 3, 5, 7) fall on disjoint banks instead. No
-// shared memory, no copy and no arithmetic change: every row's sums are the same operations.
-// LUCEBOX_Q8_0_ONE_SCALE 1: a chunk-scaled format's stage (Q4_K, Q5_K, Q6_K: one activation scale a
-// chunk) holds one scale a column, not one a block of which the product reads only the first: 3.5 KB
-// less for a gated 16-column Q4_K CTA (78.4 -> 74.8 KB), which lets 3 CTAs share a multiprocessor
-// instead of 2 (the profile: these products wait, with 2 warps a scheduler).
-#ifndef LUCEBOX_Q8_0_ROW_SWIZZLE
-#define LUCEBOX_Q8_0_ROW_SWIZZLE 0
-#endif
-#ifndef LUCEBOX_Q8_0_ONE_SCALE
-#define LUCEBOX_Q8_0_ONE_SCALE 0
-#endif
-// LUCEBOX_Q8_0_WEIGHTS_AHEAD W (forty-second session, from the H100 profile; compiled, not yet run
-// or measured, hence 0): launches of 8 or 16 staged columns (products of up to 16 columns, the
-// one-column Q4_K / Q5_K / Q8_0 ones included; not the one-staged-column Q6_K decode) load their
-// weight chunks W chunks further ahead than their activations, in W more weight-only buffers a warp
-// (the activations, 2-4.5 KB a stage at 16 columns and read from L2, keep their depth). Across the
-// profiled launches the share of the copy rate follows the weight bytes in flight a multiprocessor
-// (warps x chunks in flight x chunk bytes): Q6_K ffn_down 1 column 64 KB -> 85 %, 16 columns 31 KB
-// -> 65 %; Q4_K gate+up 52 -> 89 %, 36 -> 76 %; DeltaNet stack 38 -> 78 %, 25 -> 65 %. The larger
-// CTAs fit fewer a multiprocessor (with ONE_SCALE: 16-column Q6_K plain still 3, Q4_K plain 3, Q4_K
-// gated 2; Q8_0 gated 2 -> 1), so whether the bytes in flight win has to be measured. No arithmetic
-// or order changes, so the bits do not.
-#ifndef LUCEBOX_Q8_0_WEIGHTS_AHEAD
-#define LUCEBOX_Q8_0_WEIGHTS_AHEAD 0
-#endif
 
 static_assert(CHUNK_BYTES % 16 == 0 && Q4K_BLOCK_BYTES % 16 == 0 && Q5K_BLOCK_BYTES % 16 == 0,
               "a staged row chunk must be whole 16-byte vectors");
@@ -156,55 +124,29 @@ static_assert(16 * Q6K_BLOCK_BYTES % 16 == 0, "a staged q6_k tile chunk (16 rows
 // q4_k / q5_k: 144 / 176-byte row chunks, and the activation sums [8][cols] after the scales. A one-column
 // product (decode) stages its one column only (xcols 1; the mma's other 7 columns are zero
 // registers): 4.6 KB a Q8_0 stage instead of 6.6, so more chunks fit in flight.
-// The activation scales of a stage: every block's of every column, or (LUCEBOX_Q8_0_ONE_SCALE, a
-// chunk-scaled format) one a column, in whole 16-byte vectors.
-__host__ __device__ constexpr int scale_bytes(int xcols, weight_type wt) {
-    return LUCEBOX_Q8_0_ONE_SCALE && chunk_scaled(wt) ? (xcols * 4 + 15) / 16 * 16 : CHUNK_BLOCKS * xcols * 4;
-}
 __host__ __device__ constexpr int stage_bytes(int xcols, int m_tiles, weight_type wt = weight_type::q8_0) {
-    return 16 * m_tiles * chunk_bytes(wt) + CHUNK_BLOCKS * xcols * (QK + (has_mins(wt) ? 4 : 0)) + scale_bytes(xcols, wt);
+    return 16 * m_tiles * chunk_bytes(wt) + CHUNK_BLOCKS * xcols * (QK + 4 + (has_mins(wt) ? 4 : 0));
 }
-// The staged row (0..15 of a 16-row piece) that mma row r takes (LUCEBOX_Q8_0_ROW_SWIZZLE): bit 3
-// kept, bits 0, 1 -> 1, 2 and bit 2 -> 0, so rows 0..3 -> 0, 2, 4, 6, rows 4..7 -> 1, 3, 5, 7.
-__host__ __device__ constexpr int row_swizzle(int r) { return (r & 8) | (r & 3) << 1 | (r >> 2 & 1); }
-// Its promise for rows of row_bytes: a permutation of 0..15 that keeps bit 3 (a lane's second row is
-// its first + 8), under which the 4 rows of each half warp (g = 0..3 or 4..7, + 8 for hr 1) start
-// their 8-word (32-byte) runs at offsets that do not share a bank.
-constexpr bool swizzle_bank_free(int row_bytes) {
-    unsigned seen = 0;
-    for (int r = 0; r < 16; ++r) {
-        if ((row_swizzle(r) & 8) != (r & 8) || (seen >> row_swizzle(r) & 1)) return false;
-        seen |= 1u << row_swizzle(r);
-    }
-    for (int group = 0; group < 4; ++group) {
-        unsigned banks = 0;
-        for (int i = 0; i < 4; ++i) {
-            const int first = row_swizzle(4 * group + i) * row_bytes / 4;
-            for (int w = 0; w < 8; ++w) {
-                const unsigned bank = 1u << (first + w) % 32;
-                if (banks & bank) return false;
-                banks |= bank;
-            }
-        }
-    }
-    return true;
-}
-static_assert(swizzle_bank_free(Q4K_BLOCK_BYTES) && swizzle_bank_free(Q5K_BLOCK_BYTES),
-              "row_swizzle spreads a half warp's Q4_K and Q5_K rows over distinct banks");
 // A column's sum of squares is added as NORM_PARTS partial sums (blocks b = p mod NORM_PARTS).
 constexpr int NORM_PARTS = 8;
 
-// The extra weight-only buffers a warp of a launch of `cols` staged columns (LUCEBOX_Q8_0_WEIGHTS_AHEAD:
-// 8 or 16; not the one-staged-column launches, whose partial sums would not fit an activation stage).
-__host__ __device__ constexpr int weights_ahead(int cols, bool one) {
-    return !one && cols <= 16 ? LUCEBOX_Q8_0_WEIGHTS_AHEAD : 0;
+// The extra weight-only buffers a warp keeps (weights_ahead): its weight chunks are then loaded that
+// many chunks further ahead than its activations (weight_slot, and the commit groups in matmul). Only
+// a gated Q4_K product of 16 staged columns (verify's gate/up) takes one: its CTA keeps 2 a
+// multiprocessor (78.4 -> 96.8 KB) and it runs 44.1 -> 40.3 us on an H100 (5120 -> 2x17408; 8
+// staged columns 37.5 -> 37.1). Measured and left at 0 (forty-third session, docs/benchmarks.md):
+// gated Q8_0 and Q6_K (their larger CTAs drop to 1 a multiprocessor: 70.5 -> 81.5 and 63.5 -> 64.9
+// us) and plain products (Q6_K ffn_down 16 columns 37.7 -> 47.3 us; Q4_K gains and losses of a few
+// percent by shape). Q5_K's gated CTA would fit 2 as well but is not measured, so it stays at 0.
+__host__ __device__ constexpr int weights_ahead(int cols, weight_type wt, bool gated) {
+    return gated && wt == weight_type::q4_k && cols == 16 ? 1 : 0;
 }
 // The warps' stages, their extra weight buffers, then the columns' RMS norm factors [cols] and
 // partial sums [cols][NORM_PARTS].
 __host__ __device__ constexpr int smem_bytes(int cols, int m_tiles, weight_type wt = weight_type::q8_0, int stages = STAGES,
-                                             bool one = false) {
+                                             bool one = false, bool gated = false) {
     return WARPS * stages * stage_bytes(one ? 1 : cols, m_tiles, wt) +
-           WARPS * weights_ahead(cols, one) * 16 * m_tiles * chunk_bytes(wt) + cols * 4 * (1 + NORM_PARTS);
+           WARPS * (one ? 0 : weights_ahead(cols, wt, gated)) * 16 * m_tiles * chunk_bytes(wt) + cols * 4 * (1 + NORM_PARTS);
 }
 
 namespace detail {
@@ -402,7 +344,7 @@ __device__ __forceinline__ void add_chunk_sums(float (&acc)[M_TILES][NG][4], con
     }
 }
 
-// Where warp `warp` stages chunk i's weights with WA > 0 weight-only buffers (LUCEBOX_Q8_0_WEIGHTS_AHEAD):
+// Where warp `warp` stages chunk i's weights with WA > 0 weight-only buffers (weights_ahead):
 // buffer i % (ST + WA), the weight parts of its ST stages (STAGE bytes each, the warps' stages first in
 // shared memory) first, then its WA buffers of W_BYTES after every warp's stages. (With WA 0 the
 // weights share stage i % ST with the activations.)
@@ -451,14 +393,10 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
     constexpr int W_BYTES = TILE_ROWS * CB;
     constexpr int X_BYTES = CHUNK_BLOCKS * XC * QK;
     constexpr int X_VECS = X_BYTES / 16, D_VECS = CHUNK_BLOCKS * XC * 4 / 16;
-    constexpr int D_BYTES = scale_bytes(XC, WT);  // the stage's activation scales (the sums follow)
-    static_assert(D_BYTES % 16 == 0, "the activation sums start at a whole vector");
-    constexpr bool SWIZZLE = LUCEBOX_Q8_0_ROW_SWIZZLE && MINS;  // mma row r is staged row row_swizzle(r)
     static_assert(CHUNK_BLOCKS * 4 % 16 == 0, "a chunk's scales of one column are whole 16-byte vectors");
     constexpr int OUT_ROWS = GATED ? TILE_ROWS / 2 : TILE_ROWS;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int g = lane / 4, t = lane % 4;
-    const int srow = SWIZZLE ? row_swizzle(g) : g;  // lane g's mma rows g, g + 8 are staged rows srow, srow + 8
     const bool x_lane = !ONE || g == 0;  // this lane's B column (g) is a staged one
     auto x_col = [&](int j) { return ONE ? 0 : COL_GROUP * j + g; };  // its staged column
     const int n_chunks = a.K / K_ALIGN;
@@ -473,9 +411,9 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
     const int n_total = my_tiles * n_mine;
     auto tile_row = [&](int tl) { return (int(blockIdx.x) + tl * int(gridDim.x)) * OUT_ROWS; };
     uint8_t * stages = smem + warp * ST * STAGE;
-    // LUCEBOX_Q8_0_WEIGHTS_AHEAD: chunk i's weights in buffer i % (ST + WA) (weight_slot), its
-    // activations in stage i % ST; weights are issued WA chunks ahead of the activations (see issue)
-    enum : int { WA = weights_ahead(COLS, ONE) };  // (an enumerator, not a variable: the code at 0 is what it was)
+    // weights_ahead: chunk i's weights in buffer i % (ST + WA) (weight_slot), its activations in stage
+    // i % ST; weights are issued WA chunks ahead of the activations (see issue)
+    enum : int { WA = ONE ? 0 : weights_ahead(COLS, WT, GATED) };  // (an enumerator: a local constexpr int renumbers the PTX)
     // the next kernel (ggml's launch with PDL, or the next quantization) may launch once every CTA
     // here has started; it waits for this grid's completion before it reads anything
     cuda::launch_dependents();
@@ -551,7 +489,7 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
             if (MINS) {
                 const float * ssrc = xs + int64_t(chunk) * CHUNK_BLOCKS * XC;
                 for (int idx = lane; idx < D_VECS; idx += 32)
-                    cuda::cp_async16(st + W_BYTES + X_BYTES + D_BYTES + 16 * idx, ssrc + 4 * idx);
+                    cuda::cp_async16(st + W_BYTES + X_BYTES + 16 * (D_VECS + idx), ssrc + 4 * idx);
             }
         }
         cuda::cp_async_commit();
@@ -622,15 +560,15 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
         const float * sd = reinterpret_cast<const float *>(st + W_BYTES + X_BYTES);
         if constexpr (WA > 0) st = weight_slot<ST, WA, STAGE, W_BYTES>(smem, warp, i);  // (st: the weights from here)
         if constexpr (MINS) {
-            const float * sums = sd + D_BYTES / 4;  // the activation blocks' sums (for the mins)
-            float2 dm[M_TILES][2];                         // (d, dmin) of staged rows srow and srow + 8
+            const float * sums = sd + CHUNK_BLOCKS * XC;  // the activation blocks' sums (for the mins)
+            float2 dm[M_TILES][2];                         // (d, dmin) of rows g and g + 8
             uint32_t sc[M_TILES][2][3];                    // their packed scales and mins
             uint32_t sc4[M_TILES][2][2];                   // their sub-blocks' scales, a byte each (q4k_scales4)
 #pragma unroll
             for (int mt = 0; mt < M_TILES; ++mt)
 #pragma unroll
                 for (int hr = 0; hr < 2; ++hr) {
-                    const uint8_t * row = st + (16 * mt + srow + 8 * hr) * CB;
+                    const uint8_t * row = st + (16 * mt + g + 8 * hr) * CB;
                     dm[mt][hr] = __half22float2(*reinterpret_cast<const __half2 *>(row));
 #pragma unroll
                     for (int i = 0; i < 3; ++i) sc[mt][hr][i] = reinterpret_cast<const uint32_t *>(row + 4)[i];
@@ -644,23 +582,23 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
             // 127 * 16 < 2^31). d / 16 scales the chunk's sum back: a power of two, so the products
             // are those of the plain sums to the bit.
             constexpr int QS_AT = Q5K ? 48 : 16;  // the quant bytes' offset in a row's chunk
-            uint2 qh[M_TILES][2];                  // Q5K: qh bytes 8t .. + 7 of staged rows srow, srow + 8
+            uint2 qh[M_TILES][2];                  // Q5K: qh bytes 8t .. + 7 of rows g, g + 8
             if constexpr (Q5K) {
 #pragma unroll
                 for (int mt = 0; mt < M_TILES; ++mt)
 #pragma unroll
                     for (int hr = 0; hr < 2; ++hr)
-                        qh[mt][hr] = *reinterpret_cast<const uint2 *>(st + (16 * mt + srow + 8 * hr) * CB + 16 + 8 * t);
+                        qh[mt][hr] = *reinterpret_cast<const uint2 *>(st + (16 * mt + g + 8 * hr) * CB + 16 + 8 * t);
             }
             int isum[M_TILES][NG][4] = {};
 #pragma unroll
             for (int jq = 0; jq < 4; ++jq) {
-                uint2 qw[M_TILES][2];  // quant bytes 32jq + 8t .. + 7 of staged rows srow, srow + 8
+                uint2 qw[M_TILES][2];  // quant bytes 32jq + 8t .. + 7 of rows g, g + 8
 #pragma unroll
                 for (int mt = 0; mt < M_TILES; ++mt)
 #pragma unroll
                     for (int hr = 0; hr < 2; ++hr)
-                        qw[mt][hr] = *reinterpret_cast<const uint2 *>(st + (16 * mt + srow + 8 * hr) * CB + QS_AT + 32 * jq + 8 * t);
+                        qw[mt][hr] = *reinterpret_cast<const uint2 *>(st + (16 * mt + g + 8 * hr) * CB + QS_AT + 32 * jq + 8 * t);
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     const int s = 2 * jq + h;  // sub-block = activation block of the chunk
@@ -871,7 +809,7 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
     // flight into it, and it takes none before the second barrier below), then the CTA's threads
     // add them in warp order: the same order for every tile, grid and column count.
     // red[w][mt][j][lane][e]: accumulator e of lane 4g+t in tile (mt, j) is staged row
-    // 16mt + g + 8*(e/2) (SWIZZLE: row_swizzle of that within the piece), column 8j + 2t + e%2
+    // 16mt + g + 8*(e/2), column 8j + 2t + e%2
     constexpr int PER_WARP = M_TILES * NG * 32 * 4;
     // (WA > 0: in the stage's activation part, since a weight copy may be in flight into its weight part)
     constexpr int RED_AT = WA > 0 ? W_BYTES : 0;
@@ -897,9 +835,7 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
     constexpr int OUT_TILES = GATED ? M_TILES / 2 : M_TILES;
     for (int idx = threadIdx.x; idx < OUT_TILES * NG * 128; idx += WARPS * 32) {
         const int e = idx % 4, l = (idx / 4) % 32, j = (idx / 128) % NG, mt = idx / (128 * NG);
-        int m;
-        if constexpr (SWIZZLE) m = r0 + 16 * mt + row_swizzle(l / 4 + 8 * (e / 2));
-        else m = r0 + 16 * mt + l / 4 + 8 * (e / 2);
+        const int m = r0 + 16 * mt + l / 4 + 8 * (e / 2);
         const int n = COL_GROUP * j + 2 * (l % 4) + e % 2;
         const float nf = a.norm_w != nullptr ? norm_factor[n] : 1.0f;
         float v = red[0][idx];
@@ -935,7 +871,8 @@ constexpr int worst_smem_bytes(int ng) {
         for (int gated = 0; gated < 2; ++gated) {
             const int m_tiles = gated != 0 || ng > LUCEBOX_Q8_0_ONE_TILE_MAX_NG ? 2 : 1;
             const int st3 = has_mins(wt) && ng == 1 && LUCEBOX_Q8_0_ST3_MAX_M > 0 ? 3 : STAGES;
-            const int a = smem_bytes(COL_GROUP * ng, m_tiles, wt, STAGES), b = smem_bytes(COL_GROUP * ng, m_tiles, wt, st3);
+            const int a = smem_bytes(COL_GROUP * ng, m_tiles, wt, STAGES, false, gated != 0),
+                      b = smem_bytes(COL_GROUP * ng, m_tiles, wt, st3, false, gated != 0);
             worst = worst > a ? worst : a;
             worst = worst > b ? worst : b;
         }
@@ -970,7 +907,7 @@ template <int NG, bool GATED, weight_type WT, int ST = STAGES, bool ONE = false>
 cudaError_t launch_groups(const matmul_args & a, const int8_t * xq, const float * xd, const float * xs,
                           const float * ss, cudaStream_t stream) {
     constexpr int M_TILES = GATED || NG > LUCEBOX_Q8_0_ONE_TILE_MAX_NG ? 2 : 1;
-    constexpr int SMEM = smem_bytes(COL_GROUP * NG, M_TILES, WT, ST, ONE);
+    constexpr int SMEM = smem_bytes(COL_GROUP * NG, M_TILES, WT, ST, ONE, GATED);
     // the shared-memory limit is a per-device attribute of the function: raise it once per device
     static unsigned long long configured = 0;  // bit d: device d done (devices 0..63)
     int dev = 0;

@@ -148,6 +148,10 @@ __host__ __device__ constexpr int smem_bytes(int cols, int m_tiles, weight_type 
     return WARPS * stages * stage_bytes(one ? 1 : cols, m_tiles, wt) +
            WARPS * (one ? 0 : weights_ahead(cols, wt, gated)) * 16 * m_tiles * chunk_bytes(wt) + cols * 4 * (1 + NORM_PARTS);
 }
+// What the rule above rests on: at the default depth, with its extra buffers the gated Q4_K 16-column
+// CTA still fits 2 a Hopper multiprocessor (228 KB, 1 KB reserved a CTA), as it does without them.
+static_assert(STAGES != 2 || 2 * (smem_bytes(16, 2, weight_type::q4_k, STAGES, false, true) + 1024) <= 228 * 1024,
+              "weights ahead keeps the gated Q4_K 16-column launch at 2 CTAs a multiprocessor");
 
 namespace detail {
 

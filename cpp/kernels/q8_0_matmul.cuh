@@ -130,28 +130,25 @@ __host__ __device__ constexpr int stage_bytes(int xcols, int m_tiles, weight_typ
 // A column's sum of squares is added as NORM_PARTS partial sums (blocks b = p mod NORM_PARTS).
 constexpr int NORM_PARTS = 8;
 
-// The extra weight-only buffers a warp keeps (weights_ahead): its weight chunks are then loaded that
-// many chunks further ahead than its activations (weight_slot, and the commit groups in matmul). Only
-// a gated Q4_K product of 16 staged columns (verify's gate/up) takes one: its CTA keeps 2 a
-// multiprocessor (78.4 -> 96.8 KB) and it runs 44.1 -> 40.3 us on an H100 (5120 -> 2x17408; 8
-// staged columns 37.5 -> 37.1). Measured and left at 0 (forty-third session, docs/benchmarks.md):
-// gated Q8_0 and Q6_K (their larger CTAs drop to 1 a multiprocessor: 70.5 -> 81.5 and 63.5 -> 64.9
-// us) and plain products (Q6_K ffn_down 16 columns 37.7 -> 47.3 us; Q4_K gains and losses of a few
-// percent by shape). Q5_K's gated CTA would fit 2 as well but is not measured, so it stays at 0.
+// The extra weight-only buffers a warp of a launch of `cols` staged columns may keep (matmul's AHEAD):
+// its weight chunks are then loaded that many chunks further ahead than its activations (weight_slot,
+// and the commit groups in matmul). Only a gated Q4_K product of 16 staged columns (verify's gate/up)
+// takes one, and only where its CTAs fit as many a multiprocessor as without it (launch_groups: on
+// Hopper 2 of 96.8 KB, as of 78.4; an A100's 164 KB would hold 1): H100, 5120 -> 2x17408, 44.1 ->
+// 40.3 us (8 staged columns 37.5 -> 37.1). Measured and left at 0 (forty-third session,
+// docs/benchmarks.md): gated Q8_0 and Q6_K (their larger CTAs drop to 1 a multiprocessor: 70.5 -> 81.5
+// and 63.5 -> 64.9 us) and plain products (Q6_K ffn_down 16 columns 37.7 -> 47.3 us; Q4_K gains and
+// losses of a few percent by shape). Q5_K's gated CTA would fit 2 as well but is not measured.
 __host__ __device__ constexpr int weights_ahead(int cols, weight_type wt, bool gated) {
     return gated && wt == weight_type::q4_k && cols == 16 ? 1 : 0;
 }
-// The warps' stages, their extra weight buffers, then the columns' RMS norm factors [cols] and
-// partial sums [cols][NORM_PARTS].
+// The warps' stages, their `ahead` extra weight buffers each, then the columns' RMS norm factors
+// [cols] and partial sums [cols][NORM_PARTS].
 __host__ __device__ constexpr int smem_bytes(int cols, int m_tiles, weight_type wt = weight_type::q8_0, int stages = STAGES,
-                                             bool one = false, bool gated = false) {
-    return WARPS * stages * stage_bytes(one ? 1 : cols, m_tiles, wt) +
-           WARPS * (one ? 0 : weights_ahead(cols, wt, gated)) * 16 * m_tiles * chunk_bytes(wt) + cols * 4 * (1 + NORM_PARTS);
+                                             bool one = false, int ahead = 0) {
+    return WARPS * stages * stage_bytes(one ? 1 : cols, m_tiles, wt) + WARPS * ahead * 16 * m_tiles * chunk_bytes(wt) +
+           cols * 4 * (1 + NORM_PARTS);
 }
-// What the rule above rests on: at the default depth, with its extra buffers the gated Q4_K 16-column
-// CTA still fits 2 a Hopper multiprocessor (228 KB, 1 KB reserved a CTA), as it does without them.
-static_assert(STAGES != 2 || 2 * (smem_bytes(16, 2, weight_type::q4_k, STAGES, false, true) + 1024) <= 228 * 1024,
-              "weights ahead keeps the gated Q4_K 16-column launch at 2 CTAs a multiprocessor");
 
 namespace detail {
 
@@ -378,7 +375,7 @@ __device__ __forceinline__ uint8_t * weight_slot(uint8_t * smem, int warp, int i
 // the first weight chunks are in flight (NORM_PARTS partial sums per column, blocks p, p + 8, ..),
 // and add the partials in order after the main loop: a fixed order, so the factor of column n does
 // not depend on N either.
-template <int NG, bool GATED, int M_TILES, weight_type WT, int ST = STAGES, bool ONE = false>
+template <int NG, bool GATED, int M_TILES, weight_type WT, int ST = STAGES, bool ONE = false, int AHEAD = 0>
 __global__ void __launch_bounds__(WARPS * 32)
 matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__ xd, const float * __restrict__ xs,
        const float * ss) {  // ss: quantize_columns' output, read after griddepcontrol.wait: not restrict, ld.global.cg
@@ -417,7 +414,8 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
     uint8_t * stages = smem + warp * ST * STAGE;
     // weights_ahead: chunk i's weights in buffer i % (ST + WA) (weight_slot), its activations in stage
     // i % ST; weights are issued WA chunks ahead of the activations (see issue)
-    enum : int { WA = ONE ? 0 : weights_ahead(COLS, WT, GATED) };  // (an enumerator: a local constexpr int renumbers the PTX)
+    enum : int { WA = AHEAD };  // (an enumerator: a local constexpr int renumbers the PTX)
+    static_assert(!ONE || AHEAD == 0, "a one-column stage cannot hold the partial sums (RED_AT)");
     // the next kernel (ggml's launch with PDL, or the next quantization) may launch once every CTA
     // here has started; it waits for this grid's completion before it reads anything
     cuda::launch_dependents();
@@ -875,8 +873,9 @@ constexpr int worst_smem_bytes(int ng) {
         for (int gated = 0; gated < 2; ++gated) {
             const int m_tiles = gated != 0 || ng > LUCEBOX_Q8_0_ONE_TILE_MAX_NG ? 2 : 1;
             const int st3 = has_mins(wt) && ng == 1 && LUCEBOX_Q8_0_ST3_MAX_M > 0 ? 3 : STAGES;
-            const int a = smem_bytes(COL_GROUP * ng, m_tiles, wt, STAGES, false, gated != 0),
-                      b = smem_bytes(COL_GROUP * ng, m_tiles, wt, st3, false, gated != 0);
+            const int ahead = weights_ahead(COL_GROUP * ng, wt, gated != 0);  // (where a launch takes them)
+            const int a = smem_bytes(COL_GROUP * ng, m_tiles, wt, STAGES, false, ahead),
+                      b = smem_bytes(COL_GROUP * ng, m_tiles, wt, st3, false, ahead);
             worst = worst > a ? worst : a;
             worst = worst > b ? worst : b;
         }
@@ -907,36 +906,63 @@ bool pdl_kernel(int dev) { return LUCEBOX_Q8_0_PDL && cuda::pdl_kernel<Kernel>(d
 
 using cuda::launch;
 
-template <int NG, bool GATED, weight_type WT, int ST = STAGES, bool ONE = false>
-cudaError_t launch_groups(const matmul_args & a, const int8_t * xq, const float * xd, const float * xs,
-                          const float * ss, cudaStream_t stream) {
-    constexpr int M_TILES = GATED || NG > LUCEBOX_Q8_0_ONE_TILE_MAX_NG ? 2 : 1;
-    constexpr int SMEM = smem_bytes(COL_GROUP * NG, M_TILES, WT, ST, ONE, GATED);
-    // the shared-memory limit is a per-device attribute of the function: raise it once per device
+// Raises Kernel's dynamic shared-memory limit on device dev to what its launches use (smem, or all
+// the device allows: cuda::spread_smem pads a launch's shared memory), once per device, before any
+// launch or occupancy query.
+template <auto Kernel>
+cudaError_t raise_smem_limit(int dev, int smem) {
     static unsigned long long configured = 0;  // bit d: device d done (devices 0..63)
-    int dev = 0;
-    cudaError_t err = cudaGetDevice(&dev);
-    if (err != cudaSuccess) return err;
-    if (dev >= 64) return cudaErrorInvalidDevice;
+    if (dev < 0 || dev >= 64) return cudaErrorInvalidDevice;
     if (!(__atomic_load_n(&configured, __ATOMIC_ACQUIRE) & (1ull << dev))) {
-        // (all the device allows: cuda::spread_smem pads a launch's shared memory)
-        err = cudaFuncSetAttribute(matmul<NG, GATED, M_TILES, WT, ST, ONE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   LUCEBOX_Q8_0_SPREAD ? device_smem_optin(dev) : SMEM);
+        const cudaError_t err = cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                     LUCEBOX_Q8_0_SPREAD ? device_smem_optin(dev) : smem);
         if (err != cudaSuccess) return err;
         __atomic_fetch_or(&configured, 1ull << dev, __ATOMIC_ACQ_REL);
     }
+    return cudaSuccess;
+}
+
+// One launch of matmul<.., AHEAD> (raise_smem_limit done), its CTAs spread over the multiprocessors.
+template <int NG, bool GATED, weight_type WT, int ST, bool ONE, int AHEAD>
+cudaError_t launch_tiles(int dev, const matmul_args & a, const int8_t * xq, const float * xd, const float * xs,
+                         const float * ss, cudaStream_t stream) {
+    constexpr int M_TILES = GATED || NG > LUCEBOX_Q8_0_ONE_TILE_MAX_NG ? 2 : 1;
+    constexpr auto kernel = matmul<NG, GATED, M_TILES, WT, ST, ONE, AHEAD>;
+    constexpr int SMEM = smem_bytes(COL_GROUP * NG, M_TILES, WT, ST, ONE, AHEAD);
     constexpr int OUT_ROWS = GATED ? 16 : 16 * M_TILES;
     // one CTA per tile of OUT_ROWS rows, or (persistent) at most as many CTAs as fit at once, each
     // looping over tiles
     int grid = (a.M + OUT_ROWS - 1) / OUT_ROWS;
     if (LUCEBOX_Q8_0_PERSISTENT > 0) {
-        const int most = cuda::resident_ctas<matmul<NG, GATED, M_TILES, WT, ST, ONE>>(dev, WARPS * 32, SMEM) *
-                         device_attribute<cudaDevAttrMultiProcessorCount>(dev);
+        const int most = cuda::resident_ctas<kernel>(dev, WARPS * 32, SMEM) * device_attribute<cudaDevAttrMultiProcessorCount>(dev);
         if (most > 0 && grid >= LUCEBOX_Q8_0_PERSISTENT * most) grid = most;
     }
-    const int smem = LUCEBOX_Q8_0_SPREAD ? cuda::spread_smem<matmul<NG, GATED, M_TILES, WT, ST, ONE>>(dev, grid, WARPS * 32, SMEM) : SMEM;
-    return launch(matmul<NG, GATED, M_TILES, WT, ST, ONE>, dim3(grid), dim3(WARPS * 32), smem, stream,
-                  pdl_kernel<matmul<NG, GATED, M_TILES, WT, ST, ONE>>(dev), a, xq, xd, xs, ss);
+    const int smem = LUCEBOX_Q8_0_SPREAD ? cuda::spread_smem<kernel>(dev, grid, WARPS * 32, SMEM) : SMEM;
+    return launch(kernel, dim3(grid), dim3(WARPS * 32), smem, stream, pdl_kernel<kernel>(dev), a, xq, xd, xs, ss);
+}
+
+// The launch for a product of NG column groups: with weights_ahead's buffers where the format and
+// shape take them and the device fits as many of those CTAs a multiprocessor as of the plain ones
+// (a CTA less a multiprocessor lost more than the buffers gained wherever measured).
+template <int NG, bool GATED, weight_type WT, int ST = STAGES, bool ONE = false>
+cudaError_t launch_groups(const matmul_args & a, const int8_t * xq, const float * xd, const float * xs,
+                          const float * ss, cudaStream_t stream) {
+    constexpr int M_TILES = GATED || NG > LUCEBOX_Q8_0_ONE_TILE_MAX_NG ? 2 : 1;
+    constexpr int AHEAD = ONE ? 0 : weights_ahead(COL_GROUP * NG, WT, GATED);
+    constexpr int SMEM = smem_bytes(COL_GROUP * NG, M_TILES, WT, ST, ONE, 0);
+    int dev = 0;
+    cudaError_t err = cudaGetDevice(&dev);
+    if (err == cudaSuccess) err = raise_smem_limit<matmul<NG, GATED, M_TILES, WT, ST, ONE, 0>>(dev, SMEM);
+    if (err != cudaSuccess) return err;
+    if constexpr (AHEAD > 0) {
+        constexpr int SMEM_AHEAD = smem_bytes(COL_GROUP * NG, M_TILES, WT, ST, ONE, AHEAD);
+        err = raise_smem_limit<matmul<NG, GATED, M_TILES, WT, ST, ONE, AHEAD>>(dev, SMEM_AHEAD);
+        if (err != cudaSuccess) return err;
+        const int with = cuda::resident_ctas<matmul<NG, GATED, M_TILES, WT, ST, ONE, AHEAD>>(dev, WARPS * 32, SMEM_AHEAD);
+        const int without = cuda::resident_ctas<matmul<NG, GATED, M_TILES, WT, ST, ONE, 0>>(dev, WARPS * 32, SMEM);
+        if (with > 0 && with >= without) return launch_tiles<NG, GATED, WT, ST, ONE, AHEAD>(dev, a, xq, xd, xs, ss, stream);
+    }
+    return launch_tiles<NG, GATED, WT, ST, ONE, 0>(dev, a, xq, xd, xs, ss, stream);
 }
 
 // The stages of a one-column product (one_column): LUCEBOX_Q8_0_ONE_STAGES, and at least 3 for

@@ -130,7 +130,7 @@ __host__ __device__ constexpr int stage_bytes(int xcols, int m_tiles, weight_typ
 // A column's sum of squares is added as NORM_PARTS partial sums (blocks b = p mod NORM_PARTS).
 constexpr int NORM_PARTS = 8;
 
-// The extra weight-only buffers a warp of a launch of `cols` staged columns may keep (matmul's AHEAD):
+// The extra weight-only buffers a warp of a launch of `cols` staged columns may keep (matmul's WA):
 // its weight chunks are then loaded that many chunks further ahead than its activations (weight_slot,
 // and the commit groups in matmul). Only a gated Q4_K product of 16 staged columns (verify's gate/up)
 // takes one, and only where its CTAs fit as many a multiprocessor as without it (launch_groups: on
@@ -375,7 +375,7 @@ __device__ __forceinline__ uint8_t * weight_slot(uint8_t * smem, int warp, int i
 // the first weight chunks are in flight (NORM_PARTS partial sums per column, blocks p, p + 8, ..),
 // and add the partials in order after the main loop: a fixed order, so the factor of column n does
 // not depend on N either.
-template <int NG, bool GATED, int M_TILES, weight_type WT, int ST = STAGES, bool ONE = false, int AHEAD = 0>
+template <int NG, bool GATED, int M_TILES, weight_type WT, int ST = STAGES, bool ONE = false, int WA = 0>
 __global__ void __launch_bounds__(WARPS * 32)
 matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__ xd, const float * __restrict__ xs,
        const float * ss) {  // ss: quantize_columns' output, read after griddepcontrol.wait: not restrict, ld.global.cg
@@ -412,10 +412,9 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
     const int n_total = my_tiles * n_mine;
     auto tile_row = [&](int tl) { return (int(blockIdx.x) + tl * int(gridDim.x)) * OUT_ROWS; };
     uint8_t * stages = smem + warp * ST * STAGE;
-    // weights_ahead: chunk i's weights in buffer i % (ST + WA) (weight_slot), its activations in stage
-    // i % ST; weights are issued WA chunks ahead of the activations (see issue)
-    enum : int { WA = AHEAD };  // (an enumerator: a local constexpr int renumbers the PTX)
-    static_assert(!ONE || AHEAD == 0, "a one-column stage cannot hold the partial sums (RED_AT)");
+    // WA (weights_ahead, launch_groups): chunk i's weights in buffer i % (ST + WA) (weight_slot), its
+    // activations in stage i % ST; weights are issued WA chunks ahead of the activations (see issue)
+    static_assert(!ONE || WA == 0, "a one-column stage cannot hold the partial sums (RED_AT)");
     // the next kernel (ggml's launch with PDL, or the next quantization) may launch once every CTA
     // here has started; it waits for this grid's completion before it reads anything
     cuda::launch_dependents();
@@ -922,7 +921,7 @@ cudaError_t raise_smem_limit(int dev, int smem) {
     return cudaSuccess;
 }
 
-// One launch of matmul<.., AHEAD> (raise_smem_limit done), its CTAs spread over the multiprocessors.
+// One launch of matmul<.., WA = AHEAD> (raise_smem_limit done), its CTAs spread over the multiprocessors.
 template <int NG, bool GATED, weight_type WT, int ST, bool ONE, int AHEAD>
 cudaError_t launch_tiles(int dev, const matmul_args & a, const int8_t * xq, const float * xd, const float * xs,
                          const float * ss, cudaStream_t stream) {

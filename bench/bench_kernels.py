@@ -10,9 +10,14 @@ With --prefill N, also the kernels of one N-token prefill. With programmatic dep
 (the default on Hopper) a kernel may start before its predecessor ends and wait on the device, so
 its time includes that wait and the per-step sum exceeds the wall time; --no-pdl (GGML_CUDA_PDL=0,
 which lucebox's kernels honour too) gives each kernel's own time, and the gap line (wall minus
-kernel time) the device's idle time between kernels. Needs torch with CUDA. Usage (repository root, GPU machine):
+kernel time) the device's idle time between kernels. The timeline line of each phase says the same
+from the kernels' own start and end times: the device's busy time (the union of the kernels'
+intervals), the overlap (kernel time minus busy time: what programmatic dependent launches let run
+side by side), and the idle time inside the profiled steps; --gaps N also lists the N pairs of
+neighbouring kernels with the most idle time between them. Needs torch with CUDA. Usage (repository
+root, GPU machine):
     lucebox synth qwen3.6-27b -o /tmp/t27.gguf --type q8_0
-    python bench/bench_kernels.py /tmp/t27.gguf [--depth 4096] [--prefill 4096] [--no-pdl] [--top N]
+    python bench/bench_kernels.py /tmp/t27.gguf [--depth 4096] [--prefill 4096] [--no-pdl] [--top N] [--gaps N]
 """
 from __future__ import annotations
 
@@ -28,7 +33,7 @@ from torch.profiler import ProfilerActivity, profile
 import lucebox
 
 
-def profile_generation(engine: lucebox.Engine, prompt: list[int], label: str, top: int, **kw) -> None:
+def profile_generation(engine: lucebox.Engine, prompt: list[int], label: str, top: int, gaps: int, **kw) -> None:
     engine.session().generate(prompt, max_tokens=8, **kw)  # warm-up: graphs built, kernels loaded
     s = engine.session()
     s.append(prompt[:-1])
@@ -37,15 +42,37 @@ def profile_generation(engine: lucebox.Engine, prompt: list[int], label: str, to
         r = s.generate(prompt[-1:], max_tokens=33, **kw)
         torch.cuda.synchronize()
     steps = (r.stats.spec or {}).get("steps", 0) or r.stats.n_generated
-    print_kernels(prof, label, steps, r.stats.decode_seconds, top)
+    print_kernels(prof, label, steps, r.stats.decode_seconds, top, gaps)
 
 
-def print_kernels(prof, label: str, steps: int, wall_seconds: float | None, top: int) -> None:
+def timeline(intervals: list[tuple[float, float, str]]) -> tuple[float, float, list[tuple[float, str, str]]]:
+    """Of kernels (start, end, name) in microseconds: the busy time (the union of the intervals), the span
+    (first start to last end) and the idle gaps as (microseconds, the kernel that ended last before the gap,
+    the kernel after it)."""
+    if not intervals:
+        return 0.0, 0.0, []
+    spans = sorted(intervals)
+    busy, gaps = 0.0, []
+    start, end, last = spans[0]
+    for s, e, name in spans[1:]:
+        if s > end:
+            busy += end - start
+            gaps.append((s - end, last, name))
+            start, end, last = s, e, name
+        elif e > end:
+            end, last = e, name
+    busy += end - start
+    return busy, max(e for _, e, _ in spans) - spans[0][0], gaps
+
+
+def print_kernels(prof, label: str, steps: int, wall_seconds: float | None, top: int, n_gaps: int = 0) -> None:
     agg: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0])
+    intervals = []
     for ev in prof.events():
         if ev.device_type == torch.autograd.DeviceType.CUDA:
             agg[ev.name][0] += ev.device_time_total
             agg[ev.name][1] += 1
+            intervals.append((ev.time_range.start, ev.time_range.end, ev.name))
     total = sum(v[0] for v in agg.values())
     launches = sum(v[1] for v in agg.values())
     wall = ""
@@ -62,6 +89,15 @@ def print_kernels(prof, label: str, steps: int, wall_seconds: float | None, top:
                                     for g, (us, n) in sorted(groups.items(), key=lambda x: -x[1][0])))
     for name, (us, n) in sorted(agg.items(), key=lambda x: -x[1][0])[:top]:
         print(f"  {us / 1e3 / steps:7.3f} ms/step {n / steps:6.1f}x  {us / max(1, n):8.1f} us  {name[:100]}")
+    busy, span, gaps = timeline(intervals)
+    print(f"  timeline: busy {busy / 1e3 / steps:.2f} ms per step, overlap {(total - busy) / 1e3 / steps:.2f} ms, "
+          f"idle {(span - busy) / 1e3 / steps:.2f} ms in {len(gaps) / steps:.0f} gaps")
+    pairs: dict[tuple[str, str], list[float]] = collections.defaultdict(lambda: [0.0, 0])
+    for us, before, after in gaps:
+        pairs[(before, after)][0] += us
+        pairs[(before, after)][1] += 1
+    for (before, after), (us, n) in sorted(pairs.items(), key=lambda x: -x[1][0])[:n_gaps]:
+        print(f"  idle {us / steps:7.1f} us/step {n / steps:5.1f}x  after {before[:60]}  before {after[:60]}")
 
 
 # kernel name fragment -> kind, first match wins (everything else: "small ops")
@@ -77,14 +113,14 @@ def kernel_group(name: str) -> str:
     return next((kind for frag, kind in KERNEL_KINDS if frag in name), "small ops")
 
 
-def profile_prefill(engine: lucebox.Engine, prompt: list[int], top: int) -> None:
+def profile_prefill(engine: lucebox.Engine, prompt: list[int], top: int, gaps: int) -> None:
     engine.session().append(prompt)  # warm-up
     s = engine.session()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         s.append(prompt)
         torch.cuda.synchronize()
-    print_kernels(prof, f"prefill of {len(prompt)} tokens", 1, None, top)
+    print_kernels(prof, f"prefill of {len(prompt)} tokens", 1, None, top, gaps)
 
 
 def main() -> int:
@@ -98,6 +134,8 @@ def main() -> int:
     ap.add_argument("--no-pdl", action="store_true",
                     help="programmatic dependent launches off (GGML_CUDA_PDL=0): each kernel's own time")
     ap.add_argument("--top", type=int, default=22, help="kernels listed per phase, the most expensive first")
+    ap.add_argument("--gaps", type=int, default=0,
+                    help="also list this many pairs of neighbouring kernels with the most idle time between them")
     args = ap.parse_args()
     if args.no_pdl:
         os.environ["GGML_CUDA_PDL"] = "0"  # read at the first launch, after this
@@ -108,10 +146,11 @@ def main() -> int:
     engine = lucebox.Engine(args.model, ctx=max(args.depth, args.prefill) + 64, device="cuda:0")
     rng = np.random.default_rng(0)
     prompt = [int(x) for x in rng.integers(10, engine.hparams.n_vocab, args.depth)]
-    profile_generation(engine, prompt, "plain decode", args.top)
-    profile_generation(engine, prompt, "16-token verify (forced, all rejected)", args.top, propose=lambda c, last, n: [0] * n)
+    profile_generation(engine, prompt, "plain decode", args.top, args.gaps)
+    profile_generation(engine, prompt, "16-token verify (forced, all rejected)", args.top, args.gaps,
+                       propose=lambda c, last, n: [0] * n)
     if args.prefill:
-        profile_prefill(engine, [int(x) for x in rng.integers(10, engine.hparams.n_vocab, args.prefill)], args.top)
+        profile_prefill(engine, [int(x) for x in rng.integers(10, engine.hparams.n_vocab, args.prefill)], args.top, args.gaps)
     return 0
 
 

@@ -14,10 +14,12 @@ kernel time) the device's idle time between kernels. The timeline line of each p
 from the kernels' own start and end times: the device's busy time (the union of the kernels'
 intervals), the overlap (kernel time minus busy time: what programmatic dependent launches let run
 side by side), and the idle time inside the profiled steps; --gaps N also lists the N pairs of
-neighbouring kernels with the most idle time between them. Needs torch with CUDA. Usage (repository
-root, GPU machine):
+neighbouring kernels with the most idle time between them. --api also records the host's CUDA
+runtime calls and counts them per step (cudaGraphLaunch: the step ran as a captured CUDA graph;
+cudaLaunchKernel*: kernel by kernel); it slows the host, so its wall times are not the others'. Needs
+torch with CUDA. Usage (repository root, GPU machine):
     lucebox synth qwen3.6-27b -o /tmp/t27.gguf --type q8_0
-    python bench/bench_kernels.py /tmp/t27.gguf [--depth 4096] [--prefill 4096] [--no-pdl] [--top N] [--gaps N]
+    python bench/bench_kernels.py /tmp/t27.gguf [--depth 4096] [--prefill 4096] [--no-pdl] [--top N] [--gaps N] [--api]
 """
 from __future__ import annotations
 
@@ -33,16 +35,20 @@ from torch.profiler import ProfilerActivity, profile
 import lucebox
 
 
-def profile_generation(engine: lucebox.Engine, prompt: list[int], label: str, top: int, gaps: int, **kw) -> None:
+def activities(args: argparse.Namespace) -> list[ProfilerActivity]:
+    return [ProfilerActivity.CPU, ProfilerActivity.CUDA] if args.api else [ProfilerActivity.CUDA]
+
+
+def profile_generation(engine: lucebox.Engine, prompt: list[int], label: str, args: argparse.Namespace, **kw) -> None:
     engine.session().generate(prompt, max_tokens=8, **kw)  # warm-up: graphs built, kernels loaded
     s = engine.session()
     s.append(prompt[:-1])
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with profile(activities=activities(args)) as prof:
         r = s.generate(prompt[-1:], max_tokens=33, **kw)
         torch.cuda.synchronize()
     steps = (r.stats.spec or {}).get("steps", 0) or r.stats.n_generated
-    print_kernels(prof, label, steps, r.stats.decode_seconds, top, gaps)
+    print_kernels(prof, label, steps, r.stats.decode_seconds, args)
 
 
 def timeline(intervals: list[tuple[float, float, str]]) -> tuple[float, float, list[tuple[float, str, str]]]:
@@ -65,14 +71,17 @@ def timeline(intervals: list[tuple[float, float, str]]) -> tuple[float, float, l
     return busy, max(e for _, e, _ in spans) - spans[0][0], gaps
 
 
-def print_kernels(prof, label: str, steps: int, wall_seconds: float | None, top: int, n_gaps: int = 0) -> None:
+def print_kernels(prof, label: str, steps: int, wall_seconds: float | None, args: argparse.Namespace) -> None:
     agg: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0])
     intervals = []
+    api: collections.Counter[str] = collections.Counter()
     for ev in prof.events():
         if ev.device_type == torch.autograd.DeviceType.CUDA:
             agg[ev.name][0] += ev.device_time_total
             agg[ev.name][1] += 1
             intervals.append((ev.time_range.start, ev.time_range.end, ev.name))
+        elif ev.name.startswith("cuda"):
+            api[ev.name] += 1
     total = sum(v[0] for v in agg.values())
     launches = sum(v[1] for v in agg.values())
     wall = ""
@@ -87,7 +96,7 @@ def print_kernels(prof, label: str, steps: int, wall_seconds: float | None, top:
         groups[kernel_group(name)][1] += n
     print("  by kind: " + "; ".join(f"{g} {us / 1e3 / steps:.2f} ms ({n / steps:.0f}x)"
                                     for g, (us, n) in sorted(groups.items(), key=lambda x: -x[1][0])))
-    for name, (us, n) in sorted(agg.items(), key=lambda x: -x[1][0])[:top]:
+    for name, (us, n) in sorted(agg.items(), key=lambda x: -x[1][0])[:args.top]:
         print(f"  {us / 1e3 / steps:7.3f} ms/step {n / steps:6.1f}x  {us / max(1, n):8.1f} us  {name[:100]}")
     busy, span, gaps = timeline(intervals)
     print(f"  timeline: busy {busy / 1e3 / steps:.2f} ms per step, overlap {(total - busy) / 1e3 / steps:.2f} ms, "
@@ -96,8 +105,10 @@ def print_kernels(prof, label: str, steps: int, wall_seconds: float | None, top:
     for us, before, after in gaps:
         pairs[(before, after)][0] += us
         pairs[(before, after)][1] += 1
-    for (before, after), (us, n) in sorted(pairs.items(), key=lambda x: -x[1][0])[:n_gaps]:
+    for (before, after), (us, n) in sorted(pairs.items(), key=lambda x: -x[1][0])[:args.gaps]:
         print(f"  idle {us / steps:7.1f} us/step {n / steps:5.1f}x  after {before[:60]}  before {after[:60]}")
+    if api:
+        print("  CUDA runtime calls per step: " + ", ".join(f"{name} {n / steps:.1f}" for name, n in api.most_common()))
 
 
 # kernel name fragment -> kind, first match wins (everything else: "small ops")
@@ -113,14 +124,14 @@ def kernel_group(name: str) -> str:
     return next((kind for frag, kind in KERNEL_KINDS if frag in name), "small ops")
 
 
-def profile_prefill(engine: lucebox.Engine, prompt: list[int], top: int, gaps: int) -> None:
+def profile_prefill(engine: lucebox.Engine, prompt: list[int], args: argparse.Namespace) -> None:
     engine.session().append(prompt)  # warm-up
     s = engine.session()
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with profile(activities=activities(args)) as prof:
         s.append(prompt)
         torch.cuda.synchronize()
-    print_kernels(prof, f"prefill of {len(prompt)} tokens", 1, None, top, gaps)
+    print_kernels(prof, f"prefill of {len(prompt)} tokens", 1, None, args)
 
 
 def main() -> int:
@@ -136,6 +147,8 @@ def main() -> int:
     ap.add_argument("--top", type=int, default=22, help="kernels listed per phase, the most expensive first")
     ap.add_argument("--gaps", type=int, default=0,
                     help="also list this many pairs of neighbouring kernels with the most idle time between them")
+    ap.add_argument("--api", action="store_true",
+                    help="also count the host's CUDA runtime calls per step (graph launches or kernel launches)")
     args = ap.parse_args()
     if args.no_pdl:
         os.environ["GGML_CUDA_PDL"] = "0"  # read at the first launch, after this
@@ -146,11 +159,10 @@ def main() -> int:
     engine = lucebox.Engine(args.model, ctx=max(args.depth, args.prefill) + 64, device="cuda:0")
     rng = np.random.default_rng(0)
     prompt = [int(x) for x in rng.integers(10, engine.hparams.n_vocab, args.depth)]
-    profile_generation(engine, prompt, "plain decode", args.top, args.gaps)
-    profile_generation(engine, prompt, "16-token verify (forced, all rejected)", args.top, args.gaps,
-                       propose=lambda c, last, n: [0] * n)
+    profile_generation(engine, prompt, "plain decode", args)
+    profile_generation(engine, prompt, "16-token verify (forced, all rejected)", args, propose=lambda c, last, n: [0] * n)
     if args.prefill:
-        profile_prefill(engine, [int(x) for x in rng.integers(10, engine.hparams.n_vocab, args.prefill)], args.top, args.gaps)
+        profile_prefill(engine, [int(x) for x in rng.integers(10, engine.hparams.n_vocab, args.prefill)], args)
     return 0
 
 

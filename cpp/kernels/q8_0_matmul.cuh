@@ -134,8 +134,9 @@ constexpr int NORM_PARTS = 8;
 // its weight chunks are then loaded that many chunks further ahead than its activations (weight_slot,
 // and the commit groups in matmul). Only a gated Q4_K or Q5_K product of 16 staged columns (verify's
 // gate/up) takes one, and only where its CTAs fit as many a multiprocessor as without it (launch_groups:
-// on Hopper 2 of 96.8 / 109.1 KB, as of 78.4 / 86.6; an A100's 164 KB would hold 1). H100, 5120 ->
-// 2x17408: Q4_K 44.1 -> 40.3 us (8 staged columns 37.5 -> 37.1; forty-third session), Q5_K 51.3 ->
+// on Hopper 2 of 96.8 / 109.1 KB, as of 78.4 / 86.6; an A100's 164 KB would hold 1 Q4_K CTA of 96.8
+// against 2 of 78.4, and 1 Q5_K CTA either way). H100, 5120 ->
+// 2x17408: Q4_K 44.1 -> 40.3 us (8 staged columns 37.5 -> 37.1; forty-third session), Q5_K 51.2 ->
 // 47.8 (forty-fourth; every other Q5_K launch level). Measured and left at 0 (docs/benchmarks.md):
 // gated Q8_0 and Q6_K (their larger CTAs drop to 1 a multiprocessor: 70.5 -> 81.5 and 63.5 -> 64.9 us)
 // and plain products (Q6_K ffn_down 16 columns 37.7 -> 47.3 us; Q4_K gains and losses of a few percent

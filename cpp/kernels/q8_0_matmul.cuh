@@ -866,13 +866,17 @@ using cuda::device_attribute;
 using cuda::device_major;
 using cuda::device_smem_optin;
 
+// The m16 row tiles a warp of a launch of ng column groups takes: two for a gated product (U's rows and
+// G's) and for more than LUCEBOX_Q8_0_ONE_TILE_MAX_NG groups, else one (matmul's M_TILES).
+constexpr int warp_m_tiles(int ng, bool gated) { return gated || ng > LUCEBOX_Q8_0_ONE_TILE_MAX_NG ? 2 : 1; }
+
 // The most shared memory a launch for products of up to 8 * ng columns asks for: plain or gated,
 // every weight format, either stage count (as launch_gated chooses them).
 constexpr int worst_smem_bytes(int ng) {
     int worst = 0;
     for (weight_type wt : {weight_type::q8_0, weight_type::q4_k, weight_type::q5_k, weight_type::q6_k})
         for (int gated = 0; gated < 2; ++gated) {
-            const int m_tiles = gated != 0 || ng > LUCEBOX_Q8_0_ONE_TILE_MAX_NG ? 2 : 1;
+            const int m_tiles = warp_m_tiles(ng, gated != 0);
             const int st3 = has_mins(wt) && ng == 1 && LUCEBOX_Q8_0_ST3_MAX_M > 0 ? 3 : STAGES;
             const int ahead = weights_ahead(COL_GROUP * ng, wt, gated != 0);  // (where a launch takes them)
             const int a = smem_bytes(COL_GROUP * ng, m_tiles, wt, STAGES, false, ahead),
@@ -927,7 +931,7 @@ cudaError_t raise_smem_limit(int dev, int smem) {
 template <int NG, bool GATED, weight_type WT, int ST, bool ONE, int AHEAD>
 cudaError_t launch_tiles(int dev, const matmul_args & a, const int8_t * xq, const float * xd, const float * xs,
                          const float * ss, cudaStream_t stream) {
-    constexpr int M_TILES = GATED || NG > LUCEBOX_Q8_0_ONE_TILE_MAX_NG ? 2 : 1;
+    constexpr int M_TILES = warp_m_tiles(NG, GATED);
     constexpr auto kernel = matmul<NG, GATED, M_TILES, WT, ST, ONE, AHEAD>;
     constexpr int SMEM = smem_bytes(COL_GROUP * NG, M_TILES, WT, ST, ONE, AHEAD);
     constexpr int OUT_ROWS = GATED ? 16 : 16 * M_TILES;
@@ -948,7 +952,7 @@ cudaError_t launch_tiles(int dev, const matmul_args & a, const int8_t * xq, cons
 template <int NG, bool GATED, weight_type WT, int ST = STAGES, bool ONE = false>
 cudaError_t launch_groups(const matmul_args & a, const int8_t * xq, const float * xd, const float * xs,
                           const float * ss, cudaStream_t stream) {
-    constexpr int M_TILES = GATED || NG > LUCEBOX_Q8_0_ONE_TILE_MAX_NG ? 2 : 1;
+    constexpr int M_TILES = warp_m_tiles(NG, GATED);
     constexpr int AHEAD = ONE ? 0 : weights_ahead(COL_GROUP * NG, WT, GATED);
     constexpr int SMEM = smem_bytes(COL_GROUP * NG, M_TILES, WT, ST, ONE, 0);
     int dev = 0;
@@ -981,7 +985,7 @@ constexpr bool one_column_type(weight_type wt) {  // (LUCEBOX_Q8_0_ONE_COL)
 inline bool one_column(const matmul_args & a, int dev) {
     if (!one_column_type(a.type) || a.N != 1) return false;
     const bool few_rows = a.M <= LUCEBOX_Q8_0_ST3_MAX_M;
-    const int m_tiles = a.gate != nullptr ? 2 : 1;
+    const int m_tiles = warp_m_tiles(1, a.gate != nullptr);
     return smem_bytes(COL_GROUP, m_tiles, a.type, one_stages(a.type, few_rows), true) <= device_smem_optin(dev);
 }
 

@@ -13,7 +13,8 @@ which lucebox's kernels honour too) gives each kernel's own time, and the gap li
 kernel time) the device's idle time between kernels. The timeline line of each phase says the same
 from the kernels' own start and end times: the device's busy time (the union of the kernels'
 intervals), the overlap (kernel time minus busy time: what programmatic dependent launches let run
-side by side), and the idle time inside the profiled steps; --gaps N also lists the N pairs of
+side by side; the kinds of neighbouring kernels that overlap, with how much) and the idle time inside
+the profiled steps; --gaps N also lists the N pairs of
 neighbouring kernels with the most idle time between them. --api also records the host's CUDA
 runtime calls and counts them per step (cudaGraphLaunch: the step ran as a captured CUDA graph;
 cudaLaunchKernel*: kernel by kernel); it slows the host, so its wall times are not the others'. Needs
@@ -51,24 +52,30 @@ def profile_generation(engine: lucebox.Engine, prompt: list[int], label: str, ar
     print_kernels(prof, label, steps, r.stats.decode_seconds, args)
 
 
-def timeline(intervals: list[tuple[float, float, str]]) -> tuple[float, float, list[tuple[float, str, str]]]:
+Pairs = list[tuple[float, str, str]]
+
+
+def timeline(intervals: list[tuple[float, float, str]]) -> tuple[float, float, Pairs, Pairs]:
     """Of kernels (start, end, name) in microseconds: the busy time (the union of the intervals), the span
-    (first start to last end) and the idle gaps as (microseconds, the kernel that ended last before the gap,
-    the kernel after it)."""
+    (first start to last end), the idle gaps as (microseconds, the kernel that ended last before the gap,
+    the kernel after it) and the overlaps as (microseconds of a kernel's interval before the latest end so
+    far, that kernel's predecessor, the kernel)."""
     if not intervals:
-        return 0.0, 0.0, []
+        return 0.0, 0.0, [], []
     spans = sorted(intervals)
-    busy, gaps = 0.0, []
+    busy, gaps, overlaps = 0.0, [], []
     start, end, last = spans[0]
     for s, e, name in spans[1:]:
         if s > end:
             busy += end - start
             gaps.append((s - end, last, name))
             start, end, last = s, e, name
-        elif e > end:
+            continue
+        overlaps.append((min(e, end) - s, last, name))
+        if e > end:
             end, last = e, name
     busy += end - start
-    return busy, max(e for _, e, _ in spans) - spans[0][0], gaps
+    return busy, max(e for _, e, _ in spans) - spans[0][0], gaps, overlaps
 
 
 def print_kernels(prof, label: str, steps: int, wall_seconds: float | None, args: argparse.Namespace) -> None:
@@ -98,9 +105,16 @@ def print_kernels(prof, label: str, steps: int, wall_seconds: float | None, args
                                     for g, (us, n) in sorted(groups.items(), key=lambda x: -x[1][0])))
     for name, (us, n) in sorted(agg.items(), key=lambda x: -x[1][0])[:args.top]:
         print(f"  {us / 1e3 / steps:7.3f} ms/step {n / steps:6.1f}x  {us / max(1, n):8.1f} us  {name[:100]}")
-    busy, span, gaps = timeline(intervals)
+    busy, span, gaps, overlaps = timeline(intervals)
     print(f"  timeline: busy {busy / 1e3 / steps:.2f} ms per step, overlap {(total - busy) / 1e3 / steps:.2f} ms, "
           f"idle {(span - busy) / 1e3 / steps:.2f} ms in {len(gaps) / steps:.0f} gaps")
+    kinds: dict[tuple[str, str], list[float]] = collections.defaultdict(lambda: [0.0, 0])
+    for us, before, after in overlaps:
+        kinds[(kernel_group(before), kernel_group(after))][0] += us
+        kinds[(kernel_group(before), kernel_group(after))][1] += 1
+    print("  overlap by kind (predecessor -> kernel): " + "; ".join(
+        f"{a} -> {b} {us / steps:.1f} us ({n / steps:.0f}x)"
+        for (a, b), (us, n) in sorted(kinds.items(), key=lambda x: -x[1][0])[:8]))
     pairs: dict[tuple[str, str], list[float]] = collections.defaultdict(lambda: [0.0, 0])
     for us, before, after in gaps:
         pairs[(before, after)][0] += us

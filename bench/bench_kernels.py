@@ -13,8 +13,10 @@ which lucebox's kernels honour too) gives each kernel's own time, and the gap li
 kernel time) the device's idle time between kernels. The timeline line of each phase says the same
 from the kernels' own start and end times: the device's busy time (the union of the kernels'
 intervals), the overlap (kernel time minus busy time: what programmatic dependent launches let run
-side by side; the kinds of neighbouring kernels that overlap, with how much) and the idle time inside
-the profiled steps; --gaps N also lists the N pairs of
+side by side; the kinds of neighbouring kernels that overlap, with how much), the busy time by kind
+and by kernel (each kernel's part of the union past the latest end before it: with dependent
+launches, the time a kernel adds to the step, its prologue hidden behind its predecessor left out) and
+the idle time inside the profiled steps; --gaps N also lists the N pairs of
 neighbouring kernels with the most idle time between them. --api also records the host's CUDA
 runtime calls and counts them per step (cudaGraphLaunch: the step ran as a captured CUDA graph;
 cudaLaunchKernel*: kernel by kernel); it slows the host, so its wall times are not the others'. Needs
@@ -55,27 +57,32 @@ def profile_generation(engine: lucebox.Engine, prompt: list[int], label: str, ar
 Pairs = list[tuple[float, str, str]]
 
 
-def timeline(intervals: list[tuple[float, float, str]]) -> tuple[float, float, Pairs, Pairs]:
+def timeline(intervals: list[tuple[float, float, str]]) -> tuple[float, float, Pairs, Pairs, dict[str, float]]:
     """Of kernels (start, end, name) in microseconds: the busy time (the union of the intervals), the span
     (first start to last end), the idle gaps as (microseconds, the kernel that ended last before the gap,
-    the kernel after it) and the overlaps as (microseconds of a kernel's interval before the latest end so
-    far, that kernel's predecessor, the kernel)."""
+    the kernel after it), the overlaps as (microseconds of a kernel's interval before the latest end so
+    far, that kernel's predecessor, the kernel) and the busy time by kernel name: each kernel's part of
+    the union past the latest end before it (what it adds to the step; the parts sum to the busy time)."""
     if not intervals:
-        return 0.0, 0.0, [], []
+        return 0.0, 0.0, [], [], {}
     spans = sorted(intervals)
     busy, gaps, overlaps = 0.0, [], []
+    adds: dict[str, float] = collections.defaultdict(float)
     start, end, last = spans[0]
+    adds[last] += end - start
     for s, e, name in spans[1:]:
         if s > end:
             busy += end - start
             gaps.append((s - end, last, name))
             start, end, last = s, e, name
+            adds[name] += e - s
             continue
         overlaps.append((min(e, end) - s, last, name))
         if e > end:
+            adds[name] += e - end
             end, last = e, name
     busy += end - start
-    return busy, max(e for _, e, _ in spans) - spans[0][0], gaps, overlaps
+    return busy, max(e for _, e, _ in spans) - spans[0][0], gaps, overlaps, adds
 
 
 def print_kernels(prof, label: str, steps: int, wall_seconds: float | None, args: argparse.Namespace) -> None:
@@ -105,9 +112,16 @@ def print_kernels(prof, label: str, steps: int, wall_seconds: float | None, args
                                     for g, (us, n) in sorted(groups.items(), key=lambda x: -x[1][0])))
     for name, (us, n) in sorted(agg.items(), key=lambda x: -x[1][0])[:args.top]:
         print(f"  {us / 1e3 / steps:7.3f} ms/step {n / steps:6.1f}x  {us / max(1, n):8.1f} us  {name[:100]}")
-    busy, span, gaps, overlaps = timeline(intervals)
+    busy, span, gaps, overlaps, adds = timeline(intervals)
     print(f"  timeline: busy {busy / 1e3 / steps:.2f} ms per step, overlap {(total - busy) / 1e3 / steps:.2f} ms, "
           f"idle {(span - busy) / 1e3 / steps:.2f} ms in {len(gaps) / steps:.0f} gaps")
+    busy_kinds: dict[str, float] = collections.defaultdict(float)
+    for name, us in adds.items():
+        busy_kinds[kernel_group(name)] += us
+    print("  busy by kind (what each kind adds past its predecessors' ends): " + "; ".join(
+        f"{kind} {us / 1e3 / steps:.3f} ms" for kind, us in sorted(busy_kinds.items(), key=lambda x: -x[1])))
+    for name, us in sorted(adds.items(), key=lambda x: -x[1])[:args.top]:
+        print(f"  adds {us / 1e3 / steps:7.3f} ms/step  {name[:100]}")
     kinds: dict[tuple[str, str], list[float]] = collections.defaultdict(lambda: [0.0, 0])
     for us, before, after in overlaps:
         kinds[(kernel_group(before), kernel_group(after))][0] += us

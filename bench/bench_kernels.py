@@ -19,7 +19,8 @@ launches, the time a kernel adds to the step, its prologue hidden behind its pre
 the idle time inside the profiled steps; --gaps N also lists the N pairs of
 neighbouring kernels with the most idle time between them. --api also records the host's CUDA
 runtime calls and counts them per step (cudaGraphLaunch: the step ran as a captured CUDA graph;
-cudaLaunchKernel*: kernel by kernel); it slows the host, so its wall times are not the others'. Needs
+cudaLaunchKernel*: kernel by kernel); it slows the host, so its wall times are not the others'. --trace
+DIR writes each phase's kernel intervals (start, end, name) to DIR, for analyses after the run. Needs
 torch with CUDA. Usage (repository root, GPU machine):
     lucebox synth qwen3.6-27b -o /tmp/t27.gguf --type q8_0
     python bench/bench_kernels.py /tmp/t27.gguf [--depth 4096] [--prefill 4096] [--no-pdl] [--top N] [--gaps N] [--api]
@@ -28,6 +29,8 @@ from __future__ import annotations
 
 import argparse
 import collections
+import gzip
+import json
 import os
 import sys
 
@@ -96,6 +99,8 @@ def print_kernels(prof, label: str, steps: int, wall_seconds: float | None, args
             intervals.append((ev.time_range.start, ev.time_range.end, ev.name))
         elif ev.name.startswith("cuda"):
             api[ev.name] += 1
+    if args.trace:
+        write_intervals(args.trace, label, steps, intervals)
     total = sum(v[0] for v in agg.values())
     launches = sum(v[1] for v in agg.values())
     wall = ""
@@ -139,6 +144,18 @@ def print_kernels(prof, label: str, steps: int, wall_seconds: float | None, args
         print("  CUDA runtime calls per step: " + ", ".join(f"{name} {n / steps:.1f}" for name, n in api.most_common()))
 
 
+def write_intervals(directory: str, label: str, steps: int, intervals: list[tuple[float, float, str]]) -> None:
+    """The phase's kernel intervals as DIRECTORY/<label's first word(s)>.json.gz: {"label", "steps", "names",
+    "kernels": [[start us, end us, name index], ...] in start order}, for analyses after the run
+    (`timeline` on them gives this script's own numbers)."""
+    names: dict[str, int] = {}
+    rows = [[round(s, 3), round(e, 3), names.setdefault(n, len(names))] for s, e, n in sorted(intervals)]
+    slug = "_".join(label.split()[:2]).strip("-").replace("/", "_")
+    os.makedirs(directory, exist_ok=True)
+    with gzip.open(os.path.join(directory, f"{slug}.json.gz"), "wt") as f:
+        json.dump({"label": label, "steps": steps, "names": list(names), "kernels": rows}, f)
+
+
 # kernel name fragment -> kind, first match wins (everything else: "small ops")
 KERNEL_KINDS = (("quantize_columns", "activation quantization"), ("q8_0::detail::matmul", "lucebox products"),
                 ("mul_mat", "ggml products"), ("gemm", "cuBLAS GEMMs"), ("cutlass", "cuBLAS GEMMs"),
@@ -175,6 +192,8 @@ def main() -> int:
     ap.add_argument("--top", type=int, default=22, help="kernels listed per phase, the most expensive first")
     ap.add_argument("--gaps", type=int, default=0,
                     help="also list this many pairs of neighbouring kernels with the most idle time between them")
+    ap.add_argument("--trace", metavar="DIR",
+                    help="also write each phase's kernel intervals to DIR/<phase>.json.gz (for later analysis)")
     ap.add_argument("--api", action="store_true",
                     help="also count the host's CUDA runtime calls per step (graph launches or kernel launches)")
     args = ap.parse_args()

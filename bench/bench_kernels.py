@@ -17,13 +17,12 @@ side by side; the kinds of neighbouring kernels that overlap, with how much), th
 and by kernel (each kernel's part of the union past the latest end before it: with dependent
 launches, the time a kernel adds to the step, its prologue hidden behind its predecessor left out) and
 the idle time inside the profiled steps; --gaps N also lists the N pairs of
-neighbouring kernels with the most idle time between them. --api also records the host's CUDA
-runtime calls and counts them per step (cudaGraphLaunch: the step ran as a captured CUDA graph;
-cudaLaunchKernel*: kernel by kernel); it slows the host, so its wall times are not the others'. --trace
-DIR writes each phase's kernel intervals (start, end, name) to DIR, for analyses after the run. Needs
+neighbouring kernels with the most idle time between them. The last line counts the host's CUDA
+runtime calls per step, which the profiler's CUDA activity records too (cudaGraphLaunch: the step ran
+as a captured CUDA graph; cudaLaunchKernel*: kernel by kernel). --trace DIR writes each phase's kernel intervals (start, end, name) to DIR, for analyses after the run. Needs
 torch with CUDA. Usage (repository root, GPU machine):
     lucebox synth qwen3.6-27b -o /tmp/t27.gguf --type q8_0
-    python bench/bench_kernels.py /tmp/t27.gguf [--depth 4096] [--prefill 4096] [--no-pdl] [--top N] [--gaps N] [--api]
+    python bench/bench_kernels.py /tmp/t27.gguf [--depth 4096] [--prefill 4096] [--no-pdl] [--top N] [--gaps N] [--trace DIR]
 """
 from __future__ import annotations
 
@@ -41,16 +40,12 @@ from torch.profiler import ProfilerActivity, profile
 import lucebox
 
 
-def activities(args: argparse.Namespace) -> list[ProfilerActivity]:
-    return [ProfilerActivity.CPU, ProfilerActivity.CUDA] if args.api else [ProfilerActivity.CUDA]
-
-
 def profile_generation(engine: lucebox.Engine, prompt: list[int], label: str, args: argparse.Namespace, **kw) -> None:
     engine.session().generate(prompt, max_tokens=8, **kw)  # warm-up: graphs built, kernels loaded
     s = engine.session()
     s.append(prompt[:-1])
     torch.cuda.synchronize()
-    with profile(activities=activities(args)) as prof:
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
         r = s.generate(prompt[-1:], max_tokens=33, **kw)
         torch.cuda.synchronize()
     steps = (r.stats.spec or {}).get("steps", 0) or r.stats.n_generated
@@ -109,10 +104,7 @@ def print_kernels(prof, label: str, steps: int, wall_seconds: float | None, args
         wall = f"; wall {1e3 * wall_seconds / steps:.2f} ms per step, gaps {gap:.2f} ms"
     print(f"== {label}: {steps} steps; {launches / steps:.0f} kernels and kernel time {total / 1e3 / steps:.2f} ms "
           f"per step{wall}")
-    groups: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0])
-    for name, (us, n) in agg.items():
-        groups[kernel_group(name)][0] += us
-        groups[kernel_group(name)][1] += n
+    groups = tally((us, kernel_group(name), n) for name, (us, n) in agg.items())
     print("  by kind: " + "; ".join(f"{g} {us / 1e3 / steps:.2f} ms ({n / steps:.0f}x)"
                                     for g, (us, n) in sorted(groups.items(), key=lambda x: -x[1][0])))
     for name, (us, n) in sorted(agg.items(), key=lambda x: -x[1][0])[:args.top]:
@@ -120,28 +112,29 @@ def print_kernels(prof, label: str, steps: int, wall_seconds: float | None, args
     busy, span, gaps, overlaps, adds = timeline(intervals)
     print(f"  timeline: busy {busy / 1e3 / steps:.2f} ms per step, overlap {(total - busy) / 1e3 / steps:.2f} ms, "
           f"idle {(span - busy) / 1e3 / steps:.2f} ms in {len(gaps) / steps:.0f} gaps")
-    busy_kinds: dict[str, float] = collections.defaultdict(float)
-    for name, us in adds.items():
-        busy_kinds[kernel_group(name)] += us
+    busy_kinds = tally((us, kernel_group(name)) for name, us in adds.items())
     print("  busy by kind (what each kind adds past its predecessors' ends): " + "; ".join(
-        f"{kind} {us / 1e3 / steps:.3f} ms" for kind, us in sorted(busy_kinds.items(), key=lambda x: -x[1])))
+        f"{kind} {us / 1e3 / steps:.3f} ms" for kind, (us, _) in sorted(busy_kinds.items(), key=lambda x: -x[1][0])))
     for name, us in sorted(adds.items(), key=lambda x: -x[1])[:args.top]:
         print(f"  adds {us / 1e3 / steps:7.3f} ms/step  {name[:100]}")
-    kinds: dict[tuple[str, str], list[float]] = collections.defaultdict(lambda: [0.0, 0])
-    for us, before, after in overlaps:
-        kinds[(kernel_group(before), kernel_group(after))][0] += us
-        kinds[(kernel_group(before), kernel_group(after))][1] += 1
+    kinds = tally((us, (kernel_group(before), kernel_group(after))) for us, before, after in overlaps)
     print("  overlap by kind (predecessor -> kernel): " + "; ".join(
         f"{a} -> {b} {us / steps:.1f} us ({n / steps:.0f}x)"
         for (a, b), (us, n) in sorted(kinds.items(), key=lambda x: -x[1][0])[:8]))
-    pairs: dict[tuple[str, str], list[float]] = collections.defaultdict(lambda: [0.0, 0])
-    for us, before, after in gaps:
-        pairs[(before, after)][0] += us
-        pairs[(before, after)][1] += 1
+    pairs = tally((us, (before, after)) for us, before, after in gaps)
     for (before, after), (us, n) in sorted(pairs.items(), key=lambda x: -x[1][0])[:args.gaps]:
         print(f"  idle {us / steps:7.1f} us/step {n / steps:5.1f}x  after {before[:60]}  before {after[:60]}")
     if api:
         print("  CUDA runtime calls per step: " + ", ".join(f"{name} {n / steps:.1f}" for name, n in api.most_common()))
+
+
+def tally(items) -> dict:
+    """(microseconds, key[, count]) items -> {key: [microseconds, count]} (count 1 where not given)."""
+    out: dict = collections.defaultdict(lambda: [0.0, 0])
+    for us, key, *n in items:
+        out[key][0] += us
+        out[key][1] += n[0] if n else 1
+    return out
 
 
 def write_intervals(directory: str, label: str, steps: int, intervals: list[tuple[float, float, str]]) -> None:
@@ -173,7 +166,7 @@ def profile_prefill(engine: lucebox.Engine, prompt: list[int], args: argparse.Na
     engine.session().append(prompt)  # warm-up
     s = engine.session()
     torch.cuda.synchronize()
-    with profile(activities=activities(args)) as prof:
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
         s.append(prompt)
         torch.cuda.synchronize()
     print_kernels(prof, f"prefill of {len(prompt)} tokens", 1, None, args)
@@ -194,8 +187,6 @@ def main() -> int:
                     help="also list this many pairs of neighbouring kernels with the most idle time between them")
     ap.add_argument("--trace", metavar="DIR",
                     help="also write each phase's kernel intervals to DIR/<phase>.json.gz (for later analysis)")
-    ap.add_argument("--api", action="store_true",
-                    help="also count the host's CUDA runtime calls per step (graph launches or kernel launches)")
     args = ap.parse_args()
     if args.no_pdl:
         os.environ["GGML_CUDA_PDL"] = "0"  # read at the first launch, after this

@@ -23,6 +23,7 @@
 #include "models/qwen35_model.h"
 #include "graph/builders.h"
 #include "graph/candidates.h"
+#include "graph/inputs.h"
 #include "placement.h"
 #include "tensor_parallel.h"
 #include "spec/chain.h"
@@ -200,6 +201,8 @@ struct engine::impl {
         ggml_backend_sched_reset(s);
         if (tsplit && (s == target_sched || s == state_sched)) {
             tsplit->assign(s, gf);
+        } else {
+            graph::place_on_device(s, gf, backend);  // (every scheduler but the tensor split's has `backend`)
         }
         if (!ggml_backend_sched_alloc_graph(s, gf)) {
             throw out_of_memory_error("out of memory allocating compute buffers for " + what + " on " +
@@ -682,7 +685,7 @@ std::vector<float> session::run_target(const int32_t * tokens, uint32_t T, bool 
         cache.meta_epoch = e.meta_epoch;
     }
 
-    set_qwen35_inputs(g, hp, tokens, n_past, T, n_kv, st.ring_size, tree ? &tree->parents : nullptr,
+    set_qwen35_inputs(e.target_sched, g, hp, tokens, n_past, T, n_kv, st.ring_size, tree ? &tree->parents : nullptr,
                       st_->mask_staging);
     if (cache.cand.extra_ids != nullptr) {  // the same ids for every row, padded with the first; or each row's own
         std::vector<int32_t> ids(size_t(n_extra) * n_out);
@@ -695,7 +698,7 @@ std::vector<float> session::run_target(const int32_t * tokens, uint32_t T, bool 
                 std::copy(cands->extra_ids.begin(), cands->extra_ids.end(), row);
             }
         }
-        ggml_backend_tensor_set(cache.cand.extra_ids, ids.data(), 0, sizeof(int32_t) * ids.size());
+        graph::set(e.target_sched, cache.cand.extra_ids, ids.data(), sizeof(int32_t) * ids.size());
     }
     e.compute(e.target_sched, g.gf, "the target forward pass");
     if (e.tsplit) {
@@ -859,9 +862,9 @@ std::vector<int32_t> session::run_draft(int32_t last, uint32_t block, spec::draf
             kv_rows[i] = p;
             pos[i] = static_cast<int32_t>(p);
         }
-        ggml_backend_tensor_set(gc.in.ctx_ring_rows, ring_rows.data(), 0, sizeof(int32_t) * n_inject);
-        ggml_backend_tensor_set(gc.in.ctx_kv_rows, kv_rows.data(), 0, sizeof(int64_t) * n_inject);
-        ggml_backend_tensor_set(gc.in.ctx_pos, pos.data(), 0, sizeof(int32_t) * n_inject);
+        graph::set(e.sched_aux, gc.in.ctx_ring_rows, ring_rows.data(), sizeof(int32_t) * n_inject);
+        graph::set(e.sched_aux, gc.in.ctx_kv_rows, kv_rows.data(), sizeof(int64_t) * n_inject);
+        graph::set(e.sched_aux, gc.in.ctx_pos, pos.data(), sizeof(int32_t) * n_inject);
         e.compute(e.sched_aux, gc.gf, "the draft context update");
         n_draft_ctx_ = n_past;
     }
@@ -892,9 +895,9 @@ std::vector<int32_t> session::run_draft(int32_t last, uint32_t block, spec::draf
             pos[i] = static_cast<int32_t>(n_past + i);
             rows[i] = n_past + i;
         }
-        ggml_backend_tensor_set(g.in.block_tokens, toks.data(), 0, sizeof(int32_t) * block);
-        ggml_backend_tensor_set(g.in.block_pos, pos.data(), 0, sizeof(int32_t) * block);
-        ggml_backend_tensor_set(g.in.block_kv_rows, rows.data(), 0, sizeof(int64_t) * block);
+        graph::set(e.sched_draft, g.in.block_tokens, toks.data(), sizeof(int32_t) * block);
+        graph::set(e.sched_draft, g.in.block_pos, pos.data(), sizeof(int32_t) * block);
+        graph::set(e.sched_draft, g.in.block_kv_rows, rows.data(), sizeof(int64_t) * block);
         // context rows [0, n_past) then the block (models/dflash_model.h: dflash_block_mask), as each
         // row's key range where the graph builds the mask, else the mask itself
         std::vector<ggml_fp16_t> & mask = cache.mask_staging;
@@ -903,10 +906,10 @@ std::vector<int32_t> session::run_draft(int32_t last, uint32_t block, spec::draf
             ggml_tensor * host_mask = swa ? g.in.kq_mask_swa : g.in.kq_mask;
             if (ranges != nullptr) {
                 const std::vector<int32_t> r = dflash_block_ranges(dh, swa, n_past, block);
-                ggml_backend_tensor_set(ranges, r.data(), 0, sizeof(int32_t) * r.size());
+                graph::set(e.sched_draft, ranges, r.data(), sizeof(int32_t) * r.size());
             } else if (host_mask != nullptr) {
                 dflash_block_mask(dh, swa, n_past, block, n_kv, mask);
-                ggml_backend_tensor_set(host_mask, mask.data(), 0, sizeof(ggml_fp16_t) * mask.size());
+                graph::set(e.sched_draft, host_mask, mask.data(), sizeof(ggml_fp16_t) * mask.size());
             }
         }
     }

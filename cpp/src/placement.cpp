@@ -596,7 +596,7 @@ std::vector<float> layer_split::forward(layer_split_session & ss, const int32_t 
         if (g.in.hidden != nullptr) {
             ggml_backend_tensor_copy(prev->hidden, g.in.hidden);  // [E, T] F32 across devices
         }
-        set_qwen35_inputs(g, hp_, tokens, n_past, T, n_kv, ss.ring_size, nullptr, ss.mask_staging);
+        set_qwen35_inputs(sh.sched, g, hp_, tokens, n_past, T, n_kv, ss.ring_size, nullptr, ss.mask_staging);
         compute(sh, sh.sched, g.gf, /*alloc=*/false, "the target forward pass (" + what + ")");
         // Rings this range wrote that the draft reads on its device: copy the new rows over.
         const qwen35_state & view = ss.views[s];

@@ -11,6 +11,7 @@
 #include "lucebox/gguf_file.h"
 #include "lucebox/models.h"
 #include "../graph/builders.h"
+#include "../graph/inputs.h"
 #include "cuda_kernels.h"
 #include "delta_net_step.h"
 #include "range_mask.h"
@@ -832,12 +833,12 @@ qwen35_graph build_qwen35_graph(ggml_context * ctx, const qwen35_hparams & hp, c
     return g;
 }
 
-void set_qwen35_inputs(const qwen35_graph & g, const qwen35_hparams & hp, const int32_t * tokens, uint32_t n_past,
+void set_qwen35_inputs(ggml_backend_sched_t sched, const qwen35_graph & g, const qwen35_hparams & hp, const int32_t * tokens, uint32_t n_past,
                        uint32_t T, uint32_t n_kv, uint32_t ring_size, const std::vector<int32_t> * parents,
                        std::vector<ggml_fp16_t> & staging) {
     const qwen35_inputs & in = g.in;
     if (in.tokens != nullptr) {
-        ggml_backend_tensor_set(in.tokens, tokens, 0, sizeof(int32_t) * T);
+        graph::set(sched, in.tokens, tokens, sizeof(int32_t) * T);
     }
     if (in.pos != nullptr) {
         std::vector<int32_t> depth(T);
@@ -854,10 +855,10 @@ void set_qwen35_inputs(const qwen35_graph & g, const qwen35_hparams & hp, const 
             rows[i] = n_past + i;  // K/V rows in batch order (a tree commit compacts the kept path)
             ranges[2 * i] = 0, ranges[2 * i + 1] = int32_t(parents == nullptr ? n_past + i + 1 : n_past);
         }
-        ggml_backend_tensor_set(in.pos, pos.data(), 0, sizeof(int32_t) * pos.size());
-        ggml_backend_tensor_set(in.kv_rows, rows.data(), 0, sizeof(int64_t) * T);
+        graph::set(sched, in.pos, pos.data(), sizeof(int32_t) * pos.size());
+        graph::set(sched, in.kv_rows, rows.data(), sizeof(int64_t) * T);
         if (in.kq_ranges != nullptr) {
-            ggml_backend_tensor_set(in.kq_ranges, ranges.data(), 0, sizeof(int32_t) * ranges.size());
+            graph::set(sched, in.kq_ranges, ranges.data(), sizeof(int32_t) * ranges.size());
         } else {  // the host writes the mask: a backend without lucebox's custom ops (a tensor split)
             const size_t n_mask = size_t(n_kv) * T;
             if (staging.capacity() > 4 * n_mask && staging.capacity() > (size_t(8) << 20)) {
@@ -869,26 +870,26 @@ void set_qwen35_inputs(const qwen35_graph & g, const qwen35_hparams & hp, const 
             staging.resize(n_mask);
             kernels::range_mask::fill(ranges.data(), n_kv, 0, T, staging.data(), T,
                                       parents != nullptr ? parents->data() : nullptr);
-            ggml_backend_tensor_set(in.kq_mask, staging.data(), 0, sizeof(ggml_fp16_t) * n_mask);
+            graph::set(sched, in.kq_mask, staging.data(), sizeof(ggml_fp16_t) * n_mask);
         }
     }
     if (in.parents != nullptr) {
-        ggml_backend_tensor_set(in.parents, parents->data(), 0, sizeof(int32_t) * T);
+        graph::set(sched, in.parents, parents->data(), sizeof(int32_t) * T);
     }
     if (in.conv_rows != nullptr) {
         const std::vector<int32_t> conv_rows = qwen35_tree_conv_rows(*parents, hp.ssm_d_conv);
-        ggml_backend_tensor_set(in.conv_rows, conv_rows.data(), 0, sizeof(int32_t) * conv_rows.size());
+        graph::set(sched, in.conv_rows, conv_rows.data(), sizeof(int32_t) * conv_rows.size());
     }
     if (in.ring_rows != nullptr) {
         std::vector<int64_t> ring_rows(T);
         for (uint32_t i = 0; i < T; ++i) {
             ring_rows[i] = ring_size ? (n_past + i) % ring_size : 0;
         }
-        ggml_backend_tensor_set(in.ring_rows, ring_rows.data(), 0, sizeof(int64_t) * T);
+        graph::set(sched, in.ring_rows, ring_rows.data(), sizeof(int64_t) * T);
     }
     if (in.out_rows != nullptr) {
         const int32_t last = static_cast<int32_t>(T - 1);
-        ggml_backend_tensor_set(in.out_rows, &last, 0, sizeof(int32_t));
+        graph::set(sched, in.out_rows, &last, sizeof(int32_t));
     }
 }
 

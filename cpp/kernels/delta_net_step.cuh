@@ -35,6 +35,7 @@ struct inputs_args {
     const int32_t * tree_rows = nullptr;  // a tree: [T][d_conv] node t's window as indices into [carried | tokens]
     float * out = nullptr;  // [T][conv_dim] q | k | v, then g [T][Hv], then beta [T][Hv]
     int T = 0, Hk = 0, Hv = 0, conv_dim = 0, d_conv = 0;
+    int block_tokens = 0;  // tokens a conv block convolves (input_block_tokens; run_inputs sets it)
     float eps = 0.0f;
 };
 
@@ -66,25 +67,40 @@ __device__ __forceinline__ void warp_sum(float (&v)[N]) {
 }
 
 constexpr int INPUT_PREFETCH = 16;  // tokens whose inputs a thread loads before it convolves them
+// Tokens a conv block convolves: a step's tokens go to blocks of this many, side by side (a token's
+// conv needs only its d_conv inputs, and its L2 norm only its head's channels), so that a verify's
+// inputs spread over the multiprocessors as a decode step's do. (A conv destination that overlaps the
+// conv state, a decode step's in-place window, keeps every token in one block: that block alone reads
+// the carried values it overwrites.)
+constexpr int INPUT_BLOCK_TOKENS = 4;
 
-// The blocks of the inputs kernel: one per head-sized block of conv channels, then one per HEAD
-// (token, value head) gate pairs.
-inline int input_blocks(int conv_dim, int Hv, int T) { return conv_dim / HEAD + (Hv * T + HEAD - 1) / HEAD; }
+inline int input_block_tokens(int T, bool in_place) { return in_place || T < INPUT_BLOCK_TOKENS ? T : INPUT_BLOCK_TOKENS; }
 
-// One block of HEAD threads per head-sized block of conv channels (q heads, k heads, v heads),
-// thread j its channel; then the gate blocks, a thread per (token, value head). The inputs are the
-// previous kernel's outputs (read after the PDL wait, plain loads); a conv thread loads
-// INPUT_PREFETCH tokens' inputs at a time, so that their loads are in flight together.
+// The blocks of the inputs kernel: one per (head-sized block of conv channels, block_tokens tokens),
+// then one per HEAD (token, value head) gate pairs.
+inline int conv_blocks(int conv_dim, int T, int block_tokens) {
+    return conv_dim / HEAD * ((T + block_tokens - 1) / block_tokens);
+}
+inline int input_blocks(int conv_dim, int Hv, int T, int block_tokens) {
+    return conv_blocks(conv_dim, T, block_tokens) + (Hv * T + HEAD - 1) / HEAD;
+}
+
+// One block of HEAD threads per head-sized block of conv channels (q heads, k heads, v heads) and
+// run of block_tokens tokens [tb, te), thread j its channel; then the gate blocks, a thread per
+// (token, value head). The inputs are the previous kernel's outputs (read after the PDL wait, plain
+// loads); a conv thread loads INPUT_PREFETCH tokens' inputs at a time, so that their loads are in
+// flight together. Window value i (the carried d_conv-1 values, then the T tokens') goes to the conv
+// destination from the block of token i - (d_conv-1) (the carried values: the first run's block).
 template <int DC>
 __global__ void __launch_bounds__(HEAD) inputs_kernel(inputs_args a) {
-    extern __shared__ float ys[];  // q / k blocks: [T][HEAD] conv outputs, for the L2 norm
+    extern __shared__ float ys[];  // q / k blocks: [block_tokens][HEAD] conv outputs, for the L2 norm
     cuda::launch_dependents();
     cuda::wait_for_previous();
-    const int u = blockIdx.x, j = threadIdx.x;
-    const int n_blocks = a.conv_dim / HEAD;
+    const int j = threadIdx.x;
+    const int n_blocks = a.conv_dim / HEAD, n_conv = conv_blocks(a.conv_dim, a.T, a.block_tokens);
     const int64_t C = a.conv_dim, G = C * a.T, B = G + int64_t(a.Hv) * a.T;  // where q|k|v, g, beta start
-    if (u >= n_blocks) {
-        const int e = (u - n_blocks) * HEAD + j;
+    if (int(blockIdx.x) >= n_conv) {
+        const int e = (int(blockIdx.x) - n_conv) * HEAD + j;
         if (e >= a.Hv * a.T) return;
         const int h = e % a.Hv, t = e / a.Hv;
         const float x = a.alpha[int64_t(t) * a.alpha_stride + h] + a.dt_bias[h];
@@ -93,47 +109,49 @@ __global__ void __launch_bounds__(HEAD) inputs_kernel(inputs_args a) {
         a.out[B + int64_t(t) * a.Hv + h] = 1.0f / (1.0f + expf(-a.beta[int64_t(t) * a.beta_stride + h]));
         return;
     }
+    const int u = int(blockIdx.x) % n_blocks;  // the channel block
+    const int tb = int(blockIdx.x) / n_blocks * a.block_tokens;
+    const int te = tb + a.block_tokens < a.T ? tb + a.block_tokens : a.T;
     const int c = u * HEAD + j;
+    // window value r: carried (r < DC-1) or token r - (DC-1)'s input
+    auto window_value = [&](int r) {
+        return r < DC - 1 ? a.conv_state[int64_t(c) * (DC - 1) + r] : a.qkv[int64_t(r - (DC - 1)) * a.qkv_stride + c];
+    };
     float w[DC], win[DC];
 #pragma unroll
     for (int i = 0; i < DC; ++i) w[i] = a.conv_w[int64_t(c) * DC + i];
 #pragma unroll
-    for (int i = 0; i < DC - 1; ++i) win[i] = a.conv_state[int64_t(c) * (DC - 1) + i];
+    for (int i = 0; i < DC - 1; ++i) win[i] = window_value(tb + i);  // the DC-1 values before token tb
     const bool qk = u < 2 * a.Hk;
     if (a.tree_rows != nullptr) {  // a tree: node t's window from the table, the same sum as a chain's
-        for (int t = 0; t < a.T; ++t) {
+        for (int t = tb; t < te; ++t) {
             float sum = 0.0f;
 #pragma unroll
-            for (int k = 0; k < DC; ++k) {
-                const int r = a.tree_rows[t * DC + k];
-                const float v = r < DC - 1 ? a.conv_state[int64_t(c) * (DC - 1) + r]  // the carried window
-                                           : a.qkv[int64_t(r - (DC - 1)) * a.qkv_stride + c];
-                sum += v * w[k];
-            }
+            for (int k = 0; k < DC; ++k) sum += window_value(a.tree_rows[t * DC + k]) * w[k];
             const float y = silu(sum);
-            if (qk) ys[t * HEAD + j] = y;
+            if (qk) ys[(t - tb) * HEAD + j] = y;
             else a.out[int64_t(t) * C + c] = y;
         }
     }
     float * cd = a.conv_dst + int64_t(c) * a.conv_dst_stride;  // window value i at cd[i - window_from]
 #pragma unroll
     for (int i = 0; i < DC - 1; ++i)
-        if (a.tree_rows == nullptr && i >= a.window_from) cd[i - a.window_from] = win[i];  // (may overwrite conv_state: read above, by this thread only)
-    for (int t0 = 0; t0 < (a.tree_rows == nullptr ? a.T : 0); t0 += INPUT_PREFETCH) {
+        if (a.tree_rows == nullptr && tb == 0 && i >= a.window_from) cd[i - a.window_from] = win[i];  // (may overwrite conv_state: read above, by this block only)
+    for (int t0 = tb; t0 < (a.tree_rows == nullptr ? te : tb); t0 += INPUT_PREFETCH) {
         float xv[INPUT_PREFETCH];
 #pragma unroll
-        for (int i = 0; i < INPUT_PREFETCH; ++i) xv[i] = t0 + i < a.T ? a.qkv[int64_t(t0 + i) * a.qkv_stride + c] : 0.0f;
+        for (int i = 0; i < INPUT_PREFETCH; ++i) xv[i] = t0 + i < te ? a.qkv[int64_t(t0 + i) * a.qkv_stride + c] : 0.0f;
 #pragma unroll
         for (int i = 0; i < INPUT_PREFETCH; ++i) {
             const int t = t0 + i;
-            if (t >= a.T) break;
+            if (t >= te) break;
             win[DC - 1] = xv[i];
             if (DC - 1 + t >= a.window_from) cd[DC - 1 + t - a.window_from] = win[DC - 1];
             float sum = 0.0f;
 #pragma unroll
             for (int k = 0; k < DC; ++k) sum += win[k] * w[k];
             const float y = silu(sum);
-            if (qk) ys[t * HEAD + j] = y;
+            if (qk) ys[(t - tb) * HEAD + j] = y;
             else a.out[int64_t(t) * C + c] = y;
 #pragma unroll
             for (int k = 0; k < DC - 1; ++k) win[k] = win[k + 1];
@@ -143,11 +161,11 @@ __global__ void __launch_bounds__(HEAD) inputs_kernel(inputs_args a) {
     __syncthreads();
     // as graph::l2_norm: rms_norm(x, eps / n) / sqrt(n), one warp per token
     const int warp = j / 32, lane = j % 32;
-    for (int t = warp; t < a.T; t += HEAD / 32) {
+    for (int t = tb + warp; t < te; t += HEAD / 32) {
         float v[HEAD / 32], ss[1] = {0.0f};
 #pragma unroll
         for (int r = 0; r < HEAD / 32; ++r) {
-            v[r] = ys[t * HEAD + lane + 32 * r];
+            v[r] = ys[(t - tb) * HEAD + lane + 32 * r];
             ss[0] += v[r] * v[r];
         }
         warp_sum(ss);
@@ -414,13 +432,24 @@ inline bool supported(int d_conv, int conv_dim, int T) {
 
 template <int DC>
 cudaError_t launch_inputs(const inputs_args & a, int dev, cudaStream_t stream) {
-    const size_t smem = size_t(a.T) * HEAD * sizeof(float);  // <= 32 KB (MAX_TOKENS)
-    return cuda::launch(inputs_kernel<DC>, dim3(input_blocks(a.conv_dim, a.Hv, a.T)), dim3(HEAD), smem, stream,
-                        cuda::pdl_kernel<inputs_kernel<DC>>(dev), a);
+    const size_t smem = size_t(a.block_tokens) * HEAD * sizeof(float);  // <= 32 KB (MAX_TOKENS)
+    return cuda::launch(inputs_kernel<DC>, dim3(input_blocks(a.conv_dim, a.Hv, a.T, a.block_tokens)), dim3(HEAD),
+                        smem, stream, cuda::pdl_kernel<inputs_kernel<DC>>(dev), a);
 }
 
-inline cudaError_t run_inputs(const inputs_args & a, cudaStream_t stream) {
+// Whether a chain's conv destination overlaps the conv state (the window written in place).
+inline bool window_in_place(const inputs_args & a) {
+    if (a.tree_rows != nullptr || a.conv_dst == nullptr) return false;
+    const auto at = [](const float * p) { return reinterpret_cast<uintptr_t>(p); };
+    const uintptr_t d0 = at(a.conv_dst),
+                    d1 = at(a.conv_dst + int64_t(a.conv_dim - 1) * a.conv_dst_stride + (a.d_conv - 1 + a.T - a.window_from));
+    const uintptr_t s0 = at(a.conv_state), s1 = at(a.conv_state + int64_t(a.conv_dim) * (a.d_conv - 1));
+    return d0 < s1 && s0 < d1;
+}
+
+inline cudaError_t run_inputs(inputs_args a, cudaStream_t stream) {
     if (!supported(a.d_conv, a.conv_dim, a.T)) return cudaErrorInvalidValue;
+    a.block_tokens = input_block_tokens(a.T, window_in_place(a));
     int dev = 0;
     const cudaError_t err = cudaGetDevice(&dev);
     if (err != cudaSuccess) return err;

@@ -78,7 +78,7 @@ inline int input_block_tokens(int T, bool in_place) { return in_place || T < INP
 
 // The blocks of the inputs kernel: one per (head-sized block of conv channels, block_tokens tokens),
 // then one per HEAD (token, value head) gate pairs.
-inline int conv_blocks(int conv_dim, int T, int block_tokens) {
+__host__ __device__ inline int conv_blocks(int conv_dim, int T, int block_tokens) {
     return conv_dim / HEAD * ((T + block_tokens - 1) / block_tokens);
 }
 inline int input_blocks(int conv_dim, int Hv, int T, int block_tokens) {

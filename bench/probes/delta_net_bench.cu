@@ -1,13 +1,15 @@
-// Speed of the fused DeltaNet step's recurrence kernel (cpp/kernels/delta_net_step.cuh) on the
-// Qwen3.6-27B DeltaNet shape (16 key heads, 48 value heads of 128) for a decode step (1 token) and
-// verifies (2..64 tokens): us a layer, and what each token after the first adds. Also prints a hash
-// of one layer's outputs and final state for each T and can write T = 16's (DIR), so that two builds
-// of a change can be compared; then the replay_layers kernel (a chain commit of all 48 layers in one
-// launch) for T kept tokens: us a layer, and whether its state is the recurrence's final state to the
-// bit. Each T's outputs and state are also checked against a double-precision reference on the host
-// ("err": the largest difference over the largest reference value, outputs and state; "BAD" above
-// 1e-4), so that a variant of the kernel is known to compute the recurrence before it is timed; the
-// full correctness tests are tests/cpp/test_delta_net_step.cpp (random inputs, unit-norm q and k).
+// Speed of the fused DeltaNet step's kernels (cpp/kernels/delta_net_step.cuh) on the Qwen3.6-27B
+// DeltaNet shape (16 key heads, 48 value heads of 128) for a decode step (1 token) and verifies (2..64
+// tokens). First the recurrence: us a layer, what each token after the first adds, and a hash of one
+// layer's outputs and final state for each T (T = 16's can be written to DIR), so that two builds of a
+// change can be compared; each T's outputs and state are also checked against a double-precision
+// reference on the host ("err": the largest difference over the largest reference value, outputs and
+// state; "BAD" above 1e-4), so that a variant is known to compute the recurrence before it is timed.
+// Then the replay_layers kernel (a chain commit of all 48 layers in one launch) for T kept tokens: us a
+// layer, and whether its state is the recurrence's final state to the bit. Then the inputs kernel (conv,
+// norms, gates; d_conv 4) for T tokens, writing a verify's whole window into a checkpoint and writing the
+// window in place (a decode step at T = 1): us a layer and a hash of its outputs and window. The full
+// correctness tests are tests/cpp/test_delta_net_step.cpp (random inputs, unit-norm q and k).
 // Standalone (no ggml); on the GPU machine:
 //     nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Icpp/kernels -Itests/cpp \
 //          -o /tmp/gdn bench/probes/delta_net_bench.cu && /tmp/gdn [--once] [--heads HK:HV] [DIR]
@@ -20,7 +22,8 @@
 //     ncu --clock-control none --warp-sampling-interval 0 -k regex:"recurrence_kernel|replay_layers" \
 //         --set full --import-source yes -o /tmp/gdn /tmp/gdn --once
 //     ncu -i /tmp/gdn.ncu-rep --page source --print-source sass --csv > /tmp/gdn_sass.csv
-// 48 launches (48 layers' own states) are captured into one CUDA graph, as ggml runs a step.
+// 48 launches (48 layers' own states) are captured into one CUDA graph, as ggml runs a step (the inputs
+// kernel is timed without --once only).
 #include "cuda_check.h"
 #include "delta_net_step.cuh"
 
@@ -157,6 +160,26 @@ int main(int argc, char ** argv) {
     cudaEvent_t e0, e1;
     CHECK_CUDA(cudaEventCreate(&e0));
     CHECK_CUDA(cudaEventCreate(&e1));
+    // us a layer of launch(l) for the LAYERS layers, captured into one CUDA graph (as ggml runs a step)
+    auto layer_us = [&](auto launch) {
+        cudaGraph_t graph;
+        cudaGraphExec_t exec;
+        CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+        for (int l = 0; l < LAYERS; ++l) CHECK_CUDA(launch(l));
+        CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
+        CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+        for (int w = 0; w < 3; ++w) CHECK_CUDA(cudaGraphLaunch(exec, stream));
+        constexpr int REPS = 20;
+        CHECK_CUDA(cudaEventRecord(e0, stream));
+        for (int r = 0; r < REPS; ++r) CHECK_CUDA(cudaGraphLaunch(exec, stream));
+        CHECK_CUDA(cudaEventRecord(e1, stream));
+        CHECK_CUDA(cudaEventSynchronize(e1));
+        float ms = 0.0f;
+        CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
+        CHECK_CUDA(cudaGraphExecDestroy(exec));
+        CHECK_CUDA(cudaGraphDestroy(graph));
+        return 1000.0 * ms / (REPS * LAYERS);
+    };
     auto args = [&](int T, int l) {
         ds::recurrence_args a;
         a.x = x;  // x's token stride is CONV; g and beta follow MAX_T tokens
@@ -205,26 +228,10 @@ int main(int argc, char ** argv) {
             continue;
         }
 
-        cudaGraph_t graph;
-        cudaGraphExec_t exec;
-        CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-        for (int l = 0; l < LAYERS; ++l) CHECK_CUDA(ds::run_recurrence(args(T, l), stream));
-        CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
-        CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-        for (int w = 0; w < 3; ++w) CHECK_CUDA(cudaGraphLaunch(exec, stream));
-        constexpr int REPS = 20;
-        CHECK_CUDA(cudaEventRecord(e0, stream));
-        for (int r = 0; r < REPS; ++r) CHECK_CUDA(cudaGraphLaunch(exec, stream));
-        CHECK_CUDA(cudaEventRecord(e1, stream));
-        CHECK_CUDA(cudaEventSynchronize(e1));
-        float ms = 0.0f;
-        CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
-        const double us = 1000.0 * ms / (REPS * LAYERS);
+        const double us = layer_us([&](int l) { return ds::run_recurrence(args(T, l), stream); });
         if (T == 1) us1 = us;
         std::printf("%4d %10.2f %14.3f   %016llx   %s\n", T, us, T > 1 ? (us - us1) / (T - 1) : 0.0,
                     (unsigned long long) h, err);
-        CHECK_CUDA(cudaGraphExecDestroy(exec));
-        CHECK_CUDA(cudaGraphDestroy(graph));
     }
 
     // replay_layers: a chain commit of the 48 layers in one launch (each state in place, each conv
@@ -275,6 +282,68 @@ int main(int argc, char ** argv) {
         float ms = 0.0f;
         CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
         std::printf("%4d %10.2f %26s\n", T, 1000.0 * ms / (REPS * LAYERS), same ? "yes" : "NO");
+    }
+
+    // The inputs kernel (causal conv + SiLU, q/k L2 norms, g and beta) of the same heads, d_conv 4, each
+    // layer its own conv state: a verify's (the whole window into a checkpoint, window_from 0) and an in-place
+    // window's (window_from T, the conv state itself: a decode step at T = 1). The hash covers the outputs
+    // and the window written, from the same starting state, so that two builds can be compared to the bit.
+    const int64_t CW = int64_t(CONV) * (D_CONV - 1), CKPT = D_CONV - 1 + MAX_T, IOUT = (int64_t(CONV) + 2 * HV) * MAX_T;
+    std::vector<float> h_qkv(size_t(MAX_T) * CONV), h_ba(2 * size_t(MAX_T) * HV), h_cs(static_cast<size_t>(CW)),
+        h_cw(size_t(CONV) * D_CONV), h_dtb(HV), h_a(HV);
+    for (std::vector<float> * v : {&h_qkv, &h_ba, &h_cs, &h_dtb})
+        for (auto & e : *v) e = nd(rng);
+    for (auto & e : h_cw) e = 0.5f * nd(rng);
+    for (auto & e : h_a) e = -1.0f - ud(rng);
+    float *qkv, *ba, *cstate, *cstate0, *cw, *dtb, *aa, *ckpt, *iout;
+    CHECK_CUDA(cudaMalloc(&qkv, h_qkv.size() * 4));
+    CHECK_CUDA(cudaMalloc(&ba, h_ba.size() * 4));
+    CHECK_CUDA(cudaMalloc(&cstate, size_t(CW) * LAYERS * 4));
+    CHECK_CUDA(cudaMalloc(&cstate0, size_t(CW) * 4));
+    CHECK_CUDA(cudaMalloc(&cw, h_cw.size() * 4));
+    CHECK_CUDA(cudaMalloc(&dtb, HV * 4));
+    CHECK_CUDA(cudaMalloc(&aa, HV * 4));
+    CHECK_CUDA(cudaMalloc(&ckpt, size_t(CONV) * CKPT * 4));
+    CHECK_CUDA(cudaMalloc(&iout, size_t(IOUT) * 4));
+    CHECK_CUDA(cudaMemcpy(qkv, h_qkv.data(), h_qkv.size() * 4, cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemcpy(ba, h_ba.data(), h_ba.size() * 4, cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemcpy(cstate0, h_cs.data(), size_t(CW) * 4, cudaMemcpyHostToDevice));
+    for (int l = 0; l < LAYERS; ++l) CHECK_CUDA(cudaMemcpy(cstate + l * CW, cstate0, size_t(CW) * 4, cudaMemcpyDeviceToDevice));
+    CHECK_CUDA(cudaMemcpy(cw, h_cw.data(), h_cw.size() * 4, cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemcpy(dtb, h_dtb.data(), HV * 4, cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemcpy(aa, h_a.data(), HV * 4, cudaMemcpyHostToDevice));
+    auto in_args = [&](int T, int l, bool in_place) {
+        ds::inputs_args a;
+        a.qkv = qkv, a.qkv_stride = CONV;  // token t's row at qkv + t CONV
+        a.beta = ba, a.beta_stride = HV, a.alpha = ba + MAX_T * HV, a.alpha_stride = HV;
+        a.conv_state = cstate + l * CW, a.conv_w = cw, a.dt_bias = dtb, a.a = aa;
+        if (in_place) a.conv_dst = cstate + l * CW, a.conv_dst_stride = D_CONV - 1, a.window_from = T;
+        else a.conv_dst = ckpt, a.conv_dst_stride = CKPT, a.window_from = 0;
+        a.out = iout;
+        a.T = T, a.Hk = HK, a.Hv = HV, a.conv_dim = CONV, a.d_conv = D_CONV, a.eps = 1e-6f;
+        return a;
+    };
+    // one launch from layer 0's starting state: the hash of its outputs and of the window it wrote
+    auto inputs_hash = [&](int T, bool in_place) {
+        CHECK_CUDA(cudaMemcpy(cstate, cstate0, size_t(CW) * 4, cudaMemcpyDeviceToDevice));
+        CHECK_CUDA(ds::run_inputs(in_args(T, 0, in_place), stream));
+        CHECK_CUDA(cudaStreamSynchronize(stream));
+        std::vector<float> o(size_t(CONV + 2 * HV) * T), w(in_place ? size_t(CW) : size_t(CONV) * CKPT);
+        CHECK_CUDA(cudaMemcpy(o.data(), iout, o.size() * 4, cudaMemcpyDeviceToHost));
+        CHECK_CUDA(cudaMemcpy(w.data(), in_place ? cstate : ckpt, w.size() * 4, cudaMemcpyDeviceToHost));
+        return hash_of(o) ^ (hash_of(w) * 31);
+    };
+    if (!once) {
+        std::printf("inputs kernel, %d conv channels, d_conv %d, %d layers in one graph\n", CONV, D_CONV, LAYERS);
+        std::printf("%4s %16s %16s %18s %18s\n", "T", "us/layer verify", "us/layer in place", "hash verify", "hash in place");
+        for (int T : {1, 2, 4, 8, 16, 32, 64}) {
+            CHECK_CUDA(cudaMemset(ckpt, 0, size_t(CONV) * CKPT * 4));  // (a verify writes 3 + T values a channel)
+            const uint64_t hv = inputs_hash(T, false), hp = inputs_hash(T, true);
+            const double uv = layer_us([&](int l) { return ds::run_inputs(in_args(T, l, false), stream); });
+            const double up = layer_us([&](int l) { return ds::run_inputs(in_args(T, l, true), stream); });
+            std::printf("%4d %16.2f %16.2f   %016llx   %016llx\n", T, uv, up, (unsigned long long) hv,
+                        (unsigned long long) hp);
+        }
     }
     return 0;
 }

@@ -72,7 +72,12 @@ constexpr int INPUT_PREFETCH = 16;  // tokens whose inputs a thread loads before
 // inputs spread over the multiprocessors as a decode step's do. (A conv destination that overlaps the
 // conv state, a decode step's in-place window, keeps every token in one block: that block alone reads
 // the carried values it overwrites.)
-constexpr int INPUT_BLOCK_TOKENS = 4;
+// (LUCEBOX_INPUT_BLOCK_TOKENS: a probe knob of bench/probes/delta_net_bench.cu.)
+#ifndef LUCEBOX_INPUT_BLOCK_TOKENS
+#define LUCEBOX_INPUT_BLOCK_TOKENS 4
+#endif
+constexpr int INPUT_BLOCK_TOKENS = LUCEBOX_INPUT_BLOCK_TOKENS;
+static_assert(INPUT_BLOCK_TOKENS >= 1 && INPUT_BLOCK_TOKENS <= MAX_TOKENS, "a run of 1 to MAX_TOKENS tokens");
 
 inline int input_block_tokens(int T, bool in_place) { return in_place || T < INPUT_BLOCK_TOKENS ? T : INPUT_BLOCK_TOKENS; }
 

@@ -253,8 +253,12 @@ __device__ __forceinline__ void column_dots(const float4 (&S)[REC_LANE_COLS][REC
 // columns' squares, then every CTA adds the NC partial sums in rank order from distributed shared
 // memory).
 // (The body of recurrence_kernel and replay_layers_kernel: one arithmetic for both. A replay,
-// OUTPUTS false, skips S^T q and the norm: the state goes through the same instructions.)
-template <int NC, bool OUTPUTS>
+// OUTPUTS false, skips S^T q and the norm: the state goes through the same instructions. UNROLL: the
+// token loop's unrolling, 2 for a launch of several tokens (a verify), 1 for one (a decode step): the
+// same instructions a token either way, so the same bits. H100 probe (delta_net_bench.cu), us a layer
+// at T = 1 / 16 / 64: always 1 5.90 / 13.62 / 45.10, always 2 6.04 / 13.04 / 42.74 (the cluster
+// kernel: 114 registers, no spills).)
+template <int NC, bool OUTPUTS, int UNROLL>
 __device__ __forceinline__ void recurrence_body(const recurrence_args & a) {
     constexpr int WARPS = HEAD / NC / REC_COLS, COLS = HEAD / NC;
     __shared__ float4 sq[CHUNK][HEAD / 4], sk[CHUNK][HEAD / 4];
@@ -315,7 +319,7 @@ __device__ __forceinline__ void recurrence_body(const recurrence_args & a) {
             sb[tid] = a.x[B + int64_t(t0 + tid) * a.Hv + h];
         }
         __syncthreads();
-        for (int t = 0; t < n; ++t) {
+        auto token = [&](int t) {  // (a lambda: the loop below takes it unrolled or not)
             if (a.parents != nullptr) {  // a tree: node t0 + t continues its parent's state (a slot this thread wrote) or s0
                 const int node = t0 + t, p = a.parents[node];
                 if (p != node - 1) load_state(p < 0 ? a.s0 + h * D : a.state_dst + int64_t(a.T - 1 - p) * a.slot_stride + h * D);
@@ -344,6 +348,12 @@ __device__ __forceinline__ void recurrence_body(const recurrence_args & a) {
                     for (int j = 0; j < REC_LANE_COLS; ++j) so[t][col0 + j] = at[j] * scale;
             }
             if (a.state_mode == 1) store_state(a.state_dst + int64_t(a.T - 1 - (t0 + t)) * a.slot_stride + h * D);
+        };
+        if constexpr (UNROLL == 1) {
+            for (int t = 0; t < n; ++t) token(t);
+        } else {
+#pragma unroll UNROLL
+            for (int t = 0; t < n; ++t) token(t);
         }
         if constexpr (!OUTPUTS) continue;
         __syncthreads();
@@ -395,9 +405,9 @@ __device__ __forceinline__ void recurrence_body(const recurrence_args & a) {
     if (a.state_mode == 0) store_state(a.state_dst + h * D);
 }
 
-template <int NC>
+template <int NC, int UNROLL>
 __global__ void __launch_bounds__(HEAD / NC / REC_COLS * 32) recurrence_kernel(recurrence_args a) {
-    recurrence_body<NC, true>(a);
+    recurrence_body<NC, true, UNROLL>(a);
 }
 
 // replay_layers (delta_net_step.h): row i of `layers` = {x, state, conv window source, conv state}
@@ -422,7 +432,7 @@ __global__ void __launch_bounds__(HEAD / NC / REC_COLS * 32) replay_layers_kerne
     a.s0 = a.state_dst;
     a.x_tokens = r.x_tokens, a.T = r.T, a.Hk = r.Hk, a.Hv = r.Hv;
     a.state_mode = 0;  // final state into slot 0 (the state itself)
-    recurrence_body<NC, false>(a);  // (waits for the verify that wrote x and the conv source)
+    recurrence_body<NC, false, 1>(a);  // (waits for the verify that wrote x and the conv source)
     const float * src = reinterpret_cast<const float *>(static_cast<uintptr_t>(row[2]));
     float * conv = reinterpret_cast<float *>(static_cast<uintptr_t>(row[3]));
     const int W = r.d_conv - 1, n = (2 * r.Hk + r.Hv) * HEAD * W;
@@ -469,6 +479,16 @@ inline cudaError_t run_inputs(inputs_args a, cudaStream_t stream) {
     }
 }
 
+template <int UNROLL>
+cudaError_t launch_recurrence(const recurrence_args & a, int dev, cudaStream_t stream) {
+    constexpr auto clustered = recurrence_kernel<REC_CLUSTER, UNROLL>;
+    if (cuda::clusters_run<clustered>(dev))
+        return cuda::launch_in_clusters(clustered, dim3(a.Hv * REC_CLUSTER), dim3(HEAD / REC_CLUSTER / REC_COLS * 32),
+                                        REC_CLUSTER, stream, cuda::pdl_kernel<clustered>(dev), a);
+    constexpr auto single = recurrence_kernel<1, 1>;  // (1024 threads of at most 64 registers: not unrolled, unmeasured)
+    return cuda::launch(single, dim3(a.Hv), dim3(HEAD / REC_COLS * 32), 0, stream, cuda::pdl_kernel<single>(dev), a);
+}
+
 inline cudaError_t run_recurrence(const recurrence_args & a, cudaStream_t stream) {
     if (a.T < 1 || a.T > MAX_TOKENS || a.x_tokens < a.T || a.x_tokens > MAX_TOKENS || a.Hk < 1 || a.out == nullptr ||
         reinterpret_cast<uintptr_t>(a.x) % 16 != 0)
@@ -477,12 +497,7 @@ inline cudaError_t run_recurrence(const recurrence_args & a, cudaStream_t stream
     int dev = 0;
     const cudaError_t err = cudaGetDevice(&dev);
     if (err != cudaSuccess) return err;
-    constexpr auto clustered = recurrence_kernel<REC_CLUSTER>;
-    if (cuda::clusters_run<clustered>(dev))
-        return cuda::launch_in_clusters(clustered, dim3(a.Hv * REC_CLUSTER), dim3(HEAD / REC_CLUSTER / REC_COLS * 32),
-                                        REC_CLUSTER, stream, cuda::pdl_kernel<clustered>(dev), a);
-    return cuda::launch(recurrence_kernel<1>, dim3(a.Hv), dim3(HEAD / REC_COLS * 32), 0, stream,
-                        cuda::pdl_kernel<recurrence_kernel<1>>(dev), a);
+    return a.T > 1 ? launch_recurrence<2>(a, dev, stream) : launch_recurrence<1>(a, dev, stream);
 }
 
 inline cudaError_t run_replay_layers(const replay_layers_args & r, int n_layers, cudaStream_t stream) {

@@ -255,9 +255,9 @@ __device__ __forceinline__ void column_dots(const float4 (&S)[REC_LANE_COLS][REC
 // (The body of recurrence_kernel and replay_layers_kernel: one arithmetic for both. A replay,
 // OUTPUTS false, skips S^T q and the norm: the state goes through the same instructions. UNROLL: the
 // token loop's unrolling, 2 for a launch of several tokens (a verify), 1 for one (a decode step): the
-// same instructions a token either way, so the same bits. H100 probe (delta_net_bench.cu), us a layer
-// at T = 1 / 16 / 64: always 1 5.90 / 13.62 / 45.10, always 2 6.04 / 13.04 / 42.74 (the cluster
-// kernel: 114 registers, no spills).)
+// same instructions a token either way, so the same bits. H100 probe (delta_net_bench.cu, two rounds),
+// us a layer at T = 1 / 16 / 64: not unrolled 5.89 / 13.66 / 45.15, this choice 5.89 / 13.06 / 42.79,
+// unrolled by 4 for T > 1 (90 registers) the same as by 2 (the cluster kernel: 114 registers, no spills).)
 template <int NC, bool OUTPUTS, int UNROLL>
 __device__ __forceinline__ void recurrence_body(const recurrence_args & a) {
     constexpr int WARPS = HEAD / NC / REC_COLS, COLS = HEAD / NC;

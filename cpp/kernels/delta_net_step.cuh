@@ -192,7 +192,10 @@ __global__ void __launch_bounds__(HEAD) inputs_kernel(inputs_args a) {
 // 16 lanes x 2 columns 5.89 / 13.61 / 45.05, 2.79; 8 x 1 5.88 / 13.94 / 45.96, 2.85; 4 x 1 6.34 /
 // 14.96 / 48.93, 3.18; 8 x 2 6.15 / 15.94 / 53.21, 2.52; 16 x 4 6.22 / 16.47 / 55.38, 2.53; the
 // former layout (a warp's 32 lanes on 8 columns, a reduce-scatter and a broadcast of the deltas) 6.19 /
-// 16.10 / 54.17, 2.53. Every variant equal to a double-precision reference (within 3e-7).
+// 16.10 / 54.17, 2.53. Every variant equal to a double-precision reference (within 3e-7). More warps
+// for the cluster kernel only (the forty-eighth session, a template per kernel; unrolled by 2 for
+// T > 1 as now): 16 x 1 6.14 / 14.69 / 48.33, 3.09; 32 x 1 9.37 / 21.42 / 76.05, 5.33, against 16 x 2's
+// 5.89 / 13.06 / 42.79, 2.82 in the same run.
 #ifndef LUCEBOX_REC_LANES
 #define LUCEBOX_REC_LANES 16
 #endif

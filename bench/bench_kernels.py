@@ -17,9 +17,10 @@ side by side; the kinds of neighbouring kernels that overlap, with how much), th
 and by kernel (each kernel's part of the union past the latest end before it: with dependent
 launches, the time a kernel adds to the step, its prologue hidden behind its predecessor left out) and
 the idle time inside the profiled steps; --gaps N also lists the N pairs of
-neighbouring kernels with the most idle time between them. The last line counts the host's CUDA
+neighbouring kernels with the most idle time between them. The last lines count the host's CUDA
 runtime calls per step, which the profiler's CUDA activity records too (cudaGraphLaunch: the step ran
-as a captured CUDA graph; cudaLaunchKernel*: kernel by kernel). --trace DIR writes each phase's kernel intervals (start, end, name) to DIR, for analyses after the run. Needs
+as a captured CUDA graph; cudaLaunchKernel*: kernel by kernel), and the kernels per step by the call
+that launched them, with those launched outside a graph most often. --trace DIR writes each phase's kernel intervals (start, end, name) to DIR, for analyses after the run. Needs
 torch with CUDA. Usage (repository root, GPU machine):
     lucebox synth qwen3.6-27b -o /tmp/t27.gguf --type q8_0
     python bench/bench_kernels.py /tmp/t27.gguf [--depth 4096] [--prefill 4096] [--no-pdl] [--top N] [--gaps N] [--trace DIR]
@@ -87,13 +88,17 @@ def print_kernels(prof, label: str, steps: int, wall_seconds: float | None, args
     agg: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0])
     intervals = []
     api: collections.Counter[str] = collections.Counter()
+    runtime_call: dict[int, str] = {}  # correlation id -> the runtime call (cudaGraphLaunch, cudaLaunchKernel*, ..)
+    kernels = []
     for ev in prof.events():
         if ev.device_type == torch.autograd.DeviceType.CUDA:
             agg[ev.name][0] += ev.device_time_total
             agg[ev.name][1] += 1
             intervals.append((ev.time_range.start, ev.time_range.end, ev.name))
+            kernels.append(ev)
         elif ev.name.startswith("cuda"):
             api[ev.name] += 1
+            runtime_call[ev.id] = ev.name
     if args.trace:
         write_intervals(args.trace, label, steps, intervals)
     total = sum(v[0] for v in agg.values())
@@ -126,6 +131,20 @@ def print_kernels(prof, label: str, steps: int, wall_seconds: float | None, args
         print(f"  idle {us / steps:7.1f} us/step {n / steps:5.1f}x  after {before[:60]}  before {after[:60]}")
     if api:
         print("  CUDA runtime calls per step: " + ", ".join(f"{name} {n / steps:.1f}" for name, n in api.most_common()))
+        print_launchers(kernels, runtime_call, steps)
+
+
+def print_launchers(kernels: list, runtime_call: dict[int, str], steps: int) -> None:
+    """Kernels per step by the runtime call that launched them, matched by the profiler's correlation
+    id (a captured CUDA graph's kernels carry its cudaGraphLaunch's), and the kernels launched outside
+    a graph most often: the parts of a step that pay the host's launch cost each time."""
+    by_call = collections.Counter(runtime_call.get(ev.id, "?") for ev in kernels)
+    if by_call.keys() <= {"?"}:
+        print("  kernels by launching call: not linked by this profiler")
+        return
+    direct = collections.Counter(ev.name for ev in kernels if runtime_call.get(ev.id, "?") not in ("cudaGraphLaunch", "?"))
+    print("  kernels per step by launching call: " + ", ".join(f"{call} {n / steps:.1f}" for call, n in by_call.most_common())
+          + "; outside a graph most often: " + ", ".join(f"{name[:60]} {n / steps:.1f}x" for name, n in direct.most_common(6)))
 
 
 def tally(items) -> dict:

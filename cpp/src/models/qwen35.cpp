@@ -833,9 +833,9 @@ qwen35_graph build_qwen35_graph(ggml_context * ctx, const qwen35_hparams & hp, c
     return g;
 }
 
-void set_qwen35_inputs(ggml_backend_sched_t sched, const qwen35_graph & g, const qwen35_hparams & hp, const int32_t * tokens, uint32_t n_past,
-                       uint32_t T, uint32_t n_kv, uint32_t ring_size, const std::vector<int32_t> * parents,
-                       std::vector<ggml_fp16_t> & staging) {
+void set_qwen35_inputs(ggml_backend_sched_t sched, const qwen35_graph & g, const qwen35_hparams & hp,
+                       const int32_t * tokens, uint32_t n_past, uint32_t T, uint32_t n_kv, uint32_t ring_size,
+                       const std::vector<int32_t> * parents, std::vector<ggml_fp16_t> & staging) {
     const qwen35_inputs & in = g.in;
     if (in.tokens != nullptr) {
         graph::set(sched, in.tokens, tokens, sizeof(int32_t) * T);

@@ -192,9 +192,9 @@ ggml_cgraph * build_qwen35_backup_graph(ggml_context * ctx, const qwen35_hparams
 // [32768, 16] on the 2-core CI machine: 0.2-0.4 ms fresh, 0.03 kept); let go of once far larger than
 // a step needs (after a long prefill). sched: the scheduler that allocated g (graph::set: inputs in device
 // memory are written by copies queued on the device's stream).
-void set_qwen35_inputs(ggml_backend_sched_t sched, const qwen35_graph & g, const qwen35_hparams & hp, const int32_t * tokens, uint32_t n_past,
-                       uint32_t T, uint32_t n_kv, uint32_t ring_size, const std::vector<int32_t> * parents,
-                       std::vector<ggml_fp16_t> & staging);
+void set_qwen35_inputs(ggml_backend_sched_t sched, const qwen35_graph & g, const qwen35_hparams & hp,
+                       const int32_t * tokens, uint32_t n_past, uint32_t T, uint32_t n_kv, uint32_t ring_size,
+                       const std::vector<int32_t> * parents, std::vector<ggml_fp16_t> & staging);
 
 // Reads what a computed target graph returns, from `g`'s output tensors (n_out rows of logits
 // and argmaxes, n_out = g.logits->ne[1]): all rows' logits ([T, V] row-major) when all_logits;

@@ -127,8 +127,14 @@ static_assert(16 * Q6K_BLOCK_BYTES % 16 == 0, "a staged q6_k tile chunk (16 rows
 __host__ __device__ constexpr int stage_bytes(int xcols, int m_tiles, weight_type wt = weight_type::q8_0) {
     return 16 * m_tiles * chunk_bytes(wt) + CHUNK_BLOCKS * xcols * (QK + 4 + (has_mins(wt) ? 4 : 0));
 }
-// A column's sum of squares is added as NORM_PARTS partial sums (blocks b = p mod NORM_PARTS).
+// A column's sum of squares is added as NORM_PARTS partial sums (blocks b = p mod NORM_PARTS), each
+// thread's loads NORM_BATCH at a time, all in flight before their adds (K = 5120: a partial sum's 20
+// blocks in 2 round trips to L2, against ~6 with the compiler's unrolling by 4), neighbouring threads
+// on neighbouring columns (one sector for 8 columns' loads, not 8). Not yet timed: the forty-eighth
+// session saw products that take the norm 2.5-4 us slower at 16 columns than the same products without
+// it (docs/benchmarks.md). (The batches keep the order of the adds: the same bits.)
 constexpr int NORM_PARTS = 8;
+constexpr int NORM_BATCH = 16;
 
 // The extra weight-only buffers a warp of a launch of `cols` staged columns may keep (matmul's WA):
 // its weight chunks are then loaded that many chunks further ahead than its activations (weight_slot,
@@ -535,11 +541,20 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
     if (a.norm_w != nullptr) {
         const int nb = a.K / QK;
         for (int cp = threadIdx.x; cp < COLS * NORM_PARTS; cp += WARPS * 32) {
-            const int c = cp / NORM_PARTS;
+            const int c = cp % COLS, p = cp / COLS;  // (neighbouring threads read neighbouring floats)
             float sq = 0.0f;
             if (c < a.N)  // padded columns: never written
-                for (int b = cp % NORM_PARTS; b < nb; b += NORM_PARTS) sq += __ldcg(ss + b * XC + c);
-            norm_part[cp] = sq;
+                for (int b0 = p; b0 < nb; b0 += NORM_BATCH * NORM_PARTS) {
+                    float v[NORM_BATCH];  // blocks b0, b0 + NORM_PARTS, ..: all loads in flight, then the adds
+#pragma unroll
+                    for (int u = 0; u < NORM_BATCH; ++u) {
+                        const int b = b0 + u * NORM_PARTS;
+                        v[u] = b < nb ? __ldcg(ss + b * XC + c) : 0.0f;
+                    }
+#pragma unroll
+                    for (int u = 0; u < NORM_BATCH; ++u) sq += v[u];  // (past the last block + 0: the same sum)
+                }
+            norm_part[c * NORM_PARTS + p] = sq;
         }
         __syncthreads();
         for (int c = threadIdx.x; c < COLS; c += WARPS * 32) {  // (read after the first tile's barrier)

@@ -215,6 +215,28 @@ TEST_CASE(stacks_hold_the_files_bytes_as_views_of_one_tensor) {
     std::filesystem::remove(path);
 }
 
+// Adds to gf the products of each weight with `input` on its own, computes gf, and checks that
+// results[i] (a [rows, T] result of stacked_products, possibly strided) holds the same bits.
+static void check_equal_separate_products(ggml_context * ctx, ggml_cgraph * gf, const std::vector<ggml_tensor *> & ws,
+                                          ggml_tensor * input, const std::vector<ggml_tensor *> & results) {
+    std::vector<ggml_tensor *> separate;
+    for (ggml_tensor * w : ws) {
+        separate.push_back(ggml_mul_mat(ctx, w, input));
+        ggml_build_forward_expand(gf, separate.back());
+    }
+    ggml_graph_compute_with_ctx(ctx, gf, 1);
+    for (size_t i = 0; i < ws.size(); ++i) {
+        for (int64_t t = 0; t < input->ne[1]; ++t) {
+            for (int64_t r = 0; r < ws[i]->ne[1]; ++r) {
+                const float a = *reinterpret_cast<const float *>(static_cast<const char *>(results[i]->data) +
+                                                                 t * results[i]->nb[1] + r * results[i]->nb[0]);
+                const float b = static_cast<const float *>(separate[i]->data)[t * ws[i]->ne[1] + r];
+                CHECK(a == b);
+            }
+        }
+    }
+}
+
 TEST_CASE(stacked_products_equal_separate_products) {
     // weights W0 [32, 3], W1 [32, 2], W2 [32, 4] (F32) stacked, W3 alone; x [32, 2]
     ggml_context * wctx = ggml_init({ggml_tensor_overhead() * 8 + 32 * 16 * 4 + 1024, nullptr, false});
@@ -238,22 +260,7 @@ TEST_CASE(stacked_products_equal_separate_products) {
     }
     for (int n = 0; n < ggml_graph_n_nodes(gf); ++n) products += ggml_graph_node(gf, n)->op == GGML_OP_MUL_MAT;
     CHECK(products == 2);  // the stack and w3
-    std::vector<ggml_tensor *> separate;
-    for (ggml_tensor * w : ws) {
-        separate.push_back(ggml_mul_mat(ctx, w, x));
-        ggml_build_forward_expand(gf, separate.back());
-    }
-    ggml_graph_compute_with_ctx(ctx, gf, 1);
-    for (size_t i = 0; i < ws.size(); ++i) {
-        for (int64_t t = 0; t < 2; ++t) {
-            for (int64_t r = 0; r < ws[i]->ne[1]; ++r) {
-                const float a = *reinterpret_cast<const float *>(static_cast<const char *>(stacked[i]->data) +
-                                                                 t * stacked[i]->nb[1] + r * stacked[i]->nb[0]);
-                const float b = static_cast<const float *>(separate[i]->data)[t * ws[i]->ne[1] + r];
-                CHECK(a == b);
-            }
-        }
-    }
+    check_equal_separate_products(ctx, gf, ws, x, stacked);
     ggml_free(ctx);
     ggml_free(wctx);
 }
@@ -298,23 +305,7 @@ TEST_CASE(normed_stacked_products_give_each_product_its_own_norm) {
         CHECK(i >= 2 && ggml_graph_node(gf, i - 1) == mul && ggml_graph_node(gf, i - 2) == mul->src[0]);
     }
     CHECK(products == 2 && norms == 2);  // the stack and w2
-    ggml_tensor * shared = graph::rms_norm(ctx, x, g, 1e-6f);
-    std::vector<ggml_tensor *> separate;
-    for (ggml_tensor * w : ws) {
-        separate.push_back(ggml_mul_mat(ctx, w, shared));
-        ggml_build_forward_expand(gf, separate.back());
-    }
-    ggml_graph_compute_with_ctx(ctx, gf, 1);
-    for (size_t i = 0; i < ws.size(); ++i) {
-        for (int64_t t = 0; t < 3; ++t) {
-            for (int64_t r = 0; r < ws[i]->ne[1]; ++r) {
-                const float a = *reinterpret_cast<const float *>(static_cast<const char *>(normed[i]->data) +
-                                                                 t * normed[i]->nb[1] + r * normed[i]->nb[0]);
-                const float b = static_cast<const float *>(separate[i]->data)[t * ws[i]->ne[1] + r];
-                CHECK(a == b);
-            }
-        }
-    }
+    check_equal_separate_products(ctx, gf, ws, graph::rms_norm(ctx, x, g, 1e-6f), normed);
     ggml_free(ctx);
     ggml_free(wctx);
 }

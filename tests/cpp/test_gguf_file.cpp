@@ -215,6 +215,28 @@ TEST_CASE(stacks_hold_the_files_bytes_as_views_of_one_tensor) {
     std::filesystem::remove(path);
 }
 
+// Adds to gf the products of each weight with `input` on its own, computes gf, and checks that
+// results[i] (a [rows, T] result of stacked_products, possibly strided) holds the same bits.
+static void check_equal_separate_products(ggml_context * ctx, ggml_cgraph * gf, const std::vector<ggml_tensor *> & ws,
+                                          ggml_tensor * input, const std::vector<ggml_tensor *> & results) {
+    std::vector<ggml_tensor *> separate;
+    for (ggml_tensor * w : ws) {
+        separate.push_back(ggml_mul_mat(ctx, w, input));
+        ggml_build_forward_expand(gf, separate.back());
+    }
+    ggml_graph_compute_with_ctx(ctx, gf, 1);
+    for (size_t i = 0; i < ws.size(); ++i) {
+        for (int64_t t = 0; t < input->ne[1]; ++t) {
+            for (int64_t r = 0; r < ws[i]->ne[1]; ++r) {
+                const float a = *reinterpret_cast<const float *>(static_cast<const char *>(results[i]->data) +
+                                                                 t * results[i]->nb[1] + r * results[i]->nb[0]);
+                const float b = static_cast<const float *>(separate[i]->data)[t * ws[i]->ne[1] + r];
+                CHECK(a == b);
+            }
+        }
+    }
+}
+
 TEST_CASE(stacked_products_equal_separate_products) {
     // weights W0 [32, 3], W1 [32, 2], W2 [32, 4] (F32) stacked, W3 alone; x [32, 2]
     ggml_context * wctx = ggml_init({ggml_tensor_overhead() * 8 + 32 * 16 * 4 + 1024, nullptr, false});
@@ -238,22 +260,52 @@ TEST_CASE(stacked_products_equal_separate_products) {
     }
     for (int n = 0; n < ggml_graph_n_nodes(gf); ++n) products += ggml_graph_node(gf, n)->op == GGML_OP_MUL_MAT;
     CHECK(products == 2);  // the stack and w3
-    std::vector<ggml_tensor *> separate;
-    for (ggml_tensor * w : ws) {
-        separate.push_back(ggml_mul_mat(ctx, w, x));
-        ggml_build_forward_expand(gf, separate.back());
+    check_equal_separate_products(ctx, gf, ws, x, stacked);
+    ggml_free(ctx);
+    ggml_free(wctx);
+}
+
+TEST_CASE(normed_stacked_products_give_each_product_its_own_norm) {
+    // a split stack (W0, W1 stacked; W2 alone) of the rows rms_norm(x) * g: each product's input is a
+    // MUL (by g) of an RMS_NORM of x that no other node reads (what ggml patch 0003 takes into the
+    // product), and every result equals the product of one shared norm
+    ggml_context * wctx = ggml_init({ggml_tensor_overhead() * 8 + 32 * 16 * 4 + 1024, nullptr, false});
+    ggml_tensor * stack = ggml_new_tensor_2d(wctx, GGML_TYPE_F32, 32, 5);
+    ggml_tensor * w2 = ggml_new_tensor_2d(wctx, GGML_TYPE_F32, 32, 4);
+    ggml_tensor * x = ggml_new_tensor_2d(wctx, GGML_TYPE_F32, 32, 3);
+    ggml_tensor * g = ggml_new_tensor_1d(wctx, GGML_TYPE_F32, 32);
+    for (ggml_tensor * t : {stack, w2, x, g}) {
+        float * d = static_cast<float *>(t->data);
+        for (int64_t i = 0; i < ggml_nelements(t); ++i) d[i] = float((i * 29 + t->ne[1]) % 13) - 6.0f;
     }
-    ggml_graph_compute_with_ctx(ctx, gf, 1);
-    for (size_t i = 0; i < ws.size(); ++i) {
-        for (int64_t t = 0; t < 2; ++t) {
-            for (int64_t r = 0; r < ws[i]->ne[1]; ++r) {
-                const float a = *reinterpret_cast<const float *>(static_cast<const char *>(stacked[i]->data) +
-                                                                 t * stacked[i]->nb[1] + r * stacked[i]->nb[0]);
-                const float b = static_cast<const float *>(separate[i]->data)[t * ws[i]->ne[1] + r];
-                CHECK(a == b);
-            }
-        }
+    std::vector<ggml_tensor *> ws{ggml_view_2d(wctx, stack, 32, 2, stack->nb[1], 0),
+                                  ggml_view_2d(wctx, stack, 32, 3, stack->nb[1], 2 * stack->nb[1]), w2};
+    ggml_context * ctx = ggml_init({ggml_tensor_overhead() * 64 + ggml_graph_overhead() + (1 << 20), nullptr, false});
+    const std::vector<ggml_tensor *> normed = graph::stacked_products(ctx, ws, graph::rms_normed{x, g, 1e-6f, "n", 0});
+    ggml_cgraph * gf = ggml_new_graph(ctx);
+    for (ggml_tensor * t : normed) ggml_build_forward_expand(gf, graph::contiguous(ctx, t));
+    const int n_nodes = ggml_graph_n_nodes(gf);
+    auto uses = [&](const ggml_tensor * t) {
+        int n = 0;
+        for (int i = 0; i < n_nodes; ++i)
+            for (const ggml_tensor * src : ggml_graph_node(gf, i)->src) n += src == t;
+        return n;
+    };
+    int products = 0, norms = 0;
+    for (int i = 0; i < n_nodes; ++i) {
+        const ggml_tensor * mm = ggml_graph_node(gf, i);
+        norms += mm->op == GGML_OP_RMS_NORM;
+        if (mm->op != GGML_OP_MUL_MAT) continue;
+        ++products;
+        const ggml_tensor * mul = mm->src[1];
+        CHECK(mul->op == GGML_OP_MUL && mul->src[1] == g && uses(mul) == 1);
+        CHECK(mul->src[0]->op == GGML_OP_RMS_NORM && mul->src[0]->src[0] == x && uses(mul->src[0]) == 1);
+        CHECK(std::strcmp(ggml_get_name(mul), "n-0") == 0);
+        // (the patch takes RMS_NORM, MUL, MUL_MAT as consecutive nodes)
+        CHECK(i >= 2 && ggml_graph_node(gf, i - 1) == mul && ggml_graph_node(gf, i - 2) == mul->src[0]);
     }
+    CHECK(products == 2 && norms == 2);  // the stack and w2
+    check_equal_separate_products(ctx, gf, ws, graph::rms_norm(ctx, x, g, 1e-6f), normed);
     ggml_free(ctx);
     ggml_free(wctx);
 }

@@ -27,7 +27,11 @@ ggml_tensor * l2_norm(ggml_context * ctx, ggml_tensor * x, float eps) {
     return ggml_scale(ctx, ggml_rms_norm(ctx, x, eps / n), 1.0f / std::sqrt(n));
 }
 
-std::vector<ggml_tensor *> stacked_products(ggml_context * ctx, const std::vector<ggml_tensor *> & w, ggml_tensor * x) {
+namespace {
+
+// stacked_products with input() called once a product for that product's input
+template <class Input>
+std::vector<ggml_tensor *> products_of_runs(ggml_context * ctx, const std::vector<ggml_tensor *> & w, const Input & input) {
     std::vector<ggml_tensor *> out(w.size());
     for (size_t i = 0; i < w.size();) {
         ggml_tensor * stack = w[i]->view_src;
@@ -37,7 +41,7 @@ std::vector<ggml_tensor *> stacked_products(ggml_context * ctx, const std::vecto
             ++j;
         }
         if (j == i + 1) {
-            out[i] = ggml_mul_mat(ctx, w[i], x);
+            out[i] = ggml_mul_mat(ctx, w[i], input());
             ++i;
             continue;
         }
@@ -48,7 +52,7 @@ std::vector<ggml_tensor *> stacked_products(ggml_context * ctx, const std::vecto
         ggml_tensor * W = w[i]->view_offs == 0 && rows == stack->ne[1]
                               ? stack
                               : ggml_view_2d(ctx, stack, stack->ne[0], rows, stack->nb[1], w[i]->view_offs);
-        ggml_tensor * y = ggml_mul_mat(ctx, W, x);  // [rows, T]
+        ggml_tensor * y = ggml_mul_mat(ctx, W, input());  // [rows, T]
         int64_t row = 0;
         for (size_t k = i; k < j; ++k) {
             out[k] = ggml_view_2d(ctx, y, w[k]->ne[1], y->ne[1], y->nb[1], size_t(row) * y->nb[0]);
@@ -57,6 +61,16 @@ std::vector<ggml_tensor *> stacked_products(ggml_context * ctx, const std::vecto
         i = j;
     }
     return out;
+}
+
+}  // namespace
+
+std::vector<ggml_tensor *> stacked_products(ggml_context * ctx, const std::vector<ggml_tensor *> & w, ggml_tensor * x) {
+    return products_of_runs(ctx, w, [x] { return x; });
+}
+
+std::vector<ggml_tensor *> stacked_products(ggml_context * ctx, const std::vector<ggml_tensor *> & w, const rms_normed & x) {
+    return products_of_runs(ctx, w, [&] { return named(rms_norm(ctx, x.x, x.w, x.eps), x.name, x.layer); });
 }
 
 ggml_tensor * contiguous(ggml_context * ctx, ggml_tensor * x) { return ggml_is_contiguous(x) ? x : ggml_cont(ctx, x); }

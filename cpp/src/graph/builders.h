@@ -32,6 +32,25 @@ ggml_tensor * l2_norm(ggml_context * ctx, ggml_tensor * x, float eps);
 // products.
 std::vector<ggml_tensor *> stacked_products(ggml_context * ctx, const std::vector<ggml_tensor *> & w, ggml_tensor * x);
 
+// The rows rms_norm(x, eps) * w of x [E, T] (a layer's normalized input), built where they are used,
+// each copy named "<name>-<layer>".
+struct rms_normed {
+    ggml_tensor * x;
+    ggml_tensor * w;  // [E]; may be null
+    float eps;
+    const char * name;
+    int layer;
+};
+
+// stacked_products of x's normalized rows, each product with RMS_NORM and MUL nodes of its own: a norm
+// whose one consumer is a product is one that a backend can take into the product (lucebox's CUDA
+// kernels through ggml patch 0003: no norm kernel, no normalized copy), which a norm shared by the
+// products of a split stack is not (a stack splits where its weights' types differ: a Q4_K_M layer's
+// Q6_K attn_v beside its Q4_K attn_q and attn_k: 32 norm kernels of 4.9 us a step of the 27B, H100).
+// Per row the values are those of one shared norm (the same operations on the same rows); a backend
+// that does not take the norm computes it once a product (E values a token).
+std::vector<ggml_tensor *> stacked_products(ggml_context * ctx, const std::vector<ggml_tensor *> & w, const rms_normed & x);
+
 // ggml_cpy(src, dst) (same element count and order; dst at most 3-D) that ggml's CUDA backend runs
 // as its copy kernel. A same-shape copy of strided rows becomes cudaMemcpy2DAsync there, which is
 // slow for narrow rows: a DeltaNet conv window is conv_dim rows of d_conv-1 floats (10240 rows of

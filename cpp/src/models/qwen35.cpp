@@ -541,17 +541,18 @@ bool replays_commit(bool chain, const ggml_tensor * inputs_ckpt, int64_t T) {
     return chain && inputs_ckpt != nullptr && T <= delta_net::MAX_TOKENS;
 }
 
-// Gated DeltaNet mixer. x: [E, T] (normed) -> [E, T]. Updates conv and ssm state in place.
+// Gated DeltaNet mixer. x: the layer input [E, T] and its norm (each projection normalizes it) -> [E, T].
+// Updates conv and ssm state in place.
 ggml_tensor * build_delta_net(ggml_context * ctx, ggml_cgraph * gf, const qwen35_hparams & hp,
                               const qwen35_layer_weights & l, ggml_tensor * conv_state, ggml_tensor * ssm_state,
                               bool verify, ggml_tensor * conv_ckpt, ggml_tensor * ssm_ckpt, ggml_tensor * inputs_ckpt,
-                              const qwen35_inputs & in, ggml_tensor * x, int il) {
+                              const qwen35_inputs & in, const graph::rms_normed & x, int il) {
     // verify: keep every token's state in ssm_ckpt (null where the layer replays its commits) and
     // conv input in conv_ckpt, leave the state alone;
     // in.parents non-null: tree verify (each node continues its parent's conv window and state);
     // a chain verify that replays_commit: the fused inputs op's result goes to inputs_ckpt instead
     // of the states to ssm_ckpt, and the commit re-runs the kept tokens (build_qwen35_commit_graph)
-    const int64_t T = x->ne[1];
+    const int64_t T = x.x->ne[1];
     const int64_t dk = hp.ssm_d_state, Hk = hp.ssm_n_k_heads, Hv = hp.ssm_n_v_heads;
     const int64_t key_dim = hp.key_dim(), conv_dim = hp.conv_dim(), d_conv = hp.ssm_d_conv;
 
@@ -683,11 +684,12 @@ ggml_tensor * gated_attention(ggml_context * ctx, ggml_tensor * q, ggml_tensor *
     return ggml_mul(ctx, att, ggml_sigmoid(ctx, ggml_cont_2d(ctx, gate, hd * H, T)));
 }
 
-// Gated full attention. x: [E, T] (normed) -> [E, T]. Writes this batch's K/V into the cache.
+// Gated full attention. x: the layer input [E, T] and its norm (each projection normalizes it) -> [E, T].
+// Writes this batch's K/V into the cache.
 ggml_tensor * build_gated_attention(ggml_context * ctx, ggml_cgraph * gf, const qwen35_hparams & hp,
                                     const qwen35_layer_weights & l, ggml_tensor * k_cache, ggml_tensor * v_cache,
-                                    const qwen35_inputs & in, uint32_t n_kv, ggml_tensor * x, int il) {
-    const int64_t T = x->ne[1];
+                                    const qwen35_inputs & in, uint32_t n_kv, const graph::rms_normed & x, int il) {
+    const int64_t T = x.x->ne[1];
     const int64_t hd = hp.head_dim, H = hp.n_head, Hkv = hp.n_head_kv;
 
     // one product when the three weights are stacked (qwen35_projection_stacks)
@@ -799,7 +801,7 @@ qwen35_graph build_qwen35_graph(ggml_context * ctx, const qwen35_hparams & hp, c
     for (uint32_t il = l0; il < l1; ++il) {
         const qwen35_layer_weights & l = w.layers[il];
         capture(cur, int32_t(il));
-        ggml_tensor * x = named(graph::rms_norm(ctx, cur, l.attn_norm, hp.rms_eps), "attn_norm", il);
+        const graph::rms_normed x{cur, l.attn_norm, hp.rms_eps, "attn_norm", int(il)};  // (each projection's own)
         ggml_tensor * mix = hp.is_recurrent[il]
                                 ? build_delta_net(ctx, g.gf, hp, l, st.conv[il], st.ssm[il], verify,
                                                   verify ? st.conv_ckpt[il] : nullptr,

@@ -130,9 +130,12 @@ __host__ __device__ constexpr int stage_bytes(int xcols, int m_tiles, weight_typ
 // A column's sum of squares is added as NORM_PARTS partial sums (blocks b = p mod NORM_PARTS), each
 // thread's loads NORM_BATCH at a time, all in flight before their adds (K = 5120: a partial sum's 20
 // blocks in 2 round trips to L2, against ~6 with the compiler's unrolling by 4), neighbouring threads
-// on neighbouring columns (one sector for 8 columns' loads, not 8). Not yet timed: the forty-eighth
-// session saw products that take the norm 2.5-4 us slower at 16 columns than the same products without
-// it (docs/benchmarks.md). (The batches keep the order of the adds: the same bits.)
+// on neighbouring columns (one sector for 8 columns' loads, not 8). The batches keep the order of the
+// adds: the same bits. H100 probe (--norm, 16 columns, against one load at a time): Q4_K ffn_up 30.6
+// -> 26.6 us, DeltaNet stack 29.5 -> 26.4, ssm_out 14.0 -> 11.2; Q6_K ffn_down 45.3 -> 39.8, stack 43.0
+// -> 36.9. A product of one staged column (ONE) keeps one load at a time, one column's 8 partial sums on
+// 8 neighbouring threads: batched, its Q6_K products were 0.9-2.8 us slower (ffn_down 30.6 -> 33.4).
+// 32 loads at a time raised 14 kernels' registers and spilled in two (docs/benchmarks.md).
 constexpr int NORM_PARTS = 8;
 constexpr int NORM_BATCH = 16;
 
@@ -540,19 +543,21 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
     float * norm_part = norm_factor + COLS;  // [COLS][NORM_PARTS]
     if (a.norm_w != nullptr) {
         const int nb = a.K / QK;
+        constexpr int BATCH = ONE ? 1 : NORM_BATCH;  // (see NORM_BATCH)
         for (int cp = threadIdx.x; cp < COLS * NORM_PARTS; cp += WARPS * 32) {
-            const int c = cp % COLS, p = cp / COLS;  // (neighbouring threads read neighbouring floats)
+            // neighbouring threads read neighbouring floats: columns (batched), or one column's blocks (ONE)
+            const int c = ONE ? cp / NORM_PARTS : cp % COLS, p = ONE ? cp % NORM_PARTS : cp / COLS;
             float sq = 0.0f;
             if (c < a.N)  // padded columns: never written
-                for (int b0 = p; b0 < nb; b0 += NORM_BATCH * NORM_PARTS) {
-                    float v[NORM_BATCH];  // blocks b0, b0 + NORM_PARTS, ..: all loads in flight, then the adds
+                for (int b0 = p; b0 < nb; b0 += BATCH * NORM_PARTS) {
+                    float v[BATCH];  // blocks b0, b0 + NORM_PARTS, ..: all loads in flight, then the adds
 #pragma unroll
-                    for (int u = 0; u < NORM_BATCH; ++u) {
+                    for (int u = 0; u < BATCH; ++u) {
                         const int b = b0 + u * NORM_PARTS;
                         v[u] = b < nb ? __ldcg(ss + b * XC + c) : 0.0f;
                     }
 #pragma unroll
-                    for (int u = 0; u < NORM_BATCH; ++u) sq += v[u];  // (past the last block + 0: the same sum)
+                    for (int u = 0; u < BATCH; ++u) sq += v[u];  // (past the last block + 0: the same sum)
                 }
             norm_part[c * NORM_PARTS + p] = sq;
         }

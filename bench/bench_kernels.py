@@ -22,7 +22,8 @@ runtime calls per step, which the profiler's CUDA activity records too (cudaGrap
 as a captured CUDA graph; cudaLaunchKernel*: kernel by kernel), and the kernels per step by the call
 that launched them, with those launched outside a graph most often and how many steps' worth
 of kernels they are (a new graph's first call runs uncaptured). --trace DIR writes each phase's
-kernel intervals (start, end, name) to DIR, for analyses after the run. Needs torch with CUDA. Usage (repository root, GPU machine):
+kernel intervals (start, end, name) to DIR, for analyses after the run. Needs torch with CUDA.
+Usage (repository root, GPU machine):
     lucebox synth qwen3.6-27b -o /tmp/t27.gguf --type q8_0
     python bench/bench_kernels.py /tmp/t27.gguf [--depth 4096] [--prefill 4096] [--no-pdl] [--top N] [--gaps N] [--trace DIR]
 """

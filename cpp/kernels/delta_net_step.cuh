@@ -75,7 +75,8 @@ constexpr int INPUT_PREFETCH = 16;  // tokens whose inputs a thread loads before
 // (LUCEBOX_INPUT_BLOCK_TOKENS: a probe knob of bench/probes/delta_net_bench.cu. H100, the 27B's 16-token
 // verify in the engine: 5.4 us a layer with one block a channel block, 4.8 with runs of 4. The probe,
 // us a layer at T = 8 / 16 / 32 / 64, runs of 2: 6.27 / 6.15 / 7.63 / 13.19, 4: 6.15 / 9.37 / 10.73 / 13.55,
-// 8: 5.02 / 9.62 / 15.02 / 18.27, which the engine has not confirmed: docs/benchmarks.md.)
+// 8: 5.02 / 9.62 / 15.02 / 18.27; in the engine runs of 2 took 4.8 us as runs of 4 do (forty-ninth
+// session): docs/benchmarks.md.)
 #ifndef LUCEBOX_INPUT_BLOCK_TOKENS
 #define LUCEBOX_INPUT_BLOCK_TOKENS 4
 #endif

@@ -127,9 +127,10 @@ static_assert(16 * Q6K_BLOCK_BYTES % 16 == 0, "a staged q6_k tile chunk (16 rows
 __host__ __device__ constexpr int stage_bytes(int xcols, int m_tiles, weight_type wt = weight_type::q8_0) {
     return 16 * m_tiles * chunk_bytes(wt) + CHUNK_BLOCKS * xcols * (QK + 4 + (has_mins(wt) ? 4 : 0));
 }
-// A column's sum of squares is added as NORM_PARTS partial sums (blocks b = p mod NORM_PARTS), each
-// thread's loads NORM_BATCH at a time, all in flight before their adds (K = 5120: a partial sum's 20
-// blocks in 2 round trips to L2, against ~6 with the compiler's unrolling by 4), neighbouring threads
+// A column's sum of squares is added as NORM_PARTS partial sums of quantize_columns' sums (those of
+// blocks, or of chunks where the activations have chunk scales: s = p mod NORM_PARTS), each
+// thread's loads NORM_BATCH at a time, all in flight before their adds (Q8_0, K = 5120: a partial sum's 20
+// blocks in 2 round trips to L2, against ~6 with the compiler's unrolling by 4; chunk sums: 3 in one), neighbouring threads
 // on neighbouring columns (one sector for 8 columns' loads, not 8). The batches keep the order of the
 // adds: the same bits. H100 probe (--norm, 16 columns, against one load at a time): Q4_K ffn_up 30.6
 // -> 26.6 us, DeltaNet stack 29.5 -> 26.4, ssm_out 14.0 -> 11.2; Q6_K ffn_down 45.3 -> 39.8, stack 43.0
@@ -258,7 +259,9 @@ __host__ __device__ __forceinline__ int x_q6k_offset(int s, int v, int col, int 
 // One warp per (block b, column n) of v = x (or x * norm_w; GROUP > 1: a thread block of GROUP warps
 // per group of GROUP blocks and column, which share one scale): xq[b][n][0..31], xd[b][n]
 // (the group's scale, the same for its blocks: amax / 127 over GROUP * 32 values), xs[b][n] = the
-// sum of block b's v when xs is not null, ss[b][n] = the sum of its x^2 when norm_w is not null.
+// sum of block b's v when xs is not null, and when norm_w is not null the sums of x^2: ss[b][n] of
+// block b (GROUP 1), ss[g][n] of group g (GROUP > 1: its blocks' sums added in order), so that a
+// product reads K / 256 of them (in one round trip to L2) where its activations have chunk scales.
 // GROUP 1 for Q8_0 weights (their blocks' 32 values), CHUNK_BLOCKS for Q4_K (one scale per 256
 // values, as ggml's CPU q8_K: the product then sums a chunk's sub-blocks in integers). Q6K_ORDER:
 // each chunk's int8 values in x_q6k_offset's order (Q6_K weights) instead of [block][column][32].
@@ -282,11 +285,15 @@ __global__ void quantize_columns(const float * x, int64_t x_stride, int K, int N
     if (wid >= int64_t(n_groups) * N) return;  // (GROUP > 1: the whole thread block)
     const int b = int(wid / N) * GROUP + (GROUP == 1 ? 0 : int(threadIdx.x / 32)), n = int(wid % N);
     float v = __ldcg(x + int64_t(n) * x_stride + int64_t(b) * QK + lane);
+    __shared__ float block_sq[GROUP];  // (GROUP > 1, with norm_w: the group's blocks' sums of squares)
     if (norm_w != nullptr) {
         float sq = v * v;
 #pragma unroll
         for (int o = 16; o > 0; o /= 2) sq += __shfl_xor_sync(0xffffffffu, sq, o);
-        if (lane == 0) ss[int64_t(b) * cols + n] = sq;
+        if (lane == 0) {
+            if constexpr (GROUP == 1) ss[int64_t(b) * cols + n] = sq;
+            else block_sq[threadIdx.x / 32] = sq;
+        }
         v *= norm_w[b * QK + lane];
     }
     if (xs != nullptr) {
@@ -302,6 +309,12 @@ __global__ void quantize_columns(const float * x, int64_t x_stride, int K, int N
         __shared__ float block_max[GROUP];
         if (lane == 0) block_max[threadIdx.x / 32] = amax;
         __syncthreads();
+        if (norm_w != nullptr && threadIdx.x == 0) {  // the group's sum of squares: its blocks' in order
+            float sq = block_sq[0];
+#pragma unroll
+            for (int i = 1; i < GROUP; ++i) sq += block_sq[i];
+            ss[int64_t(b / GROUP) * cols + n] = sq;
+        }
 #pragma unroll
         for (int i = 0; i < GROUP; ++i) amax = fmaxf(amax, block_max[i]);
     }
@@ -381,9 +394,9 @@ __device__ __forceinline__ uint8_t * weight_slot(uint8_t * smem, int warp, int i
 // exactly in int32 (16x, see the loop); the chunk's sum is scaled once by d / 16 and the activations'
 // scale, and dmin times the sum over the
 // sub-blocks of min_s times the activation block's float sum (one tf32 mma, see below) is subtracted.
-// With a.norm_w, ss holds quantize_columns' per-block sums of squares and every column's sums are
-// scaled by its norm factor rsqrt(sum / K + eps). The threads load all blocks' sums at once while
-// the first weight chunks are in flight (NORM_PARTS partial sums per column, blocks p, p + 8, ..),
+// With a.norm_w, ss holds quantize_columns' sums of squares (per block, or per chunk for chunk-scaled
+// formats) and every column's sums are scaled by its norm factor rsqrt(sum / K + eps). The threads load
+// those sums while the first weight chunks are in flight (NORM_PARTS partial sums per column, sums p, p + 8, ..),
 // and add the partials in order after the main loop: a fixed order, so the factor of column n does
 // not depend on N either.
 template <int NG, bool GATED, int M_TILES, weight_type WT, int ST = STAGES, bool ONE = false, int WA = 0>
@@ -542,7 +555,7 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
     float * norm_factor = reinterpret_cast<float *>(smem + WARPS * (ST * STAGE + WA * W_BYTES));
     float * norm_part = norm_factor + COLS;  // [COLS][NORM_PARTS]
     if (a.norm_w != nullptr) {
-        const int nb = a.K / QK;
+        const int nb = chunk_scaled(WT) ? a.K / K_ALIGN : a.K / QK;  // quantize_columns' sums: a chunk's or a block's
         constexpr int BATCH = ONE ? 1 : NORM_BATCH;  // (see NORM_BATCH)
         for (int cp = threadIdx.x; cp < COLS * NORM_PARTS; cp += WARPS * 32) {
             // neighbouring threads read neighbouring floats: columns (batched), or one column's blocks (ONE)

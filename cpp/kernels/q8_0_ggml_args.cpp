@@ -48,6 +48,9 @@ bool args_from_ggml(const ggml_tensor * w, const ggml_tensor * gate, int glu_op,
                               ggml_nelements(norm_w) != norm_w->ne[0] || !ggml_is_contiguous(norm_w))) {
         return false;  // one weight per input row, the same for every column
     }
+    // the quantization reads norm_w before it waits for the kernel before it (q8_0_matmul.cuh): a weight
+    // or an input set before the graph runs, not a tensor the graph computes
+    if (norm_w != nullptr && (norm_w->view_src != nullptr ? norm_w->view_src : norm_w)->op != GGML_OP_NONE) return false;
     if (w->ne[0] > INT32_MAX || w->ne[1] > INT32_MAX || x->ne[1] > INT32_MAX) return false;
     a.tiled = tiled;
     a.w = static_cast<const uint8_t *>(w->data);

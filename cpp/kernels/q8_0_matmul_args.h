@@ -108,6 +108,7 @@ struct matmul_args {
     // Non-null: the product's input is the RMS norm of x times these K weights,
     //     x_n * norm_w / sqrt(mean_k(x_n[k]^2) + norm_eps)     (ggml_rms_norm then ggml_mul),
     // computed inside the product: x_n * norm_w is quantized, the column's factor applied to its sums.
+    // Read before the dependent-launch wait: norm_w must not be written by the kernels before (a weight).
     const float * norm_w = nullptr;
     float norm_eps = 0.0f;
 };

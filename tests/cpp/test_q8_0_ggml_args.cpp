@@ -233,6 +233,12 @@ TEST_CASE(a_fused_rms_norm_takes_one_f32_weight_per_input_row) {
     CHECK(!takes(w, nullptr, -1, nullptr, x, y, nullptr, o.t(GGML_TYPE_F32, 5120, 16), 1e-6f));  // not a vector
     CHECK(!takes(w, nullptr, -1, nullptr, x, y, nullptr, o.t(GGML_TYPE_F16, 5120, 1), 1e-6f));
     CHECK(!takes(w, nullptr, -1, nullptr, x, y, nullptr, o.t(GGML_TYPE_F32, 5120, 1), -1.0f));   // eps < 0
+    // the kernel reads the norm weight before its dependent-launch wait: a weight (or a view of one), not a
+    // tensor the graph computes
+    ggml_tensor * leaf = o.t(GGML_TYPE_F32, 5120, 2);
+    CHECK(takes(w, nullptr, -1, nullptr, x, y, nullptr, ggml_view_1d(o.ctx, leaf, 5120, 5120 * sizeof(float)), 1e-6f));
+    CHECK(!takes(w, nullptr, -1, nullptr, x, y, nullptr, ggml_scale(o.ctx, o.t(GGML_TYPE_F32, 5120, 1), 2.0f), 1e-6f));
+    CHECK(!takes(w, nullptr, -1, nullptr, x, y, nullptr, ggml_view_1d(o.ctx, ggml_scale(o.ctx, leaf, 2.0f), 5120, 0), 1e-6f));
 }
 
 TEST_MAIN()

@@ -567,14 +567,14 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
             float sq = 0.0f;
             if (c < a.N)  // padded columns: never written
                 for (int b0 = p; b0 < nb; b0 += BATCH * NORM_PARTS) {
-                    float v[BATCH];  // blocks b0, b0 + NORM_PARTS, ..: all loads in flight, then the adds
+                    float v[BATCH];  // sums b0, b0 + NORM_PARTS, ..: all loads in flight, then the adds
 #pragma unroll
                     for (int u = 0; u < BATCH; ++u) {
                         const int b = b0 + u * NORM_PARTS;
                         v[u] = b < nb ? __ldcg(ss + b * XC + c) : 0.0f;
                     }
 #pragma unroll
-                    for (int u = 0; u < BATCH; ++u) sq += v[u];  // (past the last block + 0: the same sum)
+                    for (int u = 0; u < BATCH; ++u) sq += v[u];  // (past the last sum + 0: the same sum)
                 }
             norm_part[c * NORM_PARTS + p] = sq;
         }

@@ -8,6 +8,7 @@
 # e.g. the working tree against a branch's recurrence kernel (the copy made where git is):
 #     mkdir -p /tmp/ab_new && git show BRANCH:cpp/kernels/delta_net_step.cuh > /tmp/ab_new/delta_net_step.cuh
 #     bash bench/probes/ab.sh bench/probes/delta_net_bench.cu 2 main=. new=/tmp/ab_new
+# The product probe's tables summed per variant (min over rounds): python3 bench/probes/ab_sums.py OUTPUT.
 # Builds go to $TMPDIR/ab_builds (TMPDIR default /tmp); each run's output is printed under "=== NAME ROUND".
 # NVCC_ARCH (default 90a) picks the architecture.
 # --test "SOURCES" (first): also builds SOURCES (a test and what it links, e.g. "tests/cpp/test_q8_0_matmul.cu
@@ -17,7 +18,7 @@
 set -euo pipefail
 test_src=()
 if [ "${1:-}" = "--test" ]; then read -r -a test_src <<< "$2"; shift 2; fi
-[ $# -ge 3 ] || { sed -n 2,16p "$0"; exit 2; }
+[ $# -ge 3 ] || { sed -n 2,17p "$0"; exit 2; }
 probe=$1 rounds=$2
 shift 2
 names=() dirs=() args=()

@@ -50,7 +50,8 @@ namespace lucebox::kernels::q8_0 {
 
 constexpr int CHUNK_BYTES = CHUNK_BLOCKS * BLOCK_BYTES;  // 272 = 17 x 16 bytes (q8_0)
 // Probe knobs (bench/probes/q8_0_matmul_bench.cu; the defaults are the measured choice):
-// LUCEBOX_Q8_0_STAGES: chunks staged per warp (STAGES - 1 in flight while one is multiplied);
+// LUCEBOX_Q8_0_STAGES: chunks staged per warp (STAGES - 1 in flight while one is multiplied; 3 does not
+// compile: a 64-column launch's CTA would outgrow Hopper's 227 KB, the static_assert on worst_smem_bytes);
 // LUCEBOX_Q8_0_ONE_TILE_MAX_NG: plain products of up to 8 * this many columns take one m16 tile of
 // rows per warp (more CTAs), more columns two (each activation chunk serves 32 rows).
 #ifndef LUCEBOX_Q8_0_STAGES

@@ -497,38 +497,50 @@ matmul(matmul_args a, const int8_t * __restrict__ xq, const float * __restrict__
             }
         }
     };
-    // its activations (quantize_columns' output) into the same stage, and the commit. Each lane's
-    // addresses are the chunk's base plus 16 x lane, vector lane + 32 c at + 512 c, so every copy's
-    // offset is an immediate of the instruction (offsets of 16 x idx made ptxas compute each address
-    // in 64 bits; H100 probe, sums of the 9 shapes: Q4_K 16 columns 176.9 -> 174.9 us, Q6_K 263.2 ->
-    // 258.0, Q8_0 within 0.5; docs/benchmarks.md).
+    // its activations (quantize_columns' output) into the same stage, and the commit. Up to 32 columns
+    // (X_IMM) each lane's addresses are the chunk's base plus 16 x lane and its vector lane + 32 c lies
+    // at + 512 c, so every copy's offset is an immediate of the instruction (offsets of 16 x idx made
+    // ptxas compute each address in 64 bits; H100 probe, sums of the 9 shapes: Q4_K 16 columns 176.9 ->
+    // 174.9 us, Q6_K 263.2 -> 258.0, Q8_0 within 0.5; docs/benchmarks.md). The 64-column launches (32
+    // vectors a lane) keep the offsets of 16 x idx: with immediates ptxas spills more in their Q6_K,
+    // Q5_K and gated Q4_K kernels (0 -> 100, 28 -> 68, 12 -> 24 bytes), and they were not timed.
+    constexpr bool X_IMM = NG <= 4;
     constexpr int D_LOADS = chunk_scaled(WT) ? (XC * 4 + 15) / 16 : D_VECS;
     auto issue_x = [&](int i) {
         if (i < n_total) {
             const int chunk = warp + x_k * WARPS;
             if (++x_k == n_mine) x_k = 0;
-            uint8_t * st = stages + (i % ST) * STAGE + W_BYTES + 16 * lane;
-            const int8_t * xsrc = xq + int64_t(chunk) * X_BYTES + 16 * lane;
+            uint8_t * st = stages + (i % ST) * STAGE + W_BYTES + (X_IMM ? 16 * lane : 0);
+            const int8_t * xsrc = xq + int64_t(chunk) * X_BYTES + (X_IMM ? 16 * lane : 0);
 #pragma unroll
             for (int c = 0; c < (X_VECS + 31) / 32; ++c) {
                 const int idx = lane + 32 * c;
                 if (X_VECS % 32 != 0 && idx >= X_VECS) break;
                 const int col = Q6K ? (idx / 4) % XC : (idx / 2) % XC;  // this vector's column
-                cuda::cp_async16(st + 512 * c, xsrc + 512 * c, col < a.N ? 16 : 0);
+                const int at = X_IMM ? 512 * c : 16 * idx;
+                cuda::cp_async16(st + at, xsrc + at, col < a.N ? 16 : 0);
             }
             // the scales: every block's (Q8_0), or block 0's alone where the chunk's blocks share one
-            // (the products read no other)
+            // (the products read no other), then the sums (MINS)
             st += X_BYTES;
-            const float * dsrc = xd + int64_t(chunk) * CHUNK_BLOCKS * XC + 4 * lane;
+            const float * dsrc = xd + int64_t(chunk) * CHUNK_BLOCKS * XC + (X_IMM ? 4 * lane : 0);
+            if constexpr (X_IMM) {
 #pragma unroll
-            for (int c = 0; c < (D_LOADS + 31) / 32; ++c)
-                if (D_LOADS % 32 == 0 || lane + 32 * c < D_LOADS) cuda::cp_async16(st + 512 * c, dsrc + 128 * c);
+                for (int c = 0; c < (D_LOADS + 31) / 32; ++c)
+                    if (D_LOADS % 32 == 0 || lane + 32 * c < D_LOADS) cuda::cp_async16(st + 512 * c, dsrc + 128 * c);
+            } else {
+                for (int idx = lane; idx < D_LOADS; idx += 32) cuda::cp_async16(st + 16 * idx, dsrc + 4 * idx);
+            }
             if (MINS) {
+                const float * ssrc = xs + int64_t(chunk) * CHUNK_BLOCKS * XC + (X_IMM ? 4 * lane : 0);
                 st += 16 * D_VECS;
-                const float * ssrc = xs + int64_t(chunk) * CHUNK_BLOCKS * XC + 4 * lane;
+                if constexpr (X_IMM) {
 #pragma unroll
-                for (int c = 0; c < (D_VECS + 31) / 32; ++c)
-                    if (D_VECS % 32 == 0 || lane + 32 * c < D_VECS) cuda::cp_async16(st + 512 * c, ssrc + 128 * c);
+                    for (int c = 0; c < (D_VECS + 31) / 32; ++c)
+                        if (D_VECS % 32 == 0 || lane + 32 * c < D_VECS) cuda::cp_async16(st + 512 * c, ssrc + 128 * c);
+                } else {
+                    for (int idx = lane; idx < D_VECS; idx += 32) cuda::cp_async16(st + 16 * idx, ssrc + 4 * idx);
+                }
             }
         }
         cuda::cp_async_commit();

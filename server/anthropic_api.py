@@ -33,13 +33,13 @@ from .structured import grammar_from_output_format
 from .errors import api_error_from, invalid
 from .generation import ChoiceDone, ChoiceResult, ErrorEvent, GenerationJob, TextEvent
 from .openai_api import collect_chat, job_events, service_of, start_stream
-from .schemas import CountTokensRequest, MessagesRequest
+from .schemas import CountTokensRequest, MessagesRequest, StrictJSONRoute
 from .service import ChatSpec, PreparedChat, Service
 from .streaming import EventStreamResponse, sse_event
 
 __all__ = ["router", "anthropic_error_body", "chat_spec_from_anthropic"]
 
-router = APIRouter()
+router = APIRouter(route_class=StrictJSONRoute)
 
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                 404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 500: "api_error",

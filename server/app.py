@@ -112,7 +112,8 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None, s
     param = "".join(loc) or None
     kind = first.get("type", "")
     if kind == "json_invalid":
-        return f"the request body is not valid JSON: {first.get('msg', '')}", None, "invalid_json"
+        detail = (first.get("ctx") or {}).get("error") or first.get("msg", "")
+        return f"the request body is not valid JSON: {detail}", None, "invalid_json"
     if kind == "missing":
         return f"missing required parameter: {param}", param, "missing_required_parameter"
     msg = first.get("msg", "invalid value")

@@ -40,14 +40,14 @@ from .errors import APIError, api_error_from, invalid
 from .generation import ChoiceDone, ChoiceResult, ErrorEvent, GenerationJob, TextEvent
 from .logprobs import LogprobFormatter, chat_logprobs_n, completion_logprobs_n
 from .schemas import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, NamedToolChoice, SamplingFields,
-                      TokenizeRequest)
+                      StrictJSONRoute, TokenizeRequest)
 from .service import ChatSpec, PreparedChat, Service
 from .structured import grammar_from_response_format, grammar_from_structured_outputs, request_grammar
 from .streaming import ClientDisconnected, EventStreamResponse, sse, unless_disconnected
 
 __all__ = ["router", "chat_spec_from_openai", "usage_of", "timings_of"]
 
-router = APIRouter()
+router = APIRouter(route_class=StrictJSONRoute)
 
 PING_SECONDS = 15.0
 

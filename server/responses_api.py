@@ -35,13 +35,13 @@ from .generation import ChoiceDone, ChoiceResult, ErrorEvent, GenerationJob, Tex
 from .logprobs import LogprobFormatter, responses_logprobs_n
 from .structured import grammar_from_text_format
 from .openai_api import collect_chat, job_events, service_of, start_stream, with_logprobs
-from .schemas import ResponsesRequest
+from .schemas import ResponsesRequest, StrictJSONRoute
 from .service import ChatSpec, PreparedChat, Service
 from .streaming import EventStreamResponse, sse_event
 
 __all__ = ["router", "chat_spec_from_responses"]
 
-router = APIRouter()
+router = APIRouter(route_class=StrictJSONRoute)
 
 
 def _part_text(content: Any, where: str) -> str:

@@ -3,17 +3,47 @@
 Unknown fields are accepted and ignored (clients send vendor extensions); a field this server
 cannot honour *and* that would change the answer (a completions ``suffix`` for a model without
 fill-in-the-middle tokens) is rejected with a 400 by the endpoint, never ignored.
-Numbers must be finite. Value ranges follow the OpenAI API where it states them.
+Numbers must be finite. Value ranges follow the OpenAI API where it states them. The bodies are
+parsed as strict JSON (``StrictJSONRoute``): ``NaN`` and ``Infinity``, which Python's json module
+takes but JSON has not, are a 400 anywhere in a body, also inside the free-form objects (tool
+schemas, ``reasoning``, ``metadata``) an answer may echo.
 """
 from __future__ import annotations
 
-from typing import Any, Literal, Optional, Union
+import json
+from typing import Any, Callable, Coroutine, Literal, Optional, Union
 
+from fastapi import Request, Response
+from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-__all__ = ["ChatCompletionRequest", "CompletionRequest", "FunctionDef", "Tool", "NamedToolChoice",
+__all__ = ["StrictJSONRoute", "ChatCompletionRequest", "CompletionRequest", "FunctionDef", "Tool", "NamedToolChoice",
            "StreamOptions", "SamplingFields", "MessagesRequest", "ResponsesRequest", "TokenizeRequest",
            "DetokenizeRequest"]
+
+
+def _refuse_constant(name: str) -> Any:
+    raise json.JSONDecodeError(f"{name} is not a JSON value (numbers must be finite)", name, 0)
+
+
+class _StrictJSONRequest(Request):
+    async def json(self) -> Any:
+        if not hasattr(self, "_json"):
+            self._json = json.loads(await self.body(), parse_constant=_refuse_constant)
+        return self._json
+
+
+class StrictJSONRoute(APIRoute):
+    """The routers' route class: request bodies parsed as strict JSON (no NaN / Infinity); FastAPI
+    answers a body that is not with its json_invalid validation error (a 400, see app.py)."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def strict_handler(request: Request) -> Response:
+            return await handler(_StrictJSONRequest(request.scope, request.receive))
+
+        return strict_handler
 
 
 class _Lenient(BaseModel):

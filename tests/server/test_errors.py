@@ -33,6 +33,24 @@ def test_invalid_json(server):
                  code="invalid_json")
 
 
+@pytest.mark.parametrize("path,body", [
+    # inside free-form objects that the Responses API echoes (found by fuzz_server, case 49459: a 500)
+    ("/v1/responses", b'{"input": "hi", "max_output_tokens": 4, "reasoning": {"effort": "low", "x": NaN}}'),
+    ("/v1/responses", b'{"input": "hi", "max_output_tokens": 4, "tools": [{"type": "function", "name": "g", '
+                      b'"parameters": {"type": "object", "properties": {"n": {"maximum": Infinity}}}}]}'),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "Hi"}], "metadata": {"x": -Infinity}}'),
+    ("/v1/messages", b'{"max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}], "metadata": {"x": NaN}}'),
+])
+def test_non_finite_json_constants_are_invalid_json(server, path, body):
+    r = post(server, body, path=path, headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    message = err["message"]
+    assert "not valid JSON" in message and "not a JSON value" in message, message
+    if path != "/v1/messages":
+        assert err["code"] == "invalid_json"
+
+
 @pytest.mark.parametrize("body,param", [
     ({}, "messages"),
     ({"messages": []}, "messages"),

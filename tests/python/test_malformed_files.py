@@ -702,3 +702,32 @@ def test_lucebox_swa_pattern_wrong_length(lucebox_draft, tmp_path):
 
     p = variant(lucebox_draft, tmp_path / "swalen.gguf", edit)
     expect(GGUFError, open_draft(p), f"'{p}'", f"key '{key}' has 3 entries", "expected block_count = 2")
+
+
+def _nan_output_norm(src: Path, dst: Path) -> Path:
+    """`src` with every value of its output norm's weight NaN (a file whose numbers are broken, not
+    its layout: it opens and validates; every forward pass makes NaN logits)."""
+    import shutil
+
+    import numpy as np
+    from gguf import GGUFReader
+
+    shutil.copy(src, dst)
+    reader = GGUFReader(str(dst), "r+")
+    (norm,) = [t for t in reader.tensors if t.name == "output_norm.weight"]
+    norm.data[...] = np.nan
+    del reader  # (flushes the memory map)
+    return dst
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+@pytest.mark.parametrize("speculative", [False, True])
+def test_nan_weights_are_an_error_not_tokens(base, tmp_path, temperature, speculative):
+    # Greedy decoding takes the graph's argmax, which on the CPU turns a row of NaN logits into token 0
+    # (and on CUDA into -1): it used to answer "\x00\x00..." without a word.
+    import lucebox
+
+    p = _nan_output_norm(base["target"], tmp_path / "nan.gguf")
+    engine = lucebox.Engine(str(p), draft=str(base["draft"]) if speculative else None)
+    expect(lucebox.LuceboxError, lambda: engine.generate("hello", max_tokens=4, temperature=temperature, seed=1),
+           "not finite (NaN)" if temperature == 0.0 else "NaN")

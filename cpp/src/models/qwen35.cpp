@@ -895,6 +895,21 @@ void set_qwen35_inputs(ggml_backend_sched_t sched, const qwen35_graph & g, const
     }
 }
 
+// ggml's argmax of a row whose logits are all NaN is -1 on CUDA (no value beats -FLT_MAX) and 0 on the
+// CPU, so an id out of range, or id 0 with a non-finite logit (one 4-byte read, only when id 0 wins),
+// is a forward pass that produced NaN: an error, not a token.
+static void check_argmax(const qwen35_graph & g, size_t row, int32_t id) {
+    const int64_t V = g.logits->ne[0];
+    float v = 0.0f;
+    if (id > 0 && id < V) return;
+    if (id == 0) {
+        ggml_backend_tensor_get(g.logits, &v, row * size_t(V) * sizeof(float), sizeof(float));
+        if (std::isfinite(v)) return;
+    }
+    throw error("the target's logits of output row " + std::to_string(row) +
+                " are not finite (NaN): the model's weights hold NaN or its computation overflowed");
+}
+
 std::vector<float> read_qwen35_outputs(const qwen35_graph & g, uint32_t T, bool all_logits, bool last_logits,
                                        int32_t * argmax_last, std::vector<int32_t> * argmax_rows) {
     const size_t V = size_t(g.logits->ne[0]);
@@ -910,9 +925,11 @@ std::vector<float> read_qwen35_outputs(const qwen35_graph & g, uint32_t T, bool 
     if (argmax_rows != nullptr) {
         argmax_rows->resize(T);
         ggml_backend_tensor_get(g.argmax, argmax_rows->data(), 0, sizeof(int32_t) * T);
+        for (uint32_t r = 0; r < T; ++r) check_argmax(g, r, (*argmax_rows)[r]);
     }
     if (argmax_last != nullptr) {
         ggml_backend_tensor_get(g.argmax, argmax_last, (n_out - 1) * sizeof(int32_t), sizeof(int32_t));
+        check_argmax(g, n_out - 1, *argmax_last);
     }
     return logits;
 }

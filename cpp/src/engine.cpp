@@ -916,7 +916,7 @@ std::vector<int32_t> session::run_draft(int32_t last, uint32_t block, spec::draf
     e.compute(e.sched_draft, g.gf, "the draft forward pass");
     std::vector<int32_t> proposals(block - 1);
     ggml_backend_tensor_get(g.argmax, proposals.data(), 0, sizeof(int32_t) * (block - 1));
-    for (uint32_t d = 0; d + 1 < block; ++d) {  // (-1: a row of NaN logits, on CUDA; see check_argmax)
+    for (uint32_t d = 0; d + 1 < block; ++d) {  // (-1: a row of NaN logits on CUDA; qwen35.cpp, check_argmax)
         if (proposals[d] < 0 || proposals[d] >= int32_t(g.logits->ne[0])) {
             throw error("the draft's logits at block position " + std::to_string(d + 1) +
                         " are not finite (NaN): the draft's weights hold NaN or its computation overflowed");

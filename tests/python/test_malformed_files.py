@@ -9,13 +9,16 @@ errors"). Cases that could abort the process run in a subprocess worker.
 from __future__ import annotations
 
 import random
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QT
+from gguf import GGUFReader
 from gguf import GGUFValueType as VT
 
 _HERE = str(Path(__file__).resolve().parent)
@@ -24,8 +27,9 @@ if _HERE not in sys.path:
 
 import gguf_mutations as gm  # noqa: E402
 
+import lucebox  # noqa: E402
 from lucebox import _core, synth  # noqa: E402
-from lucebox.errors import DraftMismatchError, GGUFError, UnsupportedError  # noqa: E402
+from lucebox.errors import DraftMismatchError, GGUFError, LuceboxError, UnsupportedError  # noqa: E402
 
 TINY = synth.PRESETS["tiny"]
 N_EMBD = TINY.target.n_embd  # 128
@@ -707,11 +711,6 @@ def test_lucebox_swa_pattern_wrong_length(lucebox_draft, tmp_path):
 def _nan_output_norm(src: Path, dst: Path) -> Path:
     """`src` with every value of its output norm's weight NaN (a file whose numbers are broken, not
     its layout: it opens and validates; every forward pass makes NaN logits)."""
-    import shutil
-
-    import numpy as np
-    from gguf import GGUFReader
-
     shutil.copy(src, dst)
     reader = GGUFReader(str(dst), "r+")
     (norm,) = [t for t in reader.tensors if t.name == "output_norm.weight"]
@@ -725,9 +724,7 @@ def _nan_output_norm(src: Path, dst: Path) -> Path:
 def test_nan_weights_are_an_error_not_tokens(base, tmp_path, temperature, speculative):
     # Greedy decoding takes the graph's argmax, which on the CPU turns a row of NaN logits into token 0
     # (and on CUDA into -1): it used to answer "\x00\x00..." without a word.
-    import lucebox
-
     p = _nan_output_norm(base["target"], tmp_path / "nan.gguf")
     engine = lucebox.Engine(str(p), draft=str(base["draft"]) if speculative else None)
-    expect(lucebox.LuceboxError, lambda: engine.generate("hello", max_tokens=4, temperature=temperature, seed=1),
+    expect(LuceboxError, lambda: engine.generate("hello", max_tokens=4, temperature=temperature, seed=1),
            "not finite (NaN)" if temperature == 0.0 else "NaN")

@@ -900,9 +900,9 @@ void set_qwen35_inputs(ggml_backend_sched_t sched, const qwen35_graph & g, const
 // is a forward pass that produced NaN: an error, not a token.
 static void check_argmax(const qwen35_graph & g, size_t row, int32_t id) {
     const int64_t V = g.logits->ne[0];
-    float v = 0.0f;
     if (id > 0 && id < V) return;
     if (id == 0) {
+        float v = 0.0f;
         ggml_backend_tensor_get(g.logits, &v, row * size_t(V) * sizeof(float), sizeof(float));
         if (std::isfinite(v)) return;
     }

@@ -1,12 +1,14 @@
 """The qwen35 forward on CUDA agrees with the CPU on tiny synthetic models (same GGUF, same
-tokens): logits position by position, and greedy continuations."""
+tokens): logits position by position, and greedy continuations; NaN logits are an error there too."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from gguf import GGUFReader
 
 import lucebox
 from lucebox import _core, synth
+from lucebox.errors import LuceboxError
 
 pytestmark = pytest.mark.gpu
 
@@ -100,3 +102,20 @@ def test_large_prefill_products_match_cpu(model: tuple[str, str]) -> None:
         np.testing.assert_array_equal(got[0], got[65])
     else:  # the route was taken: other kernels, other rounding
         assert not np.array_equal(got[0], got[65])
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+@pytest.mark.parametrize("speculative", [False, True])
+def test_nan_logits_are_an_error(tmp_path, temperature: float, speculative: bool) -> None:
+    # ggml's CUDA argmax gives -1 for a row of NaN logits (the CPU's gives 0): either way greedy
+    # decoding must raise, not answer tokens (read_qwen35_outputs' check), as sampling does.
+    target, draft = tmp_path / "nan.gguf", tmp_path / "draft.gguf"
+    synth.write_target(str(target), "tiny", type="q8_0", seed=0)
+    synth.write_draft(str(draft), "tiny", type="q8_0", seed=1)
+    reader = GGUFReader(str(target), "r+")
+    (norm,) = [t for t in reader.tensors if t.name == "output_norm.weight"]
+    norm.data[...] = np.nan
+    del reader  # (flushes the memory map)
+    engine = lucebox.Engine(str(target), draft=str(draft) if speculative else None, device="cuda")
+    with pytest.raises(LuceboxError, match="not finite" if temperature == 0.0 else "NaN"):
+        engine.generate("hello", max_tokens=4, temperature=temperature, seed=1)

@@ -1,5 +1,6 @@
 """bench/probes/ab_sums.py: the product probe's A/B tables summed per variant (min over rounds)."""
 import importlib.util
+import re
 from pathlib import Path
 
 import pytest
@@ -58,3 +59,25 @@ def test_variant_order_and_errors(tmp_path, capsys):
     empty = tmp_path / "empty.txt"
     empty.write_text("=== test a: FAILED\n")
     assert ab_sums.main([str(empty)]) == 1
+
+
+def test_fit_recovers_rate_and_fixed_cost(tmp_path, capsys):
+    # times made as 2 us + MB / 2.5 TB/s (Q4_K: 144 bytes a 256 weights) are fitted back (to the
+    # tables' 0.1 us rounding); variant b's are 1 us slower a product at the same rate
+    shapes = ["ffn gate+up fused (5120 -> 2x17408)", "ffn_down (17408 -> 5120)", "attn_k / attn_v (5120 -> 1024)"]
+    mb = [5120 * 17408 * 2 * 144 / 256 / 1e6, 17408 * 5120 * 144 / 256 / 1e6, 5120 * 1024 * 144 / 256 / 1e6]
+    text = "".join(f"=== {v} 1 --q4k\n" + _table([(s, 1, extra + 2.0 + x / 2.5) for s, x in zip(shapes, mb)])
+                   for v, extra in (("a", 0.0), ("b", 1.0)))
+    f = tmp_path / "ab.txt"
+    f.write_text(text)
+    assert ab_sums.weight_formats(text.splitlines()) == {"--q4k": "Q4_K"}
+    assert ab_sums.main([str(f), "--fit"]) == 0
+    fits = [line for line in capsys.readouterr().out.splitlines() if line.startswith("fit")]
+    assert len(fits) == 2
+    got = [re.search(r" (\w): ([\d.]+) TB/s streaming \+ ([\d.]+) us a product \(Q4_K, 3 shapes\)", line) for line in fits]
+    assert [(m[1], float(m[2])) for m in got] == [("a", 2.5), ("b", 2.5)]
+    assert float(got[0][3]) == pytest.approx(2.0, abs=0.1) and float(got[1][3]) == pytest.approx(3.0, abs=0.1)
+    # one shape alone cannot be fitted: no line, not a made-up one
+    f.write_text("=== a 1 --q4k\n" + _table([(shapes[1], 1, 20.0)]))
+    assert ab_sums.main([str(f), "--fit"]) == 0
+    assert not [line for line in capsys.readouterr().out.splitlines() if line.startswith("fit")]

@@ -6,15 +6,21 @@
 # anchor. About 13 minutes on one H200 with 16 cores (twenty-ninth session: 753 s; build 4 min, tests
 # 5.5 min, benches 3 min).
 #
-# Usage: bash bench/gpu_suite.sh OUT_DIR [REPS]
+# Usage: bash bench/gpu_suite.sh OUT_DIR [REPS] [--bars]
 #   OUT_DIR   logs: build.log, ctest.log, pytest_gpu.log, spec.log, target.log (Q8_0),
 #             spec_q4_k_m.log, target_q4_k_m.log
 #   REPS      repetitions of bench_target.py (default 2)
+#   --bars    the measurements only: no C++ tests built, no GPU CTest, no tests/gpu (a few minutes
+#             less, for a machine lent briefly; the numbers are the same runs)
 #   CUDA architectures: LUCEBOX_CUDA_ARCHS (default 90a). Offline machines: LUCEBOX_GGML_SOURCE (the
 #   archive or an extracted tree, see README.md); the builds go to $TMPDIR (default /tmp).
 set -uo pipefail
-OUT="${1:?usage: bash bench/gpu_suite.sh OUT_DIR [REPS]}"
+OUT="${1:?usage: bash bench/gpu_suite.sh OUT_DIR [REPS] [--bars]}"
 REPS="${2:-2}"
+BARS=0
+[ "${3:-}" = --bars ] && BARS=1
+[ -n "${3:-}" ] && [ "$BARS" = 0 ] && { echo "gpu_suite.sh: unknown option '$3' (usage: OUT_DIR [REPS] [--bars])" >&2; exit 2; }
+[ "$BARS" = 1 ] && SUITE_BUILD_TESTS=OFF
 source "$(dirname "$0")/suite_build.sh"
 rm -f "$TMP/anchor.done"
 ( cmake -S bench/llama_anchor -B "$TMP/anchor" -G Ninja -DLLAMA_CPP_ROOT="$ROOT" -DGGML_CUDA=ON \
@@ -26,8 +32,10 @@ rm -f "$TMP/anchor.done"
   echo $? > "$TMP/synth.done" ) &
 # side by side (--parallel): correctness cases, no timings; the two q8_0 product tests (~100 s each on
 # an H200, mostly their CPU reference) then take the time of one
-ctest --test-dir "$TMP/lucebox-cuda" -R "q8_0|gpu|top_k" --parallel 4 --output-on-failure 2>&1 | tee "$OUT/ctest.log" | tail -4
-python3 -m pytest tests/gpu -q -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu.log" | tail -3
+if [ "$BARS" = 0 ]; then
+    ctest --test-dir "$TMP/lucebox-cuda" -R "q8_0|gpu|top_k" --parallel 4 --output-on-failure 2>&1 | tee "$OUT/ctest.log" | tail -4
+    python3 -m pytest tests/gpu -q -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu.log" | tail -3
+fi
 wait
 [ "$(cat "$TMP/synth.done" 2>/dev/null)" = 0 ] || { echo "synth failed: $OUT/synth.log"; exit 1; }
 [ "$(cat "$TMP/anchor.done" 2>/dev/null)" = 0 ] || echo "anchor build failed: $OUT/anchor.log (bench_target skipped)"

@@ -29,6 +29,14 @@ BYTES_PER_WEIGHT = {"Q8_0": 34 / 32, "Q4_K": 144 / 256, "Q5_K": 176 / 256, "Q6_K
 _ROW = re.compile(r"^(?P<shape>\S.*?)\s+(?P<n>\d+)\s+(?P<us>\d+(?:\.\d+)?)\s+\d+(?:\.\d+)?\s+\d+%\s*$")
 
 
+def header(line: str) -> tuple[str, str] | None:
+    """(variant, flags) of a '=== NAME ROUND [FLAGS...]' line; None for ab.sh's test verdicts and the rest."""
+    parts = line.split()
+    if len(parts) >= 3 and parts[0] == "===" and parts[1] != "test" and parts[2].isdigit():
+        return parts[1], " ".join(parts[3:]) or "(none)"
+    return None
+
+
 def parse(lines) -> tuple[dict, list[str]]:
     """{(flags, N, shape): {variant: min us}} and the variants in order of first appearance."""
     times: dict = defaultdict(dict)
@@ -36,13 +44,9 @@ def parse(lines) -> tuple[dict, list[str]]:
     variant = flags = None
     for line in lines:
         if line.startswith("=== "):
-            parts = line.split()
-            if len(parts) >= 3 and parts[1] != "test" and parts[2].isdigit():
-                variant, flags = parts[1], " ".join(parts[3:]) or "(none)"
-                if variant not in variants:
-                    variants.append(variant)
-            else:  # ab.sh's test verdicts and anything else: no table follows
-                variant = None
+            variant, flags = header(line) or (None, None)  # (no table follows a verdict)
+            if variant is not None and variant not in variants:
+                variants.append(variant)
             continue
         m = _ROW.match(line.rstrip("\n"))
         if m is None or variant is None:
@@ -59,8 +63,7 @@ def weight_formats(lines) -> dict[str, str]:
     flags = None
     for line in lines:
         if line.startswith("=== "):
-            parts = line.split()
-            flags = " ".join(parts[3:]) or "(none)" if len(parts) >= 3 and parts[2].isdigit() else None
+            _, flags = header(line) or (None, None)
             continue
         m = _FORMAT.match(line)
         if m is not None and flags is not None:

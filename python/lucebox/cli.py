@@ -25,11 +25,26 @@ def _fmt_bytes(n: int) -> str:
     raise AssertionError("unreachable")
 
 
+def _model_of(args: argparse.Namespace) -> str | None:
+    """The target GGUF given as the MODEL argument or as --model / -m (both: the same file, else an error)."""
+    pos, opt = getattr(args, "model_pos", None), args.model
+    if pos is not None and opt is not None and pos != opt:
+        raise ConfigError(f"two models given: MODEL {pos!r} and --model {opt!r}")
+    return opt if opt is not None else pos
+
+
+def _add_model_args(p: argparse.ArgumentParser, default_help: str) -> None:
+    """MODEL, as an optional argument and as --model / -m (llama.cpp's spelling): `_model_of` reads them."""
+    p.add_argument("model_pos", nargs="?", metavar="MODEL", help="qwen35 target GGUF (same as --model)")
+    p.add_argument("--model", "-m", default=None, help=f"qwen35 target GGUF ({default_help})")
+
+
 def _cmd_info(args: argparse.Namespace) -> int:
     from lucebox import _core
 
     build = _core.build_info()
     report: dict[str, Any] = {"build": build, "devices": _core.devices()}
+    args.model = _model_of(args)
     if args.model:
         target = _core.TargetFile.open(args.model)
         draft = _core.DraftFile.open(args.draft) if args.draft else None
@@ -162,6 +177,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         lucebox.__path__.append(root)  # type: ignore[attr-defined]
     from lucebox.server.main import serve
 
+    args.model, args.model_pos = _model_of(args), None
     return serve(args)
 
 
@@ -215,16 +231,21 @@ def _grammar_of(args: argparse.Namespace) -> Any:
 def _cmd_generate(args: argparse.Namespace) -> int:
     import lucebox
 
-    if len(args.args) > 2:
-        raise ConfigError(f"generate takes [MODEL] PROMPT, got {len(args.args)} arguments (quote the prompt)")
-    if len(args.args) == 2:
-        args.model, args.prompt = args.args
-    else:
+    pos = list(args.args)
+    if len(pos) > 2 or (len(pos) == 2 and (args.prompt is not None or args.model is not None)):
+        given = " with --prompt" if args.prompt is not None else " with --model" if args.model is not None else ""
+        raise ConfigError(f"generate takes [MODEL] PROMPT, got {len(pos)} arguments{given} (quote the prompt)")
+    if args.prompt is None:
+        if not pos:
+            raise ConfigError("generate needs a PROMPT (the last argument, or --prompt / -p)")
+        args.prompt = pos.pop()
+    args.model_pos = pos[0] if pos else None
+    args.model = _model_of(args)
+    if args.model is None:
         from lucebox import default_model
 
         if args.draft is not None:
             raise ConfigError("--draft needs a MODEL")
-        args.prompt = args.args[0]
         args.model, args.draft = (str(p) for p in default_model.default_model_paths())
         if args.spec == "ngram":  # (it proposes from the context: the demo target alone)
             args.draft = None
@@ -299,6 +320,9 @@ def _cmd_perplexity(args: argparse.Namespace) -> int:
 
     if args.max_chunks < 0:
         raise ConfigError(f"--max-chunks {args.max_chunks} must be >= 0 (0: every chunk)")
+    args.model = _model_of(args)
+    if args.model is None:
+        raise ConfigError("perplexity needs a MODEL (lucebox perplexity MODEL FILE, or --model / -m)")
     show = sys.stderr.isatty() or args.progress
     engine = lucebox.Engine(args.model, ctx=args.chunk, kv_type_k=args.kv_type_k, kv_type_v=args.kv_type_v,
                             device=args.device, ubatch=args.ubatch, threads=args.threads,
@@ -384,7 +408,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("info", help="build, devices, and (with a model) its shape and memory plan")
-    p.add_argument("model", nargs="?", help="qwen35 target GGUF")
+    _add_model_args(p, "default: none, the build and devices only")
     p.add_argument("--draft", help="DFlash draft GGUF (validated against the target)")
     p.add_argument("--ctx", type=_positive_int, default=4096, help="context length for the memory plan (default 4096)")
     p.add_argument("--n-seq", type=_positive_int, default=1, help="sequences held at once (default 1)")
@@ -413,10 +437,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_convert_draft)
 
     p = sub.add_parser("generate", help="generate text from a prompt",
-                       description="lucebox generate [MODEL] PROMPT. Without MODEL: the bundled demo pair "
-                                   "(a small code model and its DFlash draft), with --stats on.")
-    p.add_argument("args", nargs="+", metavar="[MODEL] PROMPT",
+                       description="lucebox generate [MODEL] PROMPT (or -m MODEL -p PROMPT). Without MODEL: the "
+                                   "bundled demo pair (a small code model and its DFlash draft), with --stats on.")
+    p.add_argument("args", nargs="*", metavar="[MODEL] PROMPT",
                    help="qwen35 target GGUF (optional) and the prompt text ('-' reads stdin)")
+    p.add_argument("--model", "-m", default=None, help="qwen35 target GGUF (instead of the MODEL argument)")
+    p.add_argument("--prompt", "-p", default=None, help="the prompt text (instead of the PROMPT argument; '-': stdin)")
     p.add_argument("--draft", help="DFlash draft GGUF: enables speculative decoding")
     p.add_argument("--spec", default="auto", choices=list(SPEC_MODES),
                    help="speculative decoding with the draft: auto (speculate while measured faster than "
@@ -452,7 +478,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Split the file's tokens into chunks of --chunk tokens, evaluate each from "
                                    "an empty context and score its second half (as llama.cpp's llama-perplexity "
                                    "does, so the numbers compare); prints the running and final perplexity.")
-    p.add_argument("model", help="qwen35 target GGUF")
+    _add_model_args(p, "required, as MODEL or here")
     p.add_argument("file", help="UTF-8 text file (e.g. wikitext-2's wiki.test.raw)")
     p.add_argument("--chunk", type=_positive_int, default=512, help="tokens per chunk (default 512, llama.cpp's)")
     p.add_argument("--max-chunks", type=int, default=0, help="score at most this many chunks (0: all)")
@@ -465,8 +491,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "/v1/models, /v1/messages, /v1/responses, /health, /metrics and a chat page at /. "
                                    "Without --model it serves the bundled demo pair (a small code model trained on the "
                                    "Python standard library, with its DFlash draft).")
-    p.add_argument("model_pos", nargs="?", metavar="MODEL", help="qwen35 target GGUF (same as --model)")
-    p.add_argument("--model", "-m", default=None, help="qwen35 target GGUF (default: the bundled demo pair)")
+    _add_model_args(p, "default: the bundled demo pair")
     p.add_argument("--draft", default=None, help="DFlash draft GGUF for speculative decoding")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")

@@ -17,7 +17,7 @@ class ServerConfig:
 
     model / draft: GGUF paths (draft optional: DFlash speculative decoding). ctx: context
     tokens per slot (None: the model's training context, at most 32768). kv_type: KV cache
-    type. device: "auto", "cpu", "cuda", "cuda:N". spec: speculative mode ("auto" uses the
+    type; kv_type_k / kv_type_v: the K or V cache's own type (None: kv_type). device: "auto", "cpu", "cuda", "cuda:N". spec: speculative mode ("auto" uses the
     draft when given; "ngram": no draft, proposals looked up in the context). threads / ubatch: CPU threads (0: all) and prefill micro-batch.
     slots: requests generating at once (one session each, claimed at start). queue: requests
     allowed to wait for a slot; beyond that the server answers 429 with Retry-After
@@ -48,6 +48,8 @@ class ServerConfig:
     port: int = 8000
     ctx: int | None = None
     kv_type: str = "f16"
+    kv_type_k: str | None = None
+    kv_type_v: str | None = None
     device: str = "auto"
     spec: str = "auto"
     threads: int = 0
@@ -92,8 +94,10 @@ class ServerConfig:
             raise ConfigError(f"port={self.port} must be in [0, 65535]")
         if self.ctx is not None and self.ctx < 16:
             raise ConfigError(f"ctx={self.ctx} must be at least 16")
-        if self.kv_type not in KV_TYPES:
-            raise ConfigError(f"kv_type={self.kv_type!r} must be one of {', '.join(KV_TYPES)}")
+        for name in ("kv_type", "kv_type_k", "kv_type_v"):
+            value = getattr(self, name)
+            if (value is not None or name == "kv_type") and value not in KV_TYPES:
+                raise ConfigError(f"{name}={value!r} must be one of {', '.join(KV_TYPES)}")
         if self.spec not in SPEC_MODES:
             raise ConfigError(f"spec={self.spec!r} must be one of {', '.join(SPEC_MODES)}")
         if not 1 <= self.slots <= 256:

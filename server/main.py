@@ -40,6 +40,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     cache_mb = args.prefix_cache_mb
     return ServerConfig(
         model=model, draft=draft, host=args.host, port=args.port, ctx=args.ctx, kv_type=args.kv_type,
+        kv_type_k=args.kv_type_k, kv_type_v=args.kv_type_v,
         device=args.device, spec=args.spec, threads=args.threads, ubatch=args.ubatch, slots=args.slots,
         queue=args.queue, model_name=model_name, api_key=args.api_key, default_max_tokens=args.max_tokens,
         max_reasoning_tokens=args.max_reasoning_tokens, temperature=args.temperature, top_p=args.top_p,

@@ -498,6 +498,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ctx", type=_positive_int, default=None,
                    help="context tokens per slot (default: the model's training context, at most 32768)")
     p.add_argument("--kv-type", default="f16", help="KV cache type: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1")
+    p.add_argument("--kv-type-k", default=None, help="K cache type (default: --kv-type)")
+    p.add_argument("--kv-type-v", default=None, help="V cache type (default: --kv-type)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     p.add_argument("--spec", default="auto", choices=list(SPEC_MODES),
                    help="speculative decoding with --draft: auto (while measured faster than plain decoding), "

@@ -17,8 +17,10 @@ class ServerConfig:
 
     model / draft: GGUF paths (draft optional: DFlash speculative decoding). ctx: context
     tokens per slot (None: the model's training context, at most 32768). kv_type: KV cache
-    type; kv_type_k / kv_type_v: the K or V cache's own type (None: kv_type). device: "auto", "cpu", "cuda", "cuda:N". spec: speculative mode ("auto" uses the
-    draft when given; "ngram": no draft, proposals looked up in the context). threads / ubatch: CPU threads (0: all) and prefill micro-batch.
+    type; kv_type_k / kv_type_v: the K or V cache's own type (None: kv_type). device: "auto",
+    "cpu", "cuda", "cuda:N". spec: speculative mode ("auto" uses the draft when given;
+    "ngram": no draft, proposals looked up in the context). threads / ubatch: CPU threads (0:
+    all) and prefill micro-batch.
     slots: requests generating at once (one session each, claimed at start). queue: requests
     allowed to wait for a slot; beyond that the server answers 429 with Retry-After
     `retry_after` seconds. model_name: the id clients send as ``model`` (default: the file

@@ -21,7 +21,9 @@ log = logging.getLogger("lucebox.server")
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
     """The server configuration for parsed ``lucebox serve`` arguments. Without --model, the
     default model (see `lucebox.default_model`) is prepared and used."""
-    model = args.model or getattr(args, "model_pos", None)
+    from lucebox.cli import model_of
+
+    model = model_of(args)
     draft = args.draft
     names: tuple[str, ...] = ()
     model_name = args.model_name

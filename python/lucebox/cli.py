@@ -25,7 +25,7 @@ def _fmt_bytes(n: int) -> str:
     raise AssertionError("unreachable")
 
 
-def _model_of(args: argparse.Namespace) -> str | None:
+def model_of(args: argparse.Namespace) -> str | None:
     """The target GGUF given as the MODEL argument or as --model / -m (both: the same file, else an error)."""
     pos, opt = getattr(args, "model_pos", None), args.model
     if pos is not None and opt is not None and pos != opt:
@@ -34,7 +34,7 @@ def _model_of(args: argparse.Namespace) -> str | None:
 
 
 def _add_model_args(p: argparse.ArgumentParser, default_help: str) -> None:
-    """MODEL, as an optional argument and as --model / -m (llama.cpp's spelling): `_model_of` reads them."""
+    """MODEL, as an optional argument and as --model / -m (llama.cpp's spelling): `model_of` reads them."""
     p.add_argument("model_pos", nargs="?", metavar="MODEL", help="qwen35 target GGUF (same as --model)")
     p.add_argument("--model", "-m", default=None, help=f"qwen35 target GGUF ({default_help})")
 
@@ -44,7 +44,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
     build = _core.build_info()
     report: dict[str, Any] = {"build": build, "devices": _core.devices()}
-    args.model = _model_of(args)
+    args.model = model_of(args)
     if args.model:
         target = _core.TargetFile.open(args.model)
         draft = _core.DraftFile.open(args.draft) if args.draft else None
@@ -177,7 +177,6 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         lucebox.__path__.append(root)  # type: ignore[attr-defined]
     from lucebox.server.main import serve
 
-    args.model, args.model_pos = _model_of(args), None
     return serve(args)
 
 
@@ -240,7 +239,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
             raise ConfigError("generate needs a PROMPT (the last argument, or --prompt / -p)")
         args.prompt = pos.pop()
     args.model_pos = pos[0] if pos else None
-    args.model = _model_of(args)
+    args.model = model_of(args)
     if args.model is None:
         from lucebox import default_model
 
@@ -320,7 +319,7 @@ def _cmd_perplexity(args: argparse.Namespace) -> int:
 
     if args.max_chunks < 0:
         raise ConfigError(f"--max-chunks {args.max_chunks} must be >= 0 (0: every chunk)")
-    args.model = _model_of(args)
+    args.model = model_of(args)
     if args.model is None:
         raise ConfigError("perplexity needs a MODEL (lucebox perplexity MODEL FILE, or --model / -m)")
     show = sys.stderr.isatty() or args.progress

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import argparse
 import logging
+import socket
 import sys
 
 from lucebox.cli import placement_kwargs
+from lucebox.errors import ConfigError
 
 from .config import ServerConfig
 
@@ -53,6 +55,21 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         extra_model_names=names + tuple(getattr(args, "alias", None) or ()), **placement_kwargs(args))
 
 
+def listen(host: str, port: int) -> socket.socket:
+    """The server's listening socket, bound before the model loads: a busy port or an address this
+    machine does not have fails at once, not after minutes of loading. Port 0: one the system picks."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
 def serve(args: argparse.Namespace) -> int:
     """Run the server until interrupted. Returns the process exit code."""
     import uvicorn
@@ -62,8 +79,13 @@ def serve(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     from .app import create_app, load_engine
 
+    sock = listen(config.host, config.port)
     log.info("loading %s%s", config.model, f" with draft {config.draft}" if config.draft else "")
-    engine = load_engine(config)
+    try:
+        engine = load_engine(config)
+    except BaseException:
+        sock.close()
+        raise
     app = create_app(config, engine)
     svc = app.state.service
     log.info("model %r on %s: context %d tokens, %d slot(s), queue %d, tool-call format %s, chat template %s",
@@ -76,11 +98,14 @@ def serve(args: argparse.Namespace) -> int:
     if disk is not None:
         log.info("prefix cache on disk: %s (at most %d MiB; %d snapshots there now)", disk.dir,
                  config.prefix_cache_disk_mb, disk.counters()["disk_entries"])
-    log.info("listening on http://%s:%d (OpenAI API under /v1)", config.host, config.port)
+    port = sock.getsockname()[1]
+    log.info("listening on http://%s:%d (OpenAI API under /v1)", config.host, port)
+    server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=port, log_level=args.log_level,
+                                           access_log=args.access_log, timeout_graceful_shutdown=5))
     try:
-        uvicorn.run(app, host=config.host, port=config.port, log_level=args.log_level, access_log=args.access_log,
-                    timeout_graceful_shutdown=5)
+        server.run(sockets=[sock])
     finally:
+        sock.close()
         if disk is not None:  # finish the snapshots still queued for disk
             disk.close()
-    return 0
+    return 0 if server.started else 3  # (3: uvicorn's code for a server that did not start)

@@ -53,14 +53,15 @@ def _cmd_info(args: argparse.Namespace) -> int:
         verify = draft.hparams.block_size if draft is not None else args.verify_tokens
         if args.tree_budget:  # a DDTree verify holds the root and tree_budget nodes
             verify = max(verify, args.tree_budget + 1)
-        plan = _core.plan_memory(target, draft, n_ctx=args.ctx, n_seq=args.n_seq, kv_type_k=args.kv_type_k,
-                                 kv_type_v=args.kv_type_v, verify_tokens=verify, ubatch=args.ubatch,
+        kv_k, kv_v = kv_types(args)
+        plan = _core.plan_memory(target, draft, n_ctx=args.ctx, n_seq=args.n_seq, kv_type_k=kv_k,
+                                 kv_type_v=kv_v, verify_tokens=verify, ubatch=args.ubatch,
                                  keep_states=bool(args.tree_budget))
         report["model"] = _describe_target(target)
         if draft is not None:
             report["draft"] = _describe_draft(draft)
-        report["memory"] = {"n_ctx": args.ctx, "n_seq": args.n_seq, "kv_type_k": args.kv_type_k,
-                            "kv_type_v": args.kv_type_v, **plan}
+        report["memory"] = {"n_ctx": args.ctx, "n_seq": args.n_seq, "kv_type_k": kv_k,
+                            "kv_type_v": kv_v, **plan}
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
@@ -252,8 +253,9 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     show = sys.stderr.isatty() or args.progress
     grammar = _grammar_of(args)  # (checked before the model loads)
     prediction = None if args.prediction is None else _read_text_or_file(args.prediction, "--prediction")
-    engine = lucebox.Engine(args.model, args.draft, ctx=args.ctx, kv_type_k=args.kv_type_k,
-                            kv_type_v=args.kv_type_v, device=args.device, ubatch=args.ubatch, threads=args.threads,
+    kv_k, kv_v = kv_types(args)
+    engine = lucebox.Engine(args.model, args.draft, ctx=args.ctx, kv_type_k=kv_k,
+                            kv_type_v=kv_v, device=args.device, ubatch=args.ubatch, threads=args.threads,
                             spec=args.spec, tree_budget=args.tree_budget, tree_top_k=args.tree_top_k,
                             progress=_Progress("loading", "bytes", show), **placement_kwargs(args))
     prompt: Any = args.prompt
@@ -323,7 +325,8 @@ def _cmd_perplexity(args: argparse.Namespace) -> int:
     if args.model is None:
         raise ConfigError("perplexity needs a MODEL (lucebox perplexity MODEL FILE, or --model / -m)")
     show = sys.stderr.isatty() or args.progress
-    engine = lucebox.Engine(args.model, ctx=args.chunk, kv_type_k=args.kv_type_k, kv_type_v=args.kv_type_v,
+    kv_k, kv_v = kv_types(args)
+    engine = lucebox.Engine(args.model, ctx=args.chunk, kv_type_k=kv_k, kv_type_v=kv_v,
                             device=args.device, ubatch=args.ubatch, threads=args.threads,
                             progress=_Progress("loading", "bytes", show), **placement_kwargs(args))
     try:
@@ -352,10 +355,21 @@ def _cmd_perplexity(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_kv_flags(p: argparse.ArgumentParser) -> None:
+    """--kv-type for both caches, --kv-type-k / --kv-type-v for one (`kv_types` reads them)."""
+    p.add_argument("--kv-type", default="f16", help="KV cache type: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1")
+    p.add_argument("--kv-type-k", default=None, help="K cache type (default: --kv-type)")
+    p.add_argument("--kv-type-v", default=None, help="V cache type (default: --kv-type)")
+
+
+def kv_types(args: argparse.Namespace) -> tuple[str, str]:
+    """The K and V cache types of `_add_kv_flags`' flags."""
+    return args.kv_type_k or args.kv_type, args.kv_type_v or args.kv_type
+
+
 def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     """KV types, device, micro-batch, threads and placement: the engine flags of generate and perplexity."""
-    p.add_argument("--kv-type-k", default="f16")
-    p.add_argument("--kv-type-v", default="f16")
+    _add_kv_flags(p)
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     p.add_argument("--ubatch", type=_positive_int, default=512)
     p.add_argument("--threads", type=int, default=0)
@@ -411,8 +425,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft", help="DFlash draft GGUF (validated against the target)")
     p.add_argument("--ctx", type=_positive_int, default=4096, help="context length for the memory plan (default 4096)")
     p.add_argument("--n-seq", type=_positive_int, default=1, help="sequences held at once (default 1)")
-    p.add_argument("--kv-type-k", default="f16", help="K cache type: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1")
-    p.add_argument("--kv-type-v", default="f16", help="V cache type (same choices)")
+    _add_kv_flags(p)
     p.add_argument("--verify-tokens", type=_positive_int, default=16, help="tokens per verify step without a draft")
     p.add_argument("--tree-budget", type=_positive_int, default=0,
                    help="plan for DDTree verification of this many nodes besides the root (spec tree)")
@@ -496,9 +509,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     p.add_argument("--ctx", type=_positive_int, default=None,
                    help="context tokens per slot (default: the model's training context, at most 32768)")
-    p.add_argument("--kv-type", default="f16", help="KV cache type: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1")
-    p.add_argument("--kv-type-k", default=None, help="K cache type (default: --kv-type)")
-    p.add_argument("--kv-type-v", default=None, help="V cache type (default: --kv-type)")
+    _add_kv_flags(p)
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     p.add_argument("--spec", default="auto", choices=list(SPEC_MODES),
                    help="speculative decoding with --draft: auto (while measured faster than plain decoding), "

@@ -64,3 +64,17 @@ def test_info_and_perplexity_take_dash_m(model: str, tmp_path: Path, capsys: pyt
         assert rc == 0, err
         runs.append(out.strip().splitlines()[-1].split(" in ")[0])  # (less its timing)
     assert runs[0] == runs[1] and runs[0].startswith("PPL = ")
+
+
+@pytest.mark.parametrize("flags, k, v", [
+    ([], "f16", "f16"),
+    (["--kv-type", "q8_0"], "q8_0", "q8_0"),
+    (["--kv-type", "q8_0", "--kv-type-v", "f16"], "q8_0", "f16"),
+    (["--kv-type-k", "q4_0"], "q4_0", "f16"),
+])
+def test_kv_type_flags(model: str, flags: list[str], k: str, v: str, capsys: pytest.CaptureFixture[str]) -> None:
+    # --kv-type sets both caches, --kv-type-k / -v one (as serve takes them)
+    rc, out, err = _run(capsys, "info", model, "--json", *flags)
+    assert rc == 0, err
+    memory = json.loads(out)["memory"]
+    assert (memory["kv_type_k"], memory["kv_type_v"]) == (k, v)

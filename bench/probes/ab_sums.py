@@ -57,6 +57,14 @@ def parse(lines) -> tuple[dict, list[str]]:
     return dict(times), variants
 
 
+def by_table(times: dict) -> dict[tuple[str, int], list]:
+    """The keys of `times` grouped by (flags, N): one table's shapes each, in sorted order."""
+    groups: dict = defaultdict(list)
+    for key in sorted(times):
+        groups[key[:2]].append(key)
+    return groups
+
+
 def weight_formats(lines) -> dict[str, str]:
     """{flags: the weight format its tables name} (the line after a '=== NAME ROUND FLAGS' header)."""
     formats: dict[str, str] = {}
@@ -74,10 +82,7 @@ def weight_formats(lines) -> dict[str, str]:
 def fit(times: dict, variants: list[str], formats: dict[str, str]) -> list[str]:
     """Per (flags, N) and variant: least squares of us = fixed + MB / rate over the shapes (MB / us = TB/s)."""
     out: list[str] = []
-    groups: dict = defaultdict(list)
-    for key in sorted(times):
-        groups[key[:2]].append(key)
-    for (flags, n), keys in groups.items():
+    for (flags, n), keys in by_table(times).items():
         if flags not in formats:
             continue
         for v in variants:
@@ -102,12 +107,9 @@ def fit(times: dict, variants: list[str], formats: dict[str, str]) -> list[str]:
 
 def summarize(times: dict, variants: list[str], shapes: bool) -> list[str]:
     out: list[str] = []
-    groups: dict = defaultdict(list)
-    for key in sorted(times):
-        groups[key[:2]].append(key)
     width = max([len(v) for v in variants] + [8])
     out.append(f"{'flags':<16} {'N':>3} {'shapes':>6} " + " ".join(f"{v:>{width}}" for v in variants))
-    for (flags, n), keys in groups.items():
+    for (flags, n), keys in by_table(times).items():
         sums = {v: 0.0 for v in variants}
         missing = {v: [] for v in variants}
         for key in keys:

@@ -52,6 +52,11 @@ struct qwen35_hparams {
     bool fused_delta_net_shape() const;
     uint32_t n_attention_layers() const;
     uint32_t n_recurrent_layers() const { return n_layer - n_attention_layers(); }
+    // Whether every rotated pair's IMRoPE section reads the t, h or w stream, none the extra one. Text
+    // positions are the same in t, h and w (and 0 in extra), so the rotation is then ggml's NEOX rope of
+    // the positions, bit for bit (the same angles, the same pairs), which ggml's CUDA backend fuses with
+    // the q / k norms before it and the K cache write after it (qwen35.cpp's build_gated_attention).
+    bool rope_reads_positions_only() const;
 
     // Throws config_error naming the first inconsistent value.
     void validate() const;

@@ -82,6 +82,24 @@ uint32_t qwen35_hparams::n_attention_layers() const {
     return static_cast<uint32_t>(std::count(is_recurrent.begin(), is_recurrent.end(), false));
 }
 
+bool qwen35_hparams::rope_reads_positions_only() const {
+    const int32_t s_t = rope_sections[0], s_h = rope_sections[1], s_w = rope_sections[2];
+    const int32_t sect_dims = s_t + s_h + s_w + rope_sections[3];
+    if (sect_dims <= 0) {
+        return false;
+    }
+    // ggml's IMRoPE: pair i's sector is i % sect_dims; it reads h where sector % 3 == 1 and sector < 3 s_h,
+    // w where % 3 == 2 and < 3 s_w, t where % 3 == 0 and < 3 s_t, the extra stream elsewhere
+    for (uint32_t pair = 0; pair < n_rot / 2; ++pair) {
+        const int32_t sector = int32_t(pair) % sect_dims;
+        const int32_t section = sector % 3 == 0 ? s_t : sector % 3 == 1 ? s_h : s_w;
+        if (sector >= 3 * section) {
+            return false;
+        }
+    }
+    return true;
+}
+
 void qwen35_hparams::validate() const {
     require(n_vocab > 0, "n_vocab must be > 0");
     require(n_embd > 0, "n_embd must be > 0");
@@ -684,8 +702,8 @@ ggml_tensor * gated_attention(ggml_context * ctx, ggml_tensor * q, ggml_tensor *
     return ggml_mul(ctx, att, ggml_sigmoid(ctx, ggml_cont_2d(ctx, gate, hd * H, T)));
 }
 
-// Gated full attention. x: the layer input [E, T] and its norm (each projection normalizes it) -> [E, T].
-// Writes this batch's K/V into the cache.
+}  // namespace
+
 ggml_tensor * build_gated_attention(ggml_context * ctx, ggml_cgraph * gf, const qwen35_hparams & hp,
                                     const qwen35_layer_weights & l, ggml_tensor * k_cache, ggml_tensor * v_cache,
                                     const qwen35_inputs & in, uint32_t n_kv, const graph::rms_normed & x, int il) {
@@ -704,16 +722,25 @@ ggml_tensor * build_gated_attention(ggml_context * ctx, ggml_cgraph * gf, const 
     k = named(graph::rms_norm(ctx, k, l.k_norm, hp.rms_eps), "attn_k", il);
     ggml_tensor * v = named(proj[2], "attn_v", il);  // [hd*Hkv, T] (rows contiguous)
 
-    int sections[GGML_MROPE_SECTIONS] = {hp.rope_sections[0], hp.rope_sections[1], hp.rope_sections[2],
-                                         hp.rope_sections[3]};
-    q = ggml_rope_multi(ctx, q, in.pos, nullptr, hp.n_rot, sections, GGML_ROPE_TYPE_IMROPE, int(hp.n_ctx_train),
-                        hp.rope_freq_base, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f);
-    k = ggml_rope_multi(ctx, k, in.pos, nullptr, hp.n_rot, sections, GGML_ROPE_TYPE_IMROPE, int(hp.n_ctx_train),
-                        hp.rope_freq_base, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f);
+    // NEOX where that is the same rotation (rope_reads_positions_only), so that ggml's CUDA backend
+    // runs each of q's and k's norm and rope as one kernel, k's with its cache write
+    auto rope = [&](ggml_tensor * t) {
+        if (hp.rope_reads_positions_only()) {
+            return ggml_rope_ext(ctx, t, in.pos, nullptr, int(hp.n_rot), GGML_ROPE_TYPE_NEOX, int(hp.n_ctx_train),
+                                 hp.rope_freq_base, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f);
+        }
+        int sections[GGML_MROPE_SECTIONS] = {hp.rope_sections[0], hp.rope_sections[1], hp.rope_sections[2],
+                                             hp.rope_sections[3]};
+        return ggml_rope_multi(ctx, t, in.pos, nullptr, int(hp.n_rot), sections, GGML_ROPE_TYPE_IMROPE,
+                               int(hp.n_ctx_train), hp.rope_freq_base, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f);
+    };
+    q = rope(q);
+    k = rope(k);
     named(q, "attn_q_rope", il);
     named(k, "attn_k_rope", il);
 
-    ggml_build_forward_expand(gf, ggml_set_rows(ctx, k_cache, ggml_reshape_2d(ctx, k, hd * Hkv, T), in.kv_rows));
+    // (a view, not a reshape: the form of ggml's norm + rope + cache write fusion)
+    ggml_build_forward_expand(gf, ggml_set_rows(ctx, k_cache, ggml_view_2d(ctx, k, hd * Hkv, T, k->nb[2], 0), in.kv_rows));
     ggml_build_forward_expand(gf, ggml_set_rows(ctx, v_cache, v, in.kv_rows));
 
     const float scale = hp.attn_scale != 0.0f ? hp.attn_scale : 1.0f / std::sqrt(float(hd));
@@ -723,8 +750,6 @@ ggml_tensor * build_gated_attention(ggml_context * ctx, ggml_cgraph * gf, const 
     att = named(att, "attn_gated", il);
     return named(ggml_mul_mat(ctx, l.wo, att), "attn_proj", il);
 }
-
-}  // namespace
 
 qwen35_graph build_qwen35_graph(ggml_context * ctx, const qwen35_hparams & hp, const qwen35_weights & w,
                                 const qwen35_state & st, uint32_t n_tokens, uint32_t n_kv, uint32_t n_out,
@@ -770,7 +795,8 @@ qwen35_graph build_qwen35_graph(ggml_context * ctx, const qwen35_hparams & hp, c
         in.conv_rows = named(ggml_new_tensor_1d(ctx, GGML_TYPE_I32, int64_t(hp.ssm_d_conv) * T), "inp_tree_conv_rows");
     }
     if (range_has_attention) {  // inputs only attention uses (an unused input has no buffer)
-        in.pos = named(ggml_new_tensor_1d(ctx, GGML_TYPE_I32, 4 * T), "inp_pos");
+        // [T] positions for a NEOX rope, else [4 T] IMRoPE streams (rope_reads_positions_only)
+        in.pos = named(ggml_new_tensor_1d(ctx, GGML_TYPE_I32, hp.rope_reads_positions_only() ? T : 4 * T), "inp_pos");
         in.kv_rows = named(ggml_new_tensor_1d(ctx, GGML_TYPE_I64, T), "inp_kv_rows");
         if (graph_mask) {  // a tree's: the committed context, then each node's path (range_mask.h)
             in.kq_ranges = named(ggml_new_tensor_2d(ctx, GGML_TYPE_I32, 2, T), "inp_kq_ranges");
@@ -847,13 +873,18 @@ void set_qwen35_inputs(ggml_backend_sched_t sched, const qwen35_graph & g, const
         for (uint32_t i = 0; i < T; ++i) {
             depth[i] = parents == nullptr ? int32_t(i) : (*parents)[i] < 0 ? 0 : depth[size_t((*parents)[i])] + 1;
         }
-        std::vector<int32_t> pos(4 * size_t(T), 0);
+        // [T] positions, or [4 T] IMRoPE streams: t, h, w the position, extra 0
+        std::vector<int32_t> pos(size_t(ggml_nelements(in.pos)), 0);
+        const bool streams = pos.size() == 4 * size_t(T);
         std::vector<int64_t> rows(T);
         // a chain: row i sees keys 0 .. n_past + i; a tree: the committed context 0 .. n_past - 1, then
         // its path's keys n_past + j (range_mask.h)
         std::vector<int32_t> ranges(2 * size_t(T));
         for (uint32_t i = 0; i < T; ++i) {
-            pos[i] = pos[T + i] = pos[2 * T + i] = static_cast<int32_t>(n_past + uint32_t(depth[i]));
+            pos[i] = static_cast<int32_t>(n_past + uint32_t(depth[i]));
+            if (streams) {
+                pos[T + i] = pos[2 * T + i] = pos[i];
+            }
             rows[i] = n_past + i;  // K/V rows in batch order (a tree commit compacts the kept path)
             ranges[2 * i] = 0, ranges[2 * i + 1] = int32_t(parents == nullptr ? n_past + i + 1 : n_past);
         }

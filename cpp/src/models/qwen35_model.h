@@ -10,6 +10,7 @@
 #include "ggml-backend.h"
 #include "ggml.h"
 #include "lucebox/backend_buffers.h"
+#include "../graph/builders.h"
 #include "lucebox/models.h"
 
 namespace lucebox {
@@ -119,7 +120,8 @@ std::vector<bool> qwen35_fused_layers(const qwen35_hparams & hp, const qwen35_we
 // Input tensors of one forward graph, filled by the caller before compute.
 struct qwen35_inputs {
     ggml_tensor * tokens = nullptr;    // [T] I32
-    ggml_tensor * pos = nullptr;       // [4*T] I32: IMRoPE streams (t, h, w = position; extra = 0); null without attention layers
+    ggml_tensor * pos = nullptr;       // [T] I32 positions (NEOX), or [4*T] IMRoPE streams (t, h, w = position;
+                                       // extra = 0): hparams.rope_reads_positions_only; null without attention layers
     ggml_tensor * kq_mask = nullptr;   // [n_kv, T] F16: 0 where visible, -inf elsewhere: an input, or built
                                        // from kq_ranges in the graph (kernels/range_mask.h)
     ggml_tensor * kq_ranges = nullptr; // [2, T] I32: each row's visible keys [first, end) (a mask built in
@@ -172,6 +174,16 @@ qwen35_graph build_qwen35_graph(ggml_context * ctx, const qwen35_hparams & hp, c
                                 const qwen35_state & st, uint32_t n_tokens, uint32_t n_kv, uint32_t n_out,
                                 bool want_argmax, bool verify = false, bool tree = false,
                                 qwen35_layer_range range = {});
+
+// A gated attention layer of build_qwen35_graph. x: the layer input [E, T] and its norm (each projection
+// normalizes it) -> [E, T]. Writes this batch's K and V rows (in.kv_rows) into k_cache and v_cache
+// ([hd * Hkv, n_ctx]) through gf; attends to their first n_kv rows under in.kq_mask; in.pos as
+// set_qwen35_inputs writes it. Where hp.rope_reads_positions_only(), q's and k's RMS norm, norm weight
+// and rope are consecutive nodes, and k's then its cache write (a VIEW and SET_ROWS): the forms ggml's
+// CUDA backend runs as one kernel each (tests/cpp/test_rope.cpp).
+ggml_tensor * build_gated_attention(ggml_context * ctx, ggml_cgraph * gf, const qwen35_hparams & hp,
+                                    const qwen35_layer_weights & l, ggml_tensor * k_cache, ggml_tensor * v_cache,
+                                    const qwen35_inputs & in, uint32_t n_kv, const graph::rms_normed & x, int il);
 
 // (The commit and backup graphs skip layers whose state is null: a layer split builds one per device.)
 // Copies every DeltaNet layer's conv and ssm state into checkpoint slot 0 (backup = true), or back

@@ -194,7 +194,7 @@ ggml_cgraph * build_qwen35_backup_graph(ggml_context * ctx, const qwen35_hparams
 // After a verify of n_verified tokens: sets every DeltaNet layer's conv and ssm state to the state
 // after verified token `last_kept` (0-based), i.e. commits tokens [0, last_kept] (fast rollback).
 // Fills the inputs `g` has (layer-range graphs have a subset) for a batch of T tokens appended at
-// n_past: tokens, IMRoPE positions (n_past + i; a tree node: n_past + its depth), KV rows n_past + i,
+// n_past: tokens, positions (n_past + i; a tree node: n_past + its depth; in.pos's form), KV rows n_past + i,
 // the attention mask over n_kv rows (causal; a tree: the committed context plus the node's
 // ancestors and itself; as each row's key range, in.kq_ranges, where the graph builds it),
 // feature-ring rows (mod ring_size), the last output row, and for a tree its parents and conv-window

@@ -1,8 +1,8 @@
 // The target's rotary embedding: where no rotated pair reads IMRoPE's extra stream
 // (qwen35_hparams::rope_reads_positions_only), ggml's NEOX rope of the positions gives the same bits as
 // its multi-section rope of the text streams (t = h = w = position, extra = 0); elsewhere they differ,
-// so the target keeps the multi-section rope there. And the attention layer's graph has the node forms
-// ggml's CUDA backend fuses (norm + weight + rope; for k also its cache write).
+// so the target keeps the multi-section rope there. And the target's attention layer and the DFlash
+// draft have the node forms ggml's CUDA backend fuses (norm + weight + rope; for k also its cache write).
 #include <cstring>
 #include <random>
 #include <vector>
@@ -10,6 +10,7 @@
 #include "check.h"
 #include "ggml-cpu.h"
 #include "ggml.h"
+#include "models/dflash_model.h"
 #include "models/qwen35_model.h"
 
 using namespace lucebox;
@@ -53,6 +54,27 @@ bool neox_equals_imrope(const qwen35_hparams & hp, const std::vector<int32_t> & 
     const bool equal = std::memcmp(a->data, b->data, ggml_nbytes(a)) == 0;
     ggml_free(ctx);
     return equal;
+}
+
+// Whether ROPE node i ropes the MUL by `norm_w` of an RMS_NORM, the three consecutive nodes (ggml's CUDA
+// fusion of norm, weight and rope).
+bool norm_rope_at(ggml_cgraph * gf, int i, const ggml_tensor * norm_w) {
+    if (i < 2) return false;
+    const ggml_tensor * rope = ggml_graph_node(gf, i);
+    const ggml_tensor * mul = ggml_graph_node(gf, i - 1);
+    const ggml_tensor * norm = ggml_graph_node(gf, i - 2);
+    return rope->op == GGML_OP_ROPE && mul->op == GGML_OP_MUL && rope->src[0] == mul && mul->src[1] == norm_w &&
+           norm->op == GGML_OP_RMS_NORM && mul->src[0] == norm;
+}
+
+// Whether ROPE node i is followed by a contiguous VIEW of it and that view's SET_ROWS into `cache` (the
+// fusion's cache write).
+bool cache_write_after(ggml_cgraph * gf, int i, const ggml_tensor * cache) {
+    if (i + 2 >= ggml_graph_n_nodes(gf)) return false;
+    const ggml_tensor * view = ggml_graph_node(gf, i + 1);
+    const ggml_tensor * set = ggml_graph_node(gf, i + 2);
+    return view->op == GGML_OP_VIEW && view->src[0] == ggml_graph_node(gf, i) && ggml_is_contiguous(view) &&
+           set->op == GGML_OP_SET_ROWS && set->src[0] == view && set->src[2] == cache;
 }
 
 }  // namespace
@@ -119,28 +141,64 @@ TEST_CASE(attention_graph_has_the_fusable_norm_rope_forms) {
             const int mode = reinterpret_cast<const int32_t *>(rope->op_params)[2];
             CHECK(mode == (positions_only ? GGML_ROPE_TYPE_NEOX : GGML_ROPE_TYPE_IMROPE));
             CHECK(rope->src[1] == in.pos);
-            // RMS_NORM, MUL (by the head's norm weight), ROPE as consecutive nodes
-            const ggml_tensor * mul = i >= 2 ? ggml_graph_node(gf, i - 1) : nullptr;
-            const ggml_tensor * norm = i >= 2 ? ggml_graph_node(gf, i - 2) : nullptr;
-            const bool norm_rope = mul != nullptr && mul->op == GGML_OP_MUL && rope->src[0] == mul &&
-                                   norm->op == GGML_OP_RMS_NORM && mul->src[0] == norm &&
-                                   (mul->src[1] == l.q_norm || mul->src[1] == l.k_norm);
-            CHECK(norm_rope);
-            if (!norm_rope) continue;
-            if (mul->src[1] == l.q_norm) {
+            // RMS_NORM, MUL (by the head's norm weight), ROPE as consecutive nodes; k's then its cache write
+            if (norm_rope_at(gf, i, l.q_norm)) {
                 ++q_forms;
-                continue;
+            } else {
+                CHECK(norm_rope_at(gf, i, l.k_norm));
+                CHECK(cache_write_after(gf, i, k_cache));
+                k_forms += norm_rope_at(gf, i, l.k_norm) && cache_write_after(gf, i, k_cache);
             }
-            // k: then a VIEW of the rope and the SET_ROWS of it into the K cache
-            const ggml_tensor * view = i + 2 < n ? ggml_graph_node(gf, i + 1) : nullptr;
-            const ggml_tensor * set = i + 2 < n ? ggml_graph_node(gf, i + 2) : nullptr;
-            CHECK(view != nullptr && view->op == GGML_OP_VIEW && view->src[0] == rope && ggml_is_contiguous(view));
-            CHECK(set != nullptr && set->op == GGML_OP_SET_ROWS && set->src[0] == view && set->src[2] == k_cache);
-            k_forms += view != nullptr && set != nullptr && set->src[0] == view;
         }
         CHECK(ropes == 2 && q_forms == 1 && k_forms == 1);
         ggml_free(ctx);
     }
+}
+
+TEST_CASE(draft_graph_has_the_fusable_norm_rope_forms) {
+    // the DFlash draft: q's norm + rope, and k's norm + rope + cache write, for the injected context and
+    // for the proposal block, in every layer
+    dflash_hparams hp;
+    hp.set_schema(dflash_schema::upstream);
+    hp.n_embd = 64; hp.n_layer = 2; hp.n_ff = 128; hp.n_head = 4; hp.n_head_kv = 2; hp.head_dim = 32;
+    hp.n_rot = 32; hp.block_size = 4; hp.target_layers = {1, 3};
+    hp.validate();
+    const int64_t E = hp.n_embd, hd = hp.head_dim, H = hp.n_head, Hkv = hp.n_head_kv, V = 100, kv = 256;
+    ggml_context * ctx = ggml_init({ggml_tensor_overhead() * 1024 + ggml_graph_overhead_custom(8192, false), nullptr, true});
+    auto t1 = [&](int64_t n) { return ggml_new_tensor_1d(ctx, GGML_TYPE_F32, n); };
+    auto t2 = [&](int64_t a, int64_t b) { return ggml_new_tensor_2d(ctx, GGML_TYPE_F32, a, b); };
+    dflash_weights w;
+    w.fc = t2(2 * E, E);
+    w.enc_norm = t1(E);
+    w.output_norm = t1(E);
+    w.token_embd = t2(E, V);
+    w.output = t2(E, V);
+    dflash_state st;
+    st.kv_size = uint32_t(kv);
+    for (uint32_t il = 0; il < hp.n_layer; ++il) {
+        dflash_layer_weights l;
+        l.attn_norm = t1(E); l.ffn_norm = t1(E); l.q_norm = t1(hd); l.k_norm = t1(hd);
+        l.wq = t2(E, H * hd); l.wk = t2(E, Hkv * hd); l.wv = t2(E, Hkv * hd); l.wo = t2(H * hd, E);
+        l.ffn_gate = t2(E, hp.n_ff); l.ffn_up = t2(E, hp.n_ff); l.ffn_down = t2(hp.n_ff, E);
+        w.layers.push_back(l);
+        st.k.push_back(ggml_new_tensor_2d(ctx, GGML_TYPE_F16, Hkv * hd, kv));
+        st.v.push_back(ggml_new_tensor_2d(ctx, GGML_TYPE_F16, Hkv * hd, kv));
+    }
+    const std::vector<ggml_tensor *> rings{t2(E, 64), t2(E, 64)};
+    const dflash_graph g = build_dflash_graph(ctx, hp, w, st, rings, /*n_inject =*/3, hp.block_size, uint32_t(kv), 4096);
+    int q_forms = 0, k_forms = 0, ropes = 0;
+    for (int i = 0; i < ggml_graph_n_nodes(g.gf); ++i) {
+        if (ggml_graph_node(g.gf, i)->op != GGML_OP_ROPE) continue;
+        ++ropes;
+        for (uint32_t il = 0; il < hp.n_layer; ++il) {
+            q_forms += norm_rope_at(g.gf, i, w.layers[il].q_norm);
+            k_forms += norm_rope_at(g.gf, i, w.layers[il].k_norm) && cache_write_after(g.gf, i, st.k[il]);
+        }
+    }
+    CHECK(ropes == 3 * int(hp.n_layer));
+    CHECK(q_forms == int(hp.n_layer));
+    CHECK(k_forms == 2 * int(hp.n_layer));  // the injected context's and the block's
+    ggml_free(ctx);
 }
 
 TEST_MAIN()

@@ -36,8 +36,8 @@ def load_engine(config: ServerConfig) -> Any:
     ctx = config.ctx
     if ctx is None:
         ctx = min(32768, int(_core.TargetFile.open(config.model).hparams.n_ctx_train))
-    return lucebox.Engine(config.model, config.draft, ctx=ctx, kv_type_k=config.kv_type_k or config.kv_type,
-                          kv_type_v=config.kv_type_v or config.kv_type, device=config.device,
+    return lucebox.Engine(config.model, config.draft, ctx=ctx, kv_type=config.kv_type, kv_type_k=config.kv_type_k,
+                          kv_type_v=config.kv_type_v, device=config.device,
                           spec=config.spec, ubatch=config.ubatch, threads=config.threads, devices=config.devices,
                           split=config.split, layer_proportions=config.layer_proportions,
                           draft_device=config.draft_device)

@@ -12,7 +12,7 @@ import sys
 import time
 from typing import Any, Sequence
 
-from lucebox.config import SPEC_MODES
+from lucebox.config import SPEC_MODES, kv_cache_types
 from lucebox.errors import ConfigError, LuceboxError
 
 
@@ -53,7 +53,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
         verify = draft.hparams.block_size if draft is not None else args.verify_tokens
         if args.tree_budget:  # a DDTree verify holds the root and tree_budget nodes
             verify = max(verify, args.tree_budget + 1)
-        kv_k, kv_v = kv_types(args)
+        kv_k, kv_v = kv_cache_types(args.kv_type, args.kv_type_k, args.kv_type_v)
         plan = _core.plan_memory(target, draft, n_ctx=args.ctx, n_seq=args.n_seq, kv_type_k=kv_k,
                                  kv_type_v=kv_v, verify_tokens=verify, ubatch=args.ubatch,
                                  keep_states=bool(args.tree_budget))
@@ -253,9 +253,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     show = sys.stderr.isatty() or args.progress
     grammar = _grammar_of(args)  # (checked before the model loads)
     prediction = None if args.prediction is None else _read_text_or_file(args.prediction, "--prediction")
-    kv_k, kv_v = kv_types(args)
-    engine = lucebox.Engine(args.model, args.draft, ctx=args.ctx, kv_type_k=kv_k,
-                            kv_type_v=kv_v, device=args.device, ubatch=args.ubatch, threads=args.threads,
+    engine = lucebox.Engine(args.model, args.draft, ctx=args.ctx, kv_type=args.kv_type, kv_type_k=args.kv_type_k,
+                            kv_type_v=args.kv_type_v, device=args.device, ubatch=args.ubatch, threads=args.threads,
                             spec=args.spec, tree_budget=args.tree_budget, tree_top_k=args.tree_top_k,
                             progress=_Progress("loading", "bytes", show), **placement_kwargs(args))
     prompt: Any = args.prompt
@@ -325,8 +324,8 @@ def _cmd_perplexity(args: argparse.Namespace) -> int:
     if args.model is None:
         raise ConfigError("perplexity needs a MODEL (lucebox perplexity MODEL FILE, or --model / -m)")
     show = sys.stderr.isatty() or args.progress
-    kv_k, kv_v = kv_types(args)
-    engine = lucebox.Engine(args.model, ctx=args.chunk, kv_type_k=kv_k, kv_type_v=kv_v,
+    engine = lucebox.Engine(args.model, ctx=args.chunk, kv_type=args.kv_type, kv_type_k=args.kv_type_k,
+                            kv_type_v=args.kv_type_v,
                             device=args.device, ubatch=args.ubatch, threads=args.threads,
                             progress=_Progress("loading", "bytes", show), **placement_kwargs(args))
     try:
@@ -356,15 +355,10 @@ def _cmd_perplexity(args: argparse.Namespace) -> int:
 
 
 def _add_kv_flags(p: argparse.ArgumentParser) -> None:
-    """--kv-type for both caches, --kv-type-k / --kv-type-v for one (`kv_types` reads them)."""
+    """--kv-type for both caches, --kv-type-k / --kv-type-v for one (`config.kv_cache_types`' rule)."""
     p.add_argument("--kv-type", default="f16", help="KV cache type: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1")
     p.add_argument("--kv-type-k", default=None, help="K cache type (default: --kv-type)")
     p.add_argument("--kv-type-v", default=None, help="V cache type (default: --kv-type)")
-
-
-def kv_types(args: argparse.Namespace) -> tuple[str, str]:
-    """The K and V cache types of `_add_kv_flags`' flags."""
-    return args.kv_type_k or args.kv_type, args.kv_type_v or args.kv_type
 
 
 def _add_engine_flags(p: argparse.ArgumentParser) -> None:

@@ -32,6 +32,13 @@ def check_snapshot_location(location: object) -> str:
     return location
 
 
+def kv_cache_types(kv_type: str | None, kv_type_k: str | None = None, kv_type_v: str | None = None) -> tuple[str, str]:
+    """The K and V cache types: each cache's own type where given, else kv_type (both caches), else f16.
+    The one rule of Engine, the CLI's --kv-type / --kv-type-k / --kv-type-v and the server's config."""
+    default = kv_type if kv_type is not None else "f16"
+    return (kv_type_k if kv_type_k is not None else default, kv_type_v if kv_type_v is not None else default)
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """How an engine loads and runs a model.

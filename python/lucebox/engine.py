@@ -16,7 +16,7 @@ import numpy as np
 from lucebox import _core
 from lucebox.chat_output import ChatMessage, ChatOutput
 from lucebox.chat_template import THINK_CLOSE, ChatTemplate, prompt_opens_reasoning
-from lucebox.config import EngineConfig, SamplingConfig, check_snapshot_location, stop_list
+from lucebox.config import EngineConfig, SamplingConfig, check_snapshot_location, kv_cache_types, stop_list
 from lucebox.errors import ConfigError
 from lucebox.grammar import Grammar, GrammarConstraint
 from lucebox.tokenizer import Tokenizer
@@ -115,14 +115,13 @@ class Engine:
     """
 
     def __init__(self, model: str | os.PathLike[str], draft: str | os.PathLike[str] | None = None, *,
-                 ctx: int = 4096, kv_type: str | None = None, kv_type_k: str = "f16", kv_type_v: str = "f16",
+                 ctx: int = 4096, kv_type: str | None = None, kv_type_k: str | None = None, kv_type_v: str | None = None,
                  device: str = "auto", spec: str = "auto", rollback: str = "fast", ubatch: int = 512, threads: int = 0,
                  capture_layers: Sequence[int] = (), devices: Sequence[str] = (), split: str = "none",
                  layer_proportions: Sequence[float] = (), draft_device: str = "",
                  progress: Callable[[int, int], None] | None = None,
                  tree_budget: int = 22, tree_top_k: int = 8) -> None:
-        if kv_type is not None:
-            kv_type_k = kv_type_v = kv_type
+        kv_type_k, kv_type_v = kv_cache_types(kv_type, kv_type_k, kv_type_v)
         if isinstance(devices, str):
             raise ConfigError(f"devices={devices!r} must be a sequence of device names, e.g. ['cuda:0', 'cuda:1']")
         self.config = EngineConfig(ctx=ctx, kv_type_k=kv_type_k, kv_type_v=kv_type_v, device=device,

@@ -1,4 +1,5 @@
-"""`lucebox serve --kv-type T [--kv-type-k TK] [--kv-type-v TV]`: one type for both caches, or each its own."""
+"""KV cache types: `lucebox serve --kv-type T [--kv-type-k TK] [--kv-type-v TV]` and `lucebox.Engine` take one
+type for both caches or each its own, by one rule (`lucebox.config.kv_cache_types`)."""
 from __future__ import annotations
 
 import pytest
@@ -38,3 +39,16 @@ def test_server_config_refuses_unknown_kv_types(model: str) -> None:
     with pytest.raises(ConfigError, match="kv_type='fp8' must be one of"):
         ServerConfig(model=model, kv_type="fp8")
     assert ServerConfig(model=model, kv_type_k="q8_0").kv_type_v is None  # (the V cache takes kv_type)
+
+
+@pytest.mark.parametrize("kw, k, v", [
+    ({}, "f16", "f16"),
+    ({"kv_type": "q8_0"}, "q8_0", "q8_0"),
+    ({"kv_type": "q8_0", "kv_type_k": "f16"}, "f16", "q8_0"),  # a cache's own type over kv_type
+    ({"kv_type_v": "q4_0"}, "f16", "q4_0"),
+])
+def test_engine_takes_the_same_kv_rule(model: str, kw: dict, k: str, v: str) -> None:
+    import lucebox
+
+    engine = lucebox.Engine(model, ctx=64, device="cpu", **kw)
+    assert (engine.config.kv_type_k, engine.config.kv_type_v) == (k, v)

@@ -75,6 +75,10 @@ std::vector<ggml_tensor *> stacked_products(ggml_context * ctx, const std::vecto
 
 ggml_tensor * contiguous(ggml_context * ctx, ggml_tensor * x) { return ggml_is_contiguous(x) ? x : ggml_cont(ctx, x); }
 
+ggml_tensor * cache_rows(ggml_context * ctx, ggml_tensor * x) {
+    return ggml_view_2d(ctx, x, x->ne[0] * x->ne[1], x->ne[2], x->nb[2], 0);
+}
+
 ggml_tensor * copy_by_kernel(ggml_context * ctx, ggml_tensor * src, ggml_tensor * dst) {
     if (dst->ne[3] != 1) {
         throw error("internal: copy_by_kernel needs a destination of at most 3 dimensions");

@@ -61,6 +61,10 @@ ggml_tensor * copy_by_kernel(ggml_context * ctx, ggml_tensor * src, ggml_tensor 
 // x when it is contiguous, else a contiguous copy (reshapes and unary ops need one).
 ggml_tensor * contiguous(ggml_context * ctx, ggml_tensor * x);
 
+// A contiguous [a, b, c] tensor (a roped k [hd, Hkv, T]) as its [a * b, c] rows for a cache write: a VIEW,
+// not a reshape, the form in which ggml's CUDA backend runs a norm, rope and SET_ROWS as one kernel.
+ggml_tensor * cache_rows(ggml_context * ctx, ggml_tensor * x);
+
 // SwiGLU FFN: down(silu(gate x) * up x). x [E, T] -> [E, T].
 ggml_tensor * swiglu_ffn(ggml_context * ctx, ggml_tensor * x, ggml_tensor * w_gate, ggml_tensor * w_up,
                          ggml_tensor * w_down, int layer);

@@ -532,9 +532,6 @@ dflash_graph build_dflash_graph(ggml_context * ctx, const dflash_hparams & hp, c
         return ggml_rope_ext(ctx, x, pos, nullptr, int(hp.n_rot), GGML_ROPE_TYPE_NEOX, int(n_ctx_orig),
                              hp.rope_freq_base, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f);
     };
-    // roped k [hd, Hkv, T] as the [hd * Hkv, T] rows of its cache write: a VIEW (not a reshape), so that
-    // ggml's CUDA backend runs k's norm, rope and cache write as one kernel (as the target's k)
-    auto rows_of = [&](ggml_tensor * k) { return ggml_view_2d(ctx, k, k->ne[0] * k->ne[1], k->ne[2], k->nb[2], 0); };
 
     // A. context injection: g = RMSNorm(fc . concat(features)) * enc_norm; per layer K/V into the cache
     if (n_inject > 0) {
@@ -559,7 +556,7 @@ dflash_graph build_dflash_graph(ggml_context * ctx, const dflash_hparams & hp, c
             k = rope(graph::rms_norm(ctx, k, l.k_norm, hp.rms_eps), in.ctx_pos);
             ggml_tensor * v = ggml_mul_mat(ctx, l.wv, gx);  // [Hkv*hd, N]
             named(k, "draft_ctx_k", int(il));
-            ggml_build_forward_expand(g.gf, ggml_set_rows(ctx, st.k[il], rows_of(k), in.ctx_kv_rows));
+            ggml_build_forward_expand(g.gf, ggml_set_rows(ctx, st.k[il], graph::cache_rows(ctx, k), in.ctx_kv_rows));
             ggml_build_forward_expand(g.gf, ggml_set_rows(ctx, st.v[il], v, in.ctx_kv_rows));
         }
     }
@@ -606,7 +603,7 @@ dflash_graph build_dflash_graph(ggml_context * ctx, const dflash_hparams & hp, c
         ggml_tensor * v = ggml_mul_mat(ctx, l.wv, x);  // [Hkv*hd, B]
         q = named(rope(graph::rms_norm(ctx, q, l.q_norm, hp.rms_eps), in.block_pos), "draft_q", li);
         k = named(rope(graph::rms_norm(ctx, k, l.k_norm, hp.rms_eps), in.block_pos), "draft_k", li);
-        ggml_build_forward_expand(g.gf, ggml_set_rows(ctx, st.k[il], rows_of(k), in.block_kv_rows));
+        ggml_build_forward_expand(g.gf, ggml_set_rows(ctx, st.k[il], graph::cache_rows(ctx, k), in.block_kv_rows));
         ggml_build_forward_expand(g.gf, ggml_set_rows(ctx, st.v[il], v, in.block_kv_rows));
         ggml_tensor * kk = ggml_permute(ctx, ggml_view_3d(ctx, st.k[il], hd, Hkv, n_kv, ggml_row_size(st.k[il]->type, hd),
                                                           st.k[il]->nb[1], 0), 0, 2, 1, 3);

@@ -739,8 +739,7 @@ ggml_tensor * build_gated_attention(ggml_context * ctx, ggml_cgraph * gf, const 
     named(q, "attn_q_rope", il);
     named(k, "attn_k_rope", il);
 
-    // (a view, not a reshape: the form of ggml's norm + rope + cache write fusion)
-    ggml_build_forward_expand(gf, ggml_set_rows(ctx, k_cache, ggml_view_2d(ctx, k, hd * Hkv, T, k->nb[2], 0), in.kv_rows));
+    ggml_build_forward_expand(gf, ggml_set_rows(ctx, k_cache, graph::cache_rows(ctx, k), in.kv_rows));
     ggml_build_forward_expand(gf, ggml_set_rows(ctx, v_cache, v, in.kv_rows));
 
     const float scale = hp.attn_scale != 0.0f ? hp.attn_scale : 1.0f / std::sqrt(float(hd));

@@ -33,7 +33,7 @@ rm -f "$TMP/anchor.done"
 # side by side (--parallel): correctness cases, no timings; the two q8_0 product tests (~100 s each on
 # an H200, mostly their CPU reference) then take the time of one
 if [ "$BARS" = 0 ]; then
-    ctest --test-dir "$TMP/lucebox-cuda" -R "q8_0|gpu|top_k" --parallel 4 --output-on-failure 2>&1 | tee "$OUT/ctest.log" | tail -4
+    ctest --test-dir "$TMP/lucebox-cuda" -R "q8_0|gpu|top_k|rope" --parallel 4 --output-on-failure 2>&1 | tee "$OUT/ctest.log" | tail -4
     python3 -m pytest tests/gpu -q -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu.log" | tail -3
 fi
 wait

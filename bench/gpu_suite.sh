@@ -3,12 +3,12 @@
 # llama-bench anchor (bench/llama_anchor; and llama-perplexity where the tree has it) in the background meanwhile, runs the GPU CTest cases and
 # tests/gpu, writes the qwen3.6-27b synthetic target in Q8_0 (with its draft) and Q4_K_M, then
 # bench_spec.py and bench_target.py on each: every number issue 9's bars name, in one run with the
-# anchor. About 13 minutes on one H200 with 16 cores (twenty-ninth session: 753 s; build 4 min, tests
+# anchor; last, bench_kernels.py on each (where a decode step and a verify go on this card). About 13 minutes on one H200 with 16 cores (twenty-ninth session: 753 s; build 4 min, tests
 # 5.5 min, benches 3 min).
 #
 # Usage: bash bench/gpu_suite.sh OUT_DIR [REPS] [--bars]
 #   OUT_DIR   logs: build.log, ctest.log, pytest_gpu.log, spec.log, target.log (Q8_0),
-#             spec_q4_k_m.log, target_q4_k_m.log
+#             spec_q4_k_m.log, target_q4_k_m.log, kernels.log, kernels_q4_k_m.log
 #   REPS      repetitions of bench_target.py (default 2)
 #   --bars    the measurements only: no C++ tests built, no GPU CTest, no tests/gpu (a few minutes
 #             less, for a machine lent briefly; the numbers are the same runs)
@@ -50,4 +50,7 @@ measure() {  # measure MODEL LOG_SUFFIX [bench_spec.py options]: bench_spec, the
 }
 measure "$TMP/t27.gguf" "" --draft "$TMP/d27.gguf"
 measure "$TMP/t27q4.gguf" _q4_k_m
+python3 bench/bench_kernels.py "$TMP/t27.gguf" --top 24 > "$OUT/kernels.log" 2>&1
+python3 bench/bench_kernels.py "$TMP/t27q4.gguf" --top 24 > "$OUT/kernels_q4_k_m.log" 2>&1
+grep -h "busy by kind" "$OUT/kernels.log" "$OUT/kernels_q4_k_m.log"
 echo "total: $(( $(date +%s) - t0 )) s"

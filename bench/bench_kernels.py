@@ -26,6 +26,8 @@ kernel intervals (start, end, name) to DIR, for analyses after the run. Needs to
 Usage (repository root, GPU machine):
     lucebox synth qwen3.6-27b -o /tmp/t27.gguf --type q8_0
     python bench/bench_kernels.py /tmp/t27.gguf [--depth 4096] [--prefill 4096] [--no-pdl] [--top N] [--gaps N] [--trace DIR]
+The kernel switches of bench_spec.py and bench_target.py (kernel_switches.py: --ggml-kernels, the attention's
+split, --host-masks) apply here too, e.g. --depth 4096 --attention-long-keys 0: the narrow tile at that depth.
 """
 from __future__ import annotations
 
@@ -40,6 +42,7 @@ import numpy as np
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+import kernel_switches
 import lucebox
 
 
@@ -200,8 +203,6 @@ def profile_prefill(engine: lucebox.Engine, prompt: list[int], args: argparse.Na
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model")
-    ap.add_argument("--ggml-kernels", action="store_true",
-                    help="run every matmul on ggml's own CUDA kernels, not lucebox's (A/B comparison)")
     ap.add_argument("--depth", type=int, default=256, help="prompt tokens before the profiled steps")
     ap.add_argument("--prefill", type=int, default=0,
                     help="also profile the prefill of a prompt of this many tokens (one step)")
@@ -212,13 +213,11 @@ def main() -> int:
                     help="also list this many pairs of neighbouring kernels with the most idle time between them")
     ap.add_argument("--trace", metavar="DIR",
                     help="also write each phase's kernel intervals to DIR/<phase>.json.gz (for later analysis)")
+    kernel_switches.add_arguments(ap)
     args = ap.parse_args()
     if args.no_pdl:
         os.environ["GGML_CUDA_PDL"] = "0"  # read at the first launch, after this
-    if args.ggml_kernels:
-        from lucebox import _core as core
-
-        core.set_own_cuda_kernels(False)
+    print(f"attention split: {kernel_switches.apply(args)}")
     engine = lucebox.Engine(args.model, ctx=max(args.depth, args.prefill) + 64, device="cuda:0")
     rng = np.random.default_rng(0)
     prompt = [int(x) for x in rng.integers(10, engine.hparams.n_vocab, args.depth)]

@@ -29,6 +29,7 @@ import sys
 
 import numpy as np
 
+import kernel_switches
 import lucebox
 
 
@@ -47,35 +48,10 @@ def main() -> int:
                          "of 1, 4, 6, 8 and 16)")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--accept", default="1,4,6,8,16", help="acceptance lengths to force")
-    ap.add_argument("--ggml-kernels", action="store_true",
-                    help="run every matmul on ggml's own CUDA kernels, not lucebox's (A/B comparison)")
-    ap.add_argument("--ggml-attention-split", action="store_true",
-                    help="flash attention with ggml's own tile width and key split by row count, not patch 0008's "
-                         "fixed split (A/B comparison)")
-    ap.add_argument("--attention-tile", type=int, choices=(8, 16, 32, 64),
-                    help="the fixed split's query tile width in columns (default: cuda_kernels.h; A/B of patch 0008's cost)")
-    ap.add_argument("--attention-piece", type=int, help="the fixed split's keys a CTA, a divisor of 256 (default: cuda_kernels.h)")
-    ap.add_argument("--attention-long-keys", type=int,
-                    help="key views of at least this many rows take 64 columns and the long pieces (0: none; default: cuda_kernels.h)")
-    ap.add_argument("--attention-long-piece", type=int,
-                    help="keys a CTA in long key views, a divisor of 1024 (default: cuda_kernels.h)")
     ap.add_argument("--tree-budgets", default="", help="tree sizes whose verify cost to measure (e.g. 22,64)")
-    ap.add_argument("--host-masks", action="store_true",
-                    help="attention masks written on the host and uploaded, not built in the graph from each row's "
-                         "key range (A/B comparison, cpp/kernels/range_mask.h)")
+    kernel_switches.add_arguments(ap)
     args = ap.parse_args()
-    from lucebox import _core as core
-
-    if args.ggml_kernels:
-        core.set_own_cuda_kernels(False)
-    core.set_range_masks(not args.host_masks)
-    split = {k: v for k, v in dict(piece_keys=args.attention_piece, tile_cols=args.attention_tile,
-                                   long_keys=args.attention_long_keys,
-                                   long_piece_keys=args.attention_long_piece).items() if v is not None}
-    if args.ggml_attention_split:
-        split["rows"] = 0
-    core.set_fattn_fixed_split(**split)  # what is not given: the defaults (cuda_kernels.h)
-    print(f"attention split: {split or 'the defaults'} (cuda_kernels.h has the defaults)")
+    print(f"attention split: {kernel_switches.apply(args)}")
 
     placement = dict(device=args.device, devices=[d for d in args.devices.split(",") if d], split=args.split)
     engine = lucebox.Engine(args.model, args.draft, ctx=args.ctx, spec="chain" if args.draft else "off",

@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+import kernel_switches
 import lucebox
 from lucebox import _core
 
@@ -150,29 +151,12 @@ def main() -> int:
     ap.add_argument("--depths", type=lambda s: [int(x) for x in s.split(",")], default=[0, 4096])
     ap.add_argument("--n-decode", type=int, default=64)
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--ggml-kernels", action="store_true",
-                    help="run every matmul on ggml's own CUDA kernels, not lucebox's (A/B comparison)")
     ap.add_argument("--untiled", action="store_true",
                     help="load the weights in ggml's layout, not row-tiled (A/B comparison of the tiles)")
-    ap.add_argument("--attention-tile", type=int, choices=(8, 16, 32, 64),
-                    help="the CUDA attention's fixed query tile width in columns (patch 0008; default: cuda_kernels.h)")
-    ap.add_argument("--attention-piece", type=int, help="the CUDA attention's fixed split: keys a CTA, a divisor of 256")
-    ap.add_argument("--attention-long-keys", type=int,
-                    help="key views of at least this many rows take 64 columns and the long pieces (0: none; default: cuda_kernels.h)")
-    ap.add_argument("--attention-long-piece", type=int,
-                    help="keys a CTA in long key views, a divisor of 1024 (default: cuda_kernels.h)")
-    ap.add_argument("--host-masks", action="store_true",
-                    help="attention masks written on the host and uploaded, not built in the graph from each row's "
-                         "key range (A/B comparison, cpp/kernels/range_mask.h)")
+    kernel_switches.add_arguments(ap)
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
-    if args.ggml_kernels:
-        _core.set_own_cuda_kernels(False)
-    _core.set_range_masks(not args.host_masks)
-    _core.set_fattn_fixed_split(**{k: v for k, v in dict(piece_keys=args.attention_piece, tile_cols=args.attention_tile,
-                                                          long_keys=args.attention_long_keys,
-                                                          long_piece_keys=args.attention_long_piece).items()
-                                   if v is not None})
+    print(f"attention split: {kernel_switches.apply(args)}")
     if args.untiled:
         _core.set_weight_tiles(False)
 

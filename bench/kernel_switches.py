@@ -14,7 +14,7 @@ import argparse
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
-    """--ggml-kernels, --ggml-attention-split, --attention-{tile,piece,long-keys,long-piece}, --host-masks."""
+    """--ggml-kernels, --ggml-attention-split, --attention-{tile,piece,long-keys,long-tile,long-piece}, --host-masks."""
     ap.add_argument("--ggml-kernels", action="store_true",
                     help="run every matmul on ggml's own CUDA kernels, not lucebox's (A/B comparison)")
     ap.add_argument("--ggml-attention-split", action="store_true",
@@ -25,6 +25,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--attention-piece", type=int, help="the fixed split's keys a CTA, a divisor of 256 (default: cuda_kernels.h)")
     ap.add_argument("--attention-long-keys", type=int,
                     help="key views of at least this many rows take 64 columns and the long pieces (0: none; default: cuda_kernels.h)")
+    ap.add_argument("--attention-long-tile", type=int, choices=(8, 16, 32, 64),
+                    help="the query tile width in long key views, in columns (default: cuda_kernels.h)")
     ap.add_argument("--attention-long-piece", type=int,
                     help="keys a CTA in long key views, a divisor of 1024 (default: cuda_kernels.h)")
     ap.add_argument("--host-masks", action="store_true",
@@ -41,7 +43,7 @@ def apply(args: argparse.Namespace) -> str:
         core.set_own_cuda_kernels(False)
     core.set_range_masks(not args.host_masks)
     split = {k: v for k, v in dict(piece_keys=args.attention_piece, tile_cols=args.attention_tile,
-                                   long_keys=args.attention_long_keys,
+                                   long_keys=args.attention_long_keys, long_tile_cols=args.attention_long_tile,
                                    long_piece_keys=args.attention_long_piece).items() if v is not None}
     if args.ggml_attention_split:
         split["rows"] = 0

@@ -3,8 +3,9 @@
 # llama-bench anchor (bench/llama_anchor; and llama-perplexity where the tree has it) in the background meanwhile, runs the GPU CTest cases and
 # tests/gpu, writes the qwen3.6-27b synthetic target in Q8_0 (with its draft) and Q4_K_M, then
 # bench_spec.py and bench_target.py on each: every number issue 9's bars name, in one run with the
-# anchor; last, bench_kernels.py on each (where a decode step and a verify go on this card). About 13 minutes on one H200 with 16 cores (twenty-ninth session: 753 s; build 4 min, tests
-# 5.5 min, benches 3 min).
+# anchor; last, bench_kernels.py on each (where a decode step and a verify go on this card). About 13
+# minutes on one H200 with 16 cores (twenty-ninth session: 753 s; build 4 min, tests 5.5 min, benches 3
+# min); on an H100, fifty-sixth session: 671 s, then about a minute of bench_kernels.
 #
 # Usage: bash bench/gpu_suite.sh OUT_DIR [REPS] [--bars]
 #   OUT_DIR   logs: build.log, ctest.log, pytest_gpu.log, spec.log, target.log (Q8_0),

@@ -6,7 +6,9 @@ ggml's, over 33 generated tokens after a prompt of --depth tokens (default 256):
 16-token verify steps whose proposals are all rejected (each step = one 16-token target forward +
 commit). Prints the per-step kernel time, its split by kind (products, quantization, gated delta
 net, attention, copies, the other small ops) and the --top (default 22) most expensive kernels of each.
-With --prefill N, also the kernels of one N-token prefill. With programmatic dependent launches
+With --prefill N, also the kernels of one N-token prefill; with --draft D, also the kernels of
+speculative steps with that DFlash draft (each the draft's forward, a verify and the commit: set
+beside the forced verify's, what the draft adds to a step). With programmatic dependent launches
 (the default on Hopper) a kernel may start before its predecessor ends and wait on the device, so
 its time includes that wait and the per-step sum exceeds the wall time; --no-pdl (GGML_CUDA_PDL=0,
 which lucebox's kernels honour too) gives each kernel's own time, and the gap line (wall minus
@@ -25,7 +27,8 @@ of kernels they are (a new graph's first call runs uncaptured). --trace DIR writ
 kernel intervals (start, end, name) to DIR, for analyses after the run. Needs torch with CUDA.
 Usage (repository root, GPU machine):
     lucebox synth qwen3.6-27b -o /tmp/t27.gguf --type q8_0
-    python bench/bench_kernels.py /tmp/t27.gguf [--depth 4096] [--prefill 4096] [--no-pdl] [--top N] [--gaps N] [--trace DIR]
+    python bench/bench_kernels.py /tmp/t27.gguf [--depth 4096] [--prefill 4096] [--draft /tmp/d27.gguf] [--no-pdl] [--top N]
+        [--gaps N] [--trace DIR]
 The kernel switches of bench_spec.py and bench_target.py (kernel_switches.py: --ggml-kernels, the attention's
 split, --host-masks) apply here too, e.g. --depth 4096 --attention-long-keys 0: the narrow tile at that depth.
 """
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import gc
 import gzip
 import json
 import os
@@ -204,6 +208,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model")
     ap.add_argument("--depth", type=int, default=256, help="prompt tokens before the profiled steps")
+    ap.add_argument("--draft",
+                    help="also profile speculative steps with this DFlash draft (spec chain, the draft's own "
+                         "acceptance: a random-weight draft's proposals are rejected, so a step is the draft's "
+                         "forward, a 16-token verify and the commit), on an engine made after the plain one is freed")
     ap.add_argument("--prefill", type=int, default=0,
                     help="also profile the prefill of a prompt of this many tokens (one step)")
     ap.add_argument("--no-pdl", action="store_true",
@@ -225,6 +233,12 @@ def main() -> int:
     profile_generation(engine, prompt, "16-token verify (forced, all rejected)", args, propose=lambda c, last, n: [0] * n)
     if args.prefill:
         profile_prefill(engine, [int(x) for x in rng.integers(10, engine.hparams.n_vocab, args.prefill)], args)
+    if args.draft:
+        del engine  # (its weights and caches: one 27B target on the device at a time)
+        gc.collect()
+        engine = lucebox.Engine(args.model, args.draft, ctx=max(args.depth, args.prefill) + 64, device="cuda:0",
+                                spec="chain")
+        profile_generation(engine, prompt, "speculative step with the draft (draft, verify, commit)", args)
     return 0
 
 

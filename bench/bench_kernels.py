@@ -226,7 +226,8 @@ def main() -> int:
     if args.no_pdl:
         os.environ["GGML_CUDA_PDL"] = "0"  # read at the first launch, after this
     print(f"attention split: {kernel_switches.apply(args)}")
-    engine = lucebox.Engine(args.model, ctx=max(args.depth, args.prefill) + 64, device="cuda:0")
+    ctx = max(args.depth, args.prefill) + 64  # (the prompt, then 8 + 33 tokens and a 16-token verify's room)
+    engine = lucebox.Engine(args.model, ctx=ctx, device="cuda:0")
     rng = np.random.default_rng(0)
     prompt = [int(x) for x in rng.integers(10, engine.hparams.n_vocab, args.depth)]
     profile_generation(engine, prompt, "plain decode", args)
@@ -236,8 +237,7 @@ def main() -> int:
     if args.draft:
         del engine  # (its weights and caches: one 27B target on the device at a time)
         gc.collect()
-        engine = lucebox.Engine(args.model, args.draft, ctx=max(args.depth, args.prefill) + 64, device="cuda:0",
-                                spec="chain")
+        engine = lucebox.Engine(args.model, args.draft, ctx=ctx, device="cuda:0", spec="chain")
         profile_generation(engine, prompt, "speculative step with the draft (draft, verify, commit)", args)
     return 0
 

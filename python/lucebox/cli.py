@@ -325,8 +325,7 @@ def _cmd_perplexity(args: argparse.Namespace) -> int:
         raise ConfigError("perplexity needs a MODEL (lucebox perplexity MODEL FILE, or --model / -m)")
     show = sys.stderr.isatty() or args.progress
     engine = lucebox.Engine(args.model, ctx=args.chunk, kv_type=args.kv_type, kv_type_k=args.kv_type_k,
-                            kv_type_v=args.kv_type_v,
-                            device=args.device, ubatch=args.ubatch, threads=args.threads,
+                            kv_type_v=args.kv_type_v, device=args.device, ubatch=args.ubatch, threads=args.threads,
                             progress=_Progress("loading", "bytes", show), **placement_kwargs(args))
     try:
         with open(args.file, "r", encoding="utf-8", errors="replace") as f:

@@ -72,7 +72,9 @@ constexpr int64_t k_fattn_tile_cols = 16;
 //   prompt  8192: 6.99 / 7.03 ms, 484.4 / 537.5 tok/s   (Q8_0: 9.22 / 9.32 ms, 437.8 / 478.2)
 //   prompt 32000: 8.22 / 8.32 ms, 326.3 / 435.8 tok/s
 // so it starts at 4096 keys (decode steps from position 3840 on), where speculation gains 5-7 % for
-// 1-3 % of a plain decode step.
+// 1-3 % of a plain decode step. 32 columns instead of 64 (H100, 27B Q4_K_M, fifty-seventh session, 2 reps):
+// decode step 7.90 / 8.02 ms at prompt 4096 and 7.94 / 8.04 at 8192, but chain AL 6 598.6 / 588.4 and
+// 572.1 / 586.2 tok/s: no gain in both phases, so 64.
 constexpr int64_t k_fattn_long_keys = 4096;
 constexpr int64_t k_fattn_long_tile_cols = 64;
 // Long views are padded to multiples of k_fattn_long_view_pad rows (engine.cpp: kv_view_rows) and cut

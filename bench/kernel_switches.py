@@ -24,7 +24,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help="the fixed split's query tile width in columns (default: cuda_kernels.h; A/B of patch 0008's cost)")
     ap.add_argument("--attention-piece", type=int, help="the fixed split's keys a CTA, a divisor of 256 (default: cuda_kernels.h)")
     ap.add_argument("--attention-long-keys", type=int,
-                    help="key views of at least this many rows take 64 columns and the long pieces (0: none; default: cuda_kernels.h)")
+                    help="key views of at least this many rows take the long tile and the long pieces (0: none; default: "
+                         "cuda_kernels.h)")
     ap.add_argument("--attention-long-tile", type=int, choices=(8, 16, 32, 64),
                     help="the query tile width in long key views, in columns (default: cuda_kernels.h)")
     ap.add_argument("--attention-long-piece", type=int,

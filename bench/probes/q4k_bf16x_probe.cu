@@ -1,0 +1,190 @@
+// Probe (fifty-eighth session): a one-column Q4_K product on bf16 activations (q4k_bf16x.cuh, no
+// quantization launch) against lucebox's quantization + int8 product (q8_0_matmul.cuh) on the
+// Qwen3.6-27B decode shapes: both checked against a CPU reference in double (valid random Q4_K
+// weights, normal x), then timed as captured CUDA graphs of back-to-back launches over rotating copies
+// of the weights (~1 GB, read from HBM), as ggml runs a decode step. On the GPU machine:
+//     nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Icpp/kernels -Itests/cpp \
+//          -o /tmp/bf16x bench/probes/q4k_bf16x_probe.cu cpp/kernels/weight_tiles.cpp && /tmp/bf16x [ROUNDS]
+#include "cuda_check.h"
+#include "q4k_bf16x.cuh"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <vector>
+
+namespace q8 = lucebox::kernels::q8_0;
+namespace tiles = lucebox::kernels::tiles;
+
+// y[m] = sum_k dequant(W)[m, k] x[k] in double, ggml's Q4_K: value = d * scale_s * q - dmin * min_s
+static void reference(const std::vector<uint8_t> & w, int K, int M, const std::vector<float> & x, std::vector<double> & y) {
+    const int64_t row_bytes = int64_t(K) / 256 * q8::Q4K_BLOCK_BYTES;
+    y.assign(M, 0.0);
+    for (int m = 0; m < M; ++m) {
+        double sum = 0;
+        for (int c = 0; c < K / 256; ++c) {
+            const uint8_t * b = w.data() + m * row_bytes + c * q8::Q4K_BLOCK_BYTES;
+            __half hd, hm;
+            std::memcpy(&hd, b, 2);
+            std::memcpy(&hm, b + 2, 2);
+            const double d = __half2float(hd), dmin = __half2float(hm);
+            uint32_t sc[3];
+            std::memcpy(sc, b + 4, 12);
+            for (int s = 0; s < 8; ++s) {
+                int scale, min;
+                q8::q4k_scale_min(s, sc, scale, min);
+                for (int l = 0; l < 32; ++l) {
+                    const uint8_t byte = b[16 + 32 * (s / 2) + l];
+                    const int q = s % 2 == 0 ? byte & 15 : byte >> 4;
+                    sum += (d * scale * q - dmin * min) * x[c * 256 + 32 * s + l];
+                }
+            }
+        }
+        y[m] = sum;
+    }
+}
+
+static float time_ms(cudaEvent_t a, cudaEvent_t b) {
+    float ms = 0;
+    CHECK_CUDA(cudaEventElapsedTime(&ms, a, b));
+    return ms;
+}
+
+int main(int argc, char ** argv) {
+    const int rounds = argc > 1 ? std::atoi(argv[1]) : 2;
+    cudaStream_t stream;
+    CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    cudaEvent_t t0, t1;
+    CHECK_CUDA(cudaEventCreate(&t0));
+    CHECK_CUDA(cudaEventCreate(&t1));
+    struct shape { int K, M; bool gated; const char * what; };
+    const shape shapes[] = {{5120, 17408, true, "ffn gate+up fused (5120 -> 2x17408)"},
+                            {5120, 17408, false, "ffn_up alone (5120 -> 17408)"},
+                            {17408, 5120, false, "ffn_down (17408 -> 5120)"},
+                            {5120, 16480, false, "DeltaNet stack qkv+z+b+a (5120 -> 16480)"},
+                            {5120, 14336, false, "attention stack q+k+v (5120 -> 14336)"},
+                            {5120, 10240, false, "DeltaNet attn_qkv (5120 -> 10240)"},
+                            {5120, 6144, false, "DeltaNet attn_gate (5120 -> 6144)"},
+                            {6144, 5120, false, "ssm_out / attn_output (6144 -> 5120)"},
+                            {5120, 1024, false, "attn_k / attn_v (5120 -> 1024)"}};
+    std::mt19937 rng(7);
+    bool all_ok = true;
+    double sum_int8 = 0, sum_bf16 = 0;
+    std::printf("%-40s %9s %9s %12s %12s\n", "Q4_K, one column, row-tiled", "int8 us", "bf16 us", "int8 error", "bf16 error");
+    for (const shape & s : shapes) {
+        const int64_t row_bytes = int64_t(s.K) / 256 * q8::Q4K_BLOCK_BYTES;
+        const size_t mat = size_t(s.M) * row_bytes;
+        const int parts = s.gated ? 2 : 1;
+        const int copies = std::max(2, int((size_t(1) << 30) / (mat * parts)));
+        // valid Q4_K weights: random quants, scales and mins; d, dmin in (0, 1 / 64)
+        std::vector<uint8_t> host[2];
+        std::vector<uint8_t> tiled(mat);
+        uint8_t * w;
+        CHECK_CUDA(cudaMalloc(&w, mat * parts * copies));
+        std::uniform_real_distribution<float> ud(0.0f, 1.0f / 64);
+        for (int p = 0; p < parts; ++p) {
+            host[p].resize(mat);
+            for (auto & b : host[p]) b = uint8_t(rng());
+            for (int64_t r = 0; r < s.M; ++r)
+                for (int c = 0; c < s.K / 256; ++c) {
+                    uint8_t * b = host[p].data() + r * row_bytes + c * q8::Q4K_BLOCK_BYTES;
+                    const __half d = __float2half(ud(rng)), dmin = __float2half(ud(rng));
+                    std::memcpy(b, &d, 2);
+                    std::memcpy(b + 2, &dmin, 2);
+                }
+            tiles::to_tiles(host[p].data(), tiled.data(), s.M, row_bytes, q8::Q4K_BLOCK_BYTES);
+            for (int c = 0; c < copies; ++c) CHECK_CUDA(cudaMemcpy(w + (size_t(c) * parts + p) * mat, tiled.data(), mat, cudaMemcpyHostToDevice));
+        }
+        std::vector<float> hx(s.K);
+        std::normal_distribution<float> nd;
+        for (auto & v : hx) v = nd(rng);
+        float *x, *y;
+        CHECK_CUDA(cudaMalloc(&x, size_t(s.K) * 4));
+        CHECK_CUDA(cudaMalloc(&y, size_t(s.M) * 4));
+        CHECK_CUDA(cudaMemcpy(x, hx.data(), hx.size() * 4, cudaMemcpyHostToDevice));
+        q8::matmul_args a;
+        a.type = q8::weight_type::q4_k;
+        a.row_bytes = row_bytes;
+        a.tiled = true;
+        a.K = s.K;
+        a.M = s.M;
+        a.N = 1;
+        a.x = x;
+        a.x_stride = s.K;
+        a.y = y;
+        a.y_stride = s.M;
+        void * scratch;
+        CHECK_CUDA(cudaMalloc(&scratch, q8::scratch_bytes(a)));
+        auto args_of = [&](int c) {
+            q8::matmul_args b = a;
+            b.w = w + size_t(c) * parts * mat;
+            b.gate = s.gated ? b.w + mat : nullptr;
+            return b;
+        };
+        // the reference (gated: up * silu(gate), silu in double)
+        std::vector<double> ref, ref_gate;
+        reference(host[0], s.K, s.M, hx, ref);
+        if (s.gated) {
+            reference(host[1], s.K, s.M, hx, ref_gate);
+            for (int m = 0; m < s.M; ++m) ref[m] *= ref_gate[m] / (1.0 + std::exp(-ref_gate[m]));
+        }
+        double ref_max = 0;
+        for (double v : ref) ref_max = std::max(ref_max, std::fabs(v));
+        // error: the largest |y - ref| over the largest |ref|
+        auto error_of = [&](bool bf16) {
+            CHECK_CUDA(cudaMemset(y, 0xFF, size_t(s.M) * 4));  // NaN: a row never written shows
+            const q8::matmul_args b = args_of(0);
+            CHECK_CUDA(bf16 ? q8::bf16x::matmul(b, stream) : q8::matmul(b, scratch, stream));
+            CHECK_CUDA(cudaStreamSynchronize(stream));
+            std::vector<float> hy(s.M);
+            CHECK_CUDA(cudaMemcpy(hy.data(), y, hy.size() * 4, cudaMemcpyDeviceToHost));
+            double worst = 0;
+            for (int m = 0; m < s.M; ++m) {
+                const double e = std::fabs(double(hy[m]) - ref[m]);
+                worst = std::isnan(e) ? INFINITY : std::max(worst, e);
+            }
+            return worst / ref_max;
+        };
+        const double err_int8 = error_of(false), err_bf16 = error_of(true);
+        // bf16 x keeps 8 bits of each value, int8 x 7 of each 256-value chunk's largest: the bf16 product
+        // must not be less accurate (1e-2: both are far below it on normal x)
+        const bool ok = err_bf16 < 1e-2 && err_int8 < 1e-2;
+        all_ok = all_ok && ok;
+        double best[2] = {INFINITY, INFINITY};
+        for (int r = 0; r < rounds; ++r)
+            for (int v = 0; v < 2; ++v) {
+                const int reps = std::max(20, copies * 2);
+                cudaGraph_t gr;
+                cudaGraphExec_t exec;
+                CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
+                for (int i = 0; i < reps; ++i) {
+                    const q8::matmul_args b = args_of(i % copies);
+                    CHECK_CUDA(v == 1 ? q8::bf16x::matmul(b, stream) : q8::matmul(b, scratch, stream));
+                }
+                CHECK_CUDA(cudaStreamEndCapture(stream, &gr));
+                CHECK_CUDA(cudaGraphInstantiate(&exec, gr, 0));
+                CHECK_CUDA(cudaGraphDestroy(gr));
+                CHECK_CUDA(cudaGraphLaunch(exec, stream));  // warm-up
+                CHECK_CUDA(cudaStreamSynchronize(stream));
+                CHECK_CUDA(cudaEventRecord(t0, stream));
+                CHECK_CUDA(cudaGraphLaunch(exec, stream));
+                CHECK_CUDA(cudaEventRecord(t1, stream));
+                CHECK_CUDA(cudaEventSynchronize(t1));
+                CHECK_CUDA(cudaGraphExecDestroy(exec));
+                best[v] = std::min(best[v], 1e3 * time_ms(t0, t1) / reps);
+            }
+        sum_int8 += best[0];
+        sum_bf16 += best[1];
+        std::printf("%-40s %9.2f %9.2f %12.2e %12.2e%s\n", s.what, best[0], best[1], err_int8, err_bf16, ok ? "" : "  WRONG");
+        cudaFree(w);
+        cudaFree(x);
+        cudaFree(y);
+        cudaFree(scratch);
+    }
+    std::printf("%-40s %9.2f %9.2f   (min of %d rounds; int8: quantization + product)\n", "sum", sum_int8, sum_bf16, rounds);
+    std::printf("%s\n", all_ok ? "all correct" : "SOME WRONG");
+    return all_ok ? 0 : 1;
+}

@@ -23,8 +23,13 @@
 // bytes 0 and 2 of a quant word are one mask away from a bf16 pair. B's columns 1..7 repeat column 0
 // (every lane takes column 0's fragments); their sums are never written.
 //
+// More columns (a verify: 2..16 here) cannot stage float x (16 columns: 16 KB a chunk, 7x the weights' bytes
+// through L2), so there `convert_columns` (a launch, like the quantization, but without its reductions) writes
+// each chunk's bf16 pairs in fragment order and the sub-block sums, computed exactly as the one-column
+// product computes them in registers: column n of a 16-column product has the one-column product's bits.
+//
 // Staging, tiles, persistence, the one-wave spread and the partial sums' order are q8_0_matmul.cuh's
-// matmul<1, GATED, M_TILES, q4_k, ST>, which this copies; no norm, no bias, N == 1 only.
+// matmul<NG, GATED, M_TILES, q4_k, ST>, which this copies; no norm, no bias, N <= 16.
 #pragma once
 
 #include "q8_0_matmul.cuh"
@@ -56,14 +61,56 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1
 // the nibbles of bytes 0 and 2 of w >> shift as the bf16 pair (128 + q0, 128 + q2)
 __device__ __forceinline__ uint32_t nibble_pair(uint32_t w, int shift) { return ((w >> shift) & 0x000F000Fu) | 0x43004300u; }
 
-template <bool GATED, int M_TILES, int ST>
-__global__ void __launch_bounds__(WARPS * 32) matmul(matmul_args a) {
+// A lane's 8 values of a chunk of x (values 8 lane .. 8 lane + 7: sub-block lane / 4, its values
+// 8 (lane % 4) ..) as the bf16 pairs (0, 2), (1, 3), (4, 6), (5, 7), and the sum of the sub-block's 32
+// bf16 values (every lane of the 4: the same bits). The one definition of a column's rounding and sums.
+struct x_lane {
+    uint4 pairs;  // x: (0, 2), y: (1, 3), z: (4, 6), w: (5, 7)
+    float sum;
+};
+__device__ __forceinline__ x_lane convert_lane(float4 v0, float4 v1) {
+    x_lane r;
+    r.pairs = make_uint4(pack_bf16x2(v0.x, v0.z), pack_bf16x2(v0.y, v0.w), pack_bf16x2(v1.x, v1.z), pack_bf16x2(v1.y, v1.w));
+    r.sum = ((bf16_lo(r.pairs.x) + bf16_hi(r.pairs.x)) + (bf16_lo(r.pairs.y) + bf16_hi(r.pairs.y))) +
+            ((bf16_lo(r.pairs.z) + bf16_hi(r.pairs.z)) + (bf16_lo(r.pairs.w) + bf16_hi(r.pairs.w)));
+    r.sum += __shfl_xor_sync(0xffffffffu, r.sum, 1);
+    r.sum += __shfl_xor_sync(0xffffffffu, r.sum, 2);
+    return r;
+}
+
+// Converted activations of `cols` staged columns, per 256-value chunk: the pairs [8 sub-blocks][cols][4 lanes t]
+// (16 bytes: lane t's x_lane::pairs), then the sums [8][cols] floats: x_chunk_bytes(cols) bytes a chunk.
+__host__ __device__ constexpr int x_chunk_bytes(int cols) { return CHUNK_BLOCKS * cols * (64 + 4); }
+
+// A warp per (chunk, column n < N) of x [N][x_stride]: its x_lane values into xc (columns N..cols-1 not written).
+__global__ void convert_columns(const float * x, int64_t x_stride, int K, int N, int cols, uint8_t * __restrict__ xc) {
+    cuda::launch_dependents();
+    const int lane = threadIdx.x % 32;
+    const int64_t wid = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+    if (wid >= int64_t(K / K_ALIGN) * N) return;
+    const int c = int(wid / N), n = int(wid % N);
+    cuda::wait_for_previous();  // x is the previous kernel's output
+    const float4 * src = reinterpret_cast<const float4 *>(x + int64_t(n) * x_stride + int64_t(c) * K_ALIGN) + 2 * lane;
+    const x_lane v = convert_lane(__ldcg(src), __ldcg(src + 1));
+    uint8_t * chunk = xc + int64_t(c) * x_chunk_bytes(cols);
+    const int s = lane / 4, t = lane % 4;
+    *reinterpret_cast<uint4 *>(chunk + ((s * cols + n) * 4 + t) * 16) = v.pairs;
+    if (t == 0) reinterpret_cast<float *>(chunk + CHUNK_BLOCKS * cols * 64)[s * cols + n] = v.sum;
+}
+
+// ONE (N == 1): x staged as float, converted in registers (convert_lane); else NG groups of 8 columns
+// of convert_columns' output (xc).
+template <int NG, bool GATED, int M_TILES, int ST, bool ONE>
+__global__ void __launch_bounds__(WARPS * 32) matmul(matmul_args a, const uint8_t * xc) {
     extern __shared__ __align__(16) uint8_t smem[];
     static_assert(!GATED || M_TILES == 2, "a gated warp takes 16 rows of U and the same 16 of G");
+    static_assert(!ONE || NG == 1, "one column is one column group");
+    constexpr int COLS = COL_GROUP * NG;
     constexpr int TILE_ROWS = 16 * M_TILES;
     constexpr int CB = Q4K_BLOCK_BYTES, CHUNK_VECS = CB / 16;
     constexpr int W_BYTES = TILE_ROWS * CB;
-    constexpr int X_BYTES = K_ALIGN * 4;  // a chunk of x: 256 floats
+    constexpr int X_BYTES = ONE ? K_ALIGN * 4 : x_chunk_bytes(COLS);  // a chunk of x: 256 floats, or converted
+    constexpr int X_VECS = X_BYTES / 16;
     constexpr int STAGE = W_BYTES + X_BYTES;
     constexpr int OUT_ROWS = GATED ? TILE_ROWS / 2 : TILE_ROWS;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -115,24 +162,38 @@ __global__ void __launch_bounds__(WARPS * 32) matmul(matmul_args a) {
             }
         }
     };
-    // the chunk's 256 floats of x: two 16-byte vectors a lane
+    // the chunk's x: 256 floats (ONE), or its converted block, columns >= N zero-filled, not read
     auto issue_x = [&](int i) {
         if (i < n_total) {
             const int chunk = warp + x_k * WARPS;
             if (++x_k == n_mine) x_k = 0;
             uint8_t * st = stages + (i % ST) * STAGE + W_BYTES;
-            const float * src = a.x + int64_t(chunk) * K_ALIGN;
-            cuda::cp_async16(st + 16 * lane, src + 4 * lane);
-            cuda::cp_async16(st + 512 + 16 * lane, src + 128 + 4 * lane);
+            if constexpr (ONE) {
+                const float * src = a.x + int64_t(chunk) * K_ALIGN;
+                cuda::cp_async16(st + 16 * lane, src + 4 * lane);
+                cuda::cp_async16(st + 512 + 16 * lane, src + 128 + 4 * lane);
+            } else {
+                const uint8_t * src = xc + int64_t(chunk) * X_BYTES;
+#pragma unroll
+                for (int c = 0; c < (X_VECS + 31) / 32; ++c) {
+                    const int idx = lane + 32 * c;
+                    if (X_VECS % 32 != 0 && idx >= X_VECS) break;
+                    // pairs: vector (s cols + col) 4 + t; sums: 4 columns a vector
+                    const int col = idx < CHUNK_BLOCKS * COLS * 4 ? (idx / 4) % COLS : (4 * (idx - CHUNK_BLOCKS * COLS * 4)) % COLS;
+                    cuda::cp_async16(st + 16 * idx, src + 16 * idx, col < a.N ? 16 : 0);
+                }
+            }
         }
         cuda::cp_async_commit();
     };
 
-    float acc[M_TILES][4];
+    float acc[M_TILES][NG][4];
 #pragma unroll
     for (int mt = 0; mt < M_TILES; ++mt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) acc[mt][e] = 0.0f;
+        for (int j = 0; j < NG; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[mt][j][e] = 0.0f;
 
 #pragma unroll
     for (int i = 0; i < ST - 1; ++i) issue_weights(i);
@@ -148,16 +209,11 @@ __global__ void __launch_bounds__(WARPS * 32) matmul(matmul_args a) {
             issue_weights(i + ST - 1);
             issue_x(i + ST - 1);
             const uint8_t * st = stages + (i % ST) * STAGE;
-            // this lane's 8 values of x: 8 lane .. 8 lane + 7 of the chunk (sub-block lane / 4, its values
-            // 8 (lane % 4) ..), as bf16 pairs (0, 2), (1, 3), (4, 6), (5, 7), and their sum over the sub-block
-            const float4 * sx = reinterpret_cast<const float4 *>(st + W_BYTES);
-            const float4 v0 = sx[2 * lane], v1 = sx[2 * lane + 1];
-            const uint32_t px0 = pack_bf16x2(v0.x, v0.z), px1 = pack_bf16x2(v0.y, v0.w);
-            const uint32_t px2 = pack_bf16x2(v1.x, v1.z), px3 = pack_bf16x2(v1.y, v1.w);
-            float xsum = ((bf16_lo(px0) + bf16_hi(px0)) + (bf16_lo(px1) + bf16_hi(px1))) +
-                         ((bf16_lo(px2) + bf16_hi(px2)) + (bf16_lo(px3) + bf16_hi(px3)));
-            xsum += __shfl_xor_sync(0xffffffffu, xsum, 1);
-            xsum += __shfl_xor_sync(0xffffffffu, xsum, 2);
+            x_lane mine_x = {};  // (ONE) this lane's pairs and sub-block sum
+            if constexpr (ONE) {
+                const float4 * sx = reinterpret_cast<const float4 *>(st + W_BYTES);
+                mine_x = convert_lane(sx[2 * lane], sx[2 * lane + 1]);
+            }
             // the rows' super-block heads: (d, dmin) and the packed scales of rows g, g + 8 of each m tile
             float2 dm[M_TILES][2];
             uint32_t sc[M_TILES][2][3];
@@ -181,35 +237,58 @@ __global__ void __launch_bounds__(WARPS * 32) matmul(matmul_args a) {
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     const int s = 2 * jq + h;  // the sub-block
-                    // column 0's pairs of sub-block s for lane t, from the lane that packed them
-                    const int from = 4 * s + t;
-                    const uint32_t b00 = __shfl_sync(0xffffffffu, px0, from), b01 = __shfl_sync(0xffffffffu, px1, from);
-                    const uint32_t b10 = __shfl_sync(0xffffffffu, px2, from), b11 = __shfl_sync(0xffffffffu, px3, from);
-                    const float xs = __shfl_sync(0xffffffffu, xsum, 4 * s);
                     const int lo = h == 0 ? 0 : 4, hi = h == 0 ? 8 : 12;  // the nibble's shifts
+                    // the sub-block's weight fragments of each m tile, both k16 steps
+                    uint32_t af[M_TILES][2][4];
+                    float ds[M_TILES][2], bias[M_TILES][2];
 #pragma unroll
                     for (int mt = 0; mt < M_TILES; ++mt) {
-                        float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                        mma_bf16(c, nibble_pair(qw[mt][0].x, lo), nibble_pair(qw[mt][1].x, lo), nibble_pair(qw[mt][0].x, hi),
-                                 nibble_pair(qw[mt][1].x, hi), b00, b01);
-                        mma_bf16(c, nibble_pair(qw[mt][0].y, lo), nibble_pair(qw[mt][1].y, lo), nibble_pair(qw[mt][0].y, hi),
-                                 nibble_pair(qw[mt][1].y, hi), b10, b11);
+                        af[mt][0][0] = nibble_pair(qw[mt][0].x, lo), af[mt][0][1] = nibble_pair(qw[mt][1].x, lo);
+                        af[mt][0][2] = nibble_pair(qw[mt][0].x, hi), af[mt][0][3] = nibble_pair(qw[mt][1].x, hi);
+                        af[mt][1][0] = nibble_pair(qw[mt][0].y, lo), af[mt][1][1] = nibble_pair(qw[mt][1].y, lo);
+                        af[mt][1][2] = nibble_pair(qw[mt][0].y, hi), af[mt][1][3] = nibble_pair(qw[mt][1].y, hi);
 #pragma unroll
                         for (int hr = 0; hr < 2; ++hr) {
                             int scale, min;
                             q4k_scale_min(s, sc[mt][hr], scale, min);
-                            const float ds = dm[mt][hr].x * float(scale);
-                            const float bias = __fmaf_rn(128.0f, ds, dm[mt][hr].y * float(min));
-                            const float v = __fmaf_rn(ds, c[2 * hr], -bias * xs);  // this sub-block's part of row g + 8 hr
-                            acc[mt][2 * hr] += v;
+                            ds[mt][hr] = dm[mt][hr].x * float(scale);
+                            bias[mt][hr] = __fmaf_rn(128.0f, ds[mt][hr], dm[mt][hr].y * float(min));
+                        }
+                    }
+#pragma unroll
+                    for (int j = 0; j < NG; ++j) {
+                        uint4 b;     // column 8j + g's pairs of sub-block s for lane t (ONE: column 0's, every g)
+                        float2 xs;   // the sub-block sums of columns 8j + 2t, + 1 (ONE: column 0's twice)
+                        if constexpr (ONE) {
+                            const int from = 4 * s + t;
+                            b = make_uint4(__shfl_sync(0xffffffffu, mine_x.pairs.x, from), __shfl_sync(0xffffffffu, mine_x.pairs.y, from),
+                                           __shfl_sync(0xffffffffu, mine_x.pairs.z, from), __shfl_sync(0xffffffffu, mine_x.pairs.w, from));
+                            xs.x = xs.y = __shfl_sync(0xffffffffu, mine_x.sum, 4 * s);
+                        } else {
+                            const uint8_t * sx = st + W_BYTES;
+                            b = *reinterpret_cast<const uint4 *>(sx + ((s * COLS + COL_GROUP * j + g) * 4 + t) * 16);
+                            xs = *reinterpret_cast<const float2 *>(sx + CHUNK_BLOCKS * COLS * 64 + 4 * (s * COLS + COL_GROUP * j + 2 * t));
+                        }
+#pragma unroll
+                        for (int mt = 0; mt < M_TILES; ++mt) {
+                            float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                            mma_bf16(c, af[mt][0][0], af[mt][0][1], af[mt][0][2], af[mt][0][3], b.x, b.y);
+                            mma_bf16(c, af[mt][1][0], af[mt][1][1], af[mt][1][2], af[mt][1][3], b.z, b.w);
+                            // this sub-block's part of rows g + 8 hr, columns 2t, 2t + 1 (ONE: column 0 in e 0, 2)
+#pragma unroll
+                            for (int e = 0; e < 4; ++e) {
+                                if (ONE && e % 2 == 1) continue;
+                                const int hr = e / 2;
+                                acc[mt][j][e] += __fmaf_rn(ds[mt][hr], c[e], -bias[mt][hr] * (e % 2 == 0 ? xs.x : xs.y));
+                            }
                         }
                     }
                 }
             }
         }  // chunks of tile tl
 
-        // the tile's sums: as q8_0_matmul.cuh (NG 1), column 0 only
-        constexpr int PER_WARP = M_TILES * 32 * 4;
+        // the tile's sums: as q8_0_matmul.cuh
+        constexpr int PER_WARP = M_TILES * NG * 32 * 4;
         static_assert(PER_WARP * 4 <= STAGE, "a warp's partial sums fit one of its stages");
         auto red_of = [&](int w) {
             const int nw = chunks_of(w);
@@ -219,30 +298,32 @@ __global__ void __launch_bounds__(WARPS * 32) matmul(matmul_args a) {
 #pragma unroll
         for (int mt = 0; mt < M_TILES; ++mt)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                mine[(mt * 32 + lane) * 4 + e] = acc[mt][e];
-                acc[mt][e] = 0.0f;
-            }
+            for (int j = 0; j < NG; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    mine[((mt * NG + j) * 32 + lane) * 4 + e] = acc[mt][j][e];
+                    acc[mt][j][e] = 0.0f;
+                }
         __syncthreads();
         const float * red[WARPS];
 #pragma unroll
         for (int w = 0; w < WARPS; ++w) red[w] = red_of(w);
         constexpr int OUT_TILES = GATED ? M_TILES / 2 : M_TILES;
-        for (int idx = threadIdx.x; idx < OUT_TILES * 128; idx += WARPS * 32) {
-            const int e = idx % 4, l = (idx / 4) % 32, mt = idx / 128;
+        for (int idx = threadIdx.x; idx < OUT_TILES * NG * 128; idx += WARPS * 32) {
+            const int e = idx % 4, l = (idx / 4) % 32, j = (idx / 128) % NG, mt = idx / (128 * NG);
             const int m = r0 + 16 * mt + l / 4 + 8 * (e / 2);
-            const int n = 2 * (l % 4) + e % 2;
+            const int n = COL_GROUP * j + 2 * (l % 4) + e % 2;
             float v = red[0][idx];
 #pragma unroll
             for (int w = 1; w < WARPS; ++w) v += red[w][idx];
             if (GATED) {
-                const int at_gate = idx + 128;
+                const int at_gate = idx + NG * 128;
                 float gv = red[0][at_gate];
 #pragma unroll
                 for (int w = 1; w < WARPS; ++w) gv += red[w][at_gate];
                 v *= detail::silu(gv);
             }
-            if (n == 0 && m < a.M) a.y[m] = v;
+            if (n < a.N && m < a.M) a.y[int64_t(n) * a.y_stride + m] = v;
         }
         __syncthreads();
     }  // tiles
@@ -253,11 +334,11 @@ __global__ void __launch_bounds__(WARPS * 32) matmul(matmul_args a) {
 #ifndef BF16X_PLAIN_M_TILES
 #define BF16X_PLAIN_M_TILES 1
 #endif
-template <bool GATED, int ST>
-cudaError_t launch_st(const matmul_args & a, cudaStream_t stream) {
+template <int NG, bool GATED, int ST, bool ONE>
+cudaError_t launch_st(const matmul_args & a, const uint8_t * xc, cudaStream_t stream) {
     constexpr int M_TILES = GATED ? 2 : BF16X_PLAIN_M_TILES;
-    constexpr auto kernel = matmul<GATED, M_TILES, ST>;
-    constexpr int SMEM = WARPS * ST * (16 * M_TILES * Q4K_BLOCK_BYTES + K_ALIGN * 4);
+    constexpr auto kernel = matmul<NG, GATED, M_TILES, ST, ONE>;
+    constexpr int SMEM = WARPS * ST * (16 * M_TILES * Q4K_BLOCK_BYTES + (ONE ? K_ALIGN * 4 : x_chunk_bytes(COL_GROUP * NG)));
     constexpr int OUT_ROWS = GATED ? 16 : 16 * M_TILES;
     int dev = 0;
     cudaError_t err = cudaGetDevice(&dev);
@@ -269,21 +350,42 @@ cudaError_t launch_st(const matmul_args & a, cudaStream_t stream) {
         if (most > 0 && grid >= LUCEBOX_Q8_0_PERSISTENT * most) grid = most;
     }
     const int smem = LUCEBOX_Q8_0_SPREAD ? cuda::spread_smem<kernel>(dev, grid, WARPS * 32, SMEM) : SMEM;
-    return detail::launch(kernel, dim3(grid), dim3(WARPS * 32), smem, stream, detail::pdl_kernel<kernel>(dev), a);
+    return detail::launch(kernel, dim3(grid), dim3(WARPS * 32), smem, stream, detail::pdl_kernel<kernel>(dev), a, xc);
 }
 
-// The product of a one-column Q4_K a (no norm, no bias), stages as the int8 kernel's (3 up to
-// LUCEBOX_Q8_0_ST3_MAX_M rows; BF16X_STAGES overrides).
+// BF16X_STAGES N: every launch stages N chunks a warp (0: as the int8 kernel)
 #ifndef BF16X_STAGES
 #define BF16X_STAGES 0
 #endif
-inline cudaError_t matmul(const matmul_args & a, cudaStream_t stream) {
-    if (a.type != weight_type::q4_k || a.N != 1 || a.norm_w != nullptr || a.bias != nullptr) return cudaErrorInvalidValue;
+template <int NG, bool ONE>
+cudaError_t launch_cols(const matmul_args & a, const uint8_t * xc, cudaStream_t stream) {
     const bool gated = a.gate != nullptr;
-    const int st = BF16X_STAGES > 0 ? BF16X_STAGES : a.M <= LUCEBOX_Q8_0_ST3_MAX_M ? 3 : STAGES;
-    if (st == 4) return gated ? launch_st<true, 4>(a, stream) : launch_st<false, 4>(a, stream);
-    if (st == 3) return gated ? launch_st<true, 3>(a, stream) : launch_st<false, 3>(a, stream);
-    return gated ? launch_st<true, 2>(a, stream) : launch_st<false, 2>(a, stream);
+    // stages as the int8 kernel's: 3 for products of one column group up to LUCEBOX_Q8_0_ST3_MAX_M rows
+    const int st = BF16X_STAGES > 0 ? BF16X_STAGES : NG == 1 && a.M <= LUCEBOX_Q8_0_ST3_MAX_M ? 3 : STAGES;
+    if (st == 4) return gated ? launch_st<NG, true, 4, ONE>(a, xc, stream) : launch_st<NG, false, 4, ONE>(a, xc, stream);
+    if (st == 3) return gated ? launch_st<NG, true, 3, ONE>(a, xc, stream) : launch_st<NG, false, 3, ONE>(a, xc, stream);
+    return gated ? launch_st<NG, true, 2, ONE>(a, xc, stream) : launch_st<NG, false, 2, ONE>(a, xc, stream);
+}
+
+// Scratch of convert_columns for a product of a.N <= 16 columns.
+inline size_t scratch_bytes(const matmul_args & a) { return size_t(a.K / K_ALIGN) * x_chunk_bytes(COL_GROUP * col_groups(a.N)); }
+
+// The product of a Q4_K a of 1..16 columns (no norm, no bias; x 16-byte aligned, x_stride % 4 == 0): one
+// launch for one column, convert_columns then the product for more (scratch: scratch_bytes(a)).
+inline cudaError_t matmul(const matmul_args & a, void * scratch, cudaStream_t stream) {
+    if (a.type != weight_type::q4_k || a.N < 1 || a.N > 16 || a.norm_w != nullptr || a.bias != nullptr || a.x_stride % 4 != 0)
+        return cudaErrorInvalidValue;
+    if (a.N == 1) return launch_cols<1, true>(a, nullptr, stream);
+    int dev = 0;
+    cudaError_t err = cudaGetDevice(&dev);
+    if (err != cudaSuccess) return err;
+    const int cols = COL_GROUP * col_groups(a.N);
+    uint8_t * xc = static_cast<uint8_t *>(scratch);
+    const int64_t warps = int64_t(a.K / K_ALIGN) * a.N;
+    err = detail::launch(convert_columns, dim3(unsigned((warps * 32 + 255) / 256)), dim3(256), 0, stream,
+                         detail::pdl_kernel<convert_columns>(dev), a.x, a.x_stride, a.K, a.N, cols, xc);
+    if (err != cudaSuccess) return err;
+    return cols == 8 ? launch_cols<1, false>(a, xc, stream) : launch_cols<2, false>(a, xc, stream);
 }
 
 }  // namespace lucebox::kernels::q8_0::bf16x

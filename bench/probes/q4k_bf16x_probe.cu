@@ -1,7 +1,8 @@
-// Probe (fifty-eighth session): a one-column Q4_K product on bf16 activations (q4k_bf16x.cuh, no
-// quantization launch) against lucebox's quantization + int8 product (q8_0_matmul.cuh) on the
-// Qwen3.6-27B decode shapes: both checked against a CPU reference in double (valid random Q4_K
-// weights, normal x), then timed as captured CUDA graphs of back-to-back launches over rotating copies
+// Probe (fifty-eighth session): Q4_K products on bf16 activations (q4k_bf16x.cuh: one column without a
+// quantization launch, 16 columns after a conversion launch) against lucebox's quantization + int8 product
+// (q8_0_matmul.cuh) on the Qwen3.6-27B shapes at 1 and 16 columns: both checked against a CPU reference in
+// double (valid random Q4_K weights, normal x; columns 0 and 15), the 16-column bf16 product's column 0
+// against the one-column product's bits (decode and verify must agree), then timed as captured CUDA graphs of back-to-back launches over rotating copies
 // of the weights (~1 GB, read from HBM), as ggml runs a decode step. On the GPU machine:
 //     nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Icpp/kernels -Itests/cpp \
 //          -o /tmp/bf16x bench/probes/q4k_bf16x_probe.cu cpp/kernels/weight_tiles.cpp && /tmp/bf16x [ROUNDS]
@@ -70,10 +71,13 @@ int main(int argc, char ** argv) {
                             {5120, 6144, false, "DeltaNet attn_gate (5120 -> 6144)"},
                             {6144, 5120, false, "ssm_out / attn_output (6144 -> 5120)"},
                             {5120, 1024, false, "attn_k / attn_v (5120 -> 1024)"}};
+    constexpr int MAX_N = 16;
+    const int col_counts[] = {1, MAX_N};
     std::mt19937 rng(7);
     bool all_ok = true;
-    double sum_int8 = 0, sum_bf16 = 0;
-    std::printf("%-40s %9s %9s %12s %12s\n", "Q4_K, one column, row-tiled", "int8 us", "bf16 us", "int8 error", "bf16 error");
+    double sum_int8[2] = {0, 0}, sum_bf16[2] = {0, 0};
+    std::printf("%-40s %3s %9s %9s %12s %12s %s\n", "Q4_K, row-tiled", "N", "int8 us", "bf16 us", "int8 error", "bf16 error",
+                "bf16 column 0 = one-column bits");
     for (const shape & s : shapes) {
         const int64_t row_bytes = int64_t(s.K) / 256 * q8::Q4K_BLOCK_BYTES;
         const size_t mat = size_t(s.M) * row_bytes;
@@ -98,12 +102,12 @@ int main(int argc, char ** argv) {
             tiles::to_tiles(host[p].data(), tiled.data(), s.M, row_bytes, q8::Q4K_BLOCK_BYTES);
             for (int c = 0; c < copies; ++c) CHECK_CUDA(cudaMemcpy(w + (size_t(c) * parts + p) * mat, tiled.data(), mat, cudaMemcpyHostToDevice));
         }
-        std::vector<float> hx(s.K);
+        std::vector<float> hx(size_t(MAX_N) * s.K);  // [MAX_N][K]
         std::normal_distribution<float> nd;
         for (auto & v : hx) v = nd(rng);
         float *x, *y;
-        CHECK_CUDA(cudaMalloc(&x, size_t(s.K) * 4));
-        CHECK_CUDA(cudaMalloc(&y, size_t(s.M) * 4));
+        CHECK_CUDA(cudaMalloc(&x, hx.size() * 4));
+        CHECK_CUDA(cudaMalloc(&y, size_t(MAX_N) * s.M * 4));
         CHECK_CUDA(cudaMemcpy(x, hx.data(), hx.size() * 4, cudaMemcpyHostToDevice));
         q8::matmul_args a;
         a.type = q8::weight_type::q4_k;
@@ -111,80 +115,98 @@ int main(int argc, char ** argv) {
         a.tiled = true;
         a.K = s.K;
         a.M = s.M;
-        a.N = 1;
+        a.N = MAX_N;
         a.x = x;
         a.x_stride = s.K;
         a.y = y;
         a.y_stride = s.M;
-        void * scratch;
+        void *scratch, *scratch_bf16;
         CHECK_CUDA(cudaMalloc(&scratch, q8::scratch_bytes(a)));
-        auto args_of = [&](int c) {
+        CHECK_CUDA(cudaMalloc(&scratch_bf16, q8::bf16x::scratch_bytes(a)));
+        auto args_of = [&](int c, int N) {
             q8::matmul_args b = a;
+            b.N = N;
             b.w = w + size_t(c) * parts * mat;
             b.gate = s.gated ? b.w + mat : nullptr;
             return b;
         };
-        // the reference (gated: up * silu(gate), silu in double)
-        std::vector<double> ref, ref_gate;
-        reference(host[0], s.K, s.M, hx, ref);
-        if (s.gated) {
-            reference(host[1], s.K, s.M, hx, ref_gate);
-            for (int m = 0; m < s.M; ++m) ref[m] *= ref_gate[m] / (1.0 + std::exp(-ref_gate[m]));
-        }
-        double ref_max = 0;
-        for (double v : ref) ref_max = std::max(ref_max, std::fabs(v));
-        // error: the largest |y - ref| over the largest |ref|
-        auto error_of = [&](bool bf16) {
-            CHECK_CUDA(cudaMemset(y, 0xFF, size_t(s.M) * 4));  // NaN: a row never written shows
-            const q8::matmul_args b = args_of(0);
-            CHECK_CUDA(bf16 ? q8::bf16x::matmul(b, stream) : q8::matmul(b, scratch, stream));
-            CHECK_CUDA(cudaStreamSynchronize(stream));
-            std::vector<float> hy(s.M);
-            CHECK_CUDA(cudaMemcpy(hy.data(), y, hy.size() * 4, cudaMemcpyDeviceToHost));
-            double worst = 0;
-            for (int m = 0; m < s.M; ++m) {
-                const double e = std::fabs(double(hy[m]) - ref[m]);
-                worst = std::isnan(e) ? INFINITY : std::max(worst, e);
-            }
-            return worst / ref_max;
+        auto run = [&](bool bf16, const q8::matmul_args & b) {
+            return bf16 ? q8::bf16x::matmul(b, scratch_bf16, stream) : q8::matmul(b, scratch, stream);
         };
-        const double err_int8 = error_of(false), err_bf16 = error_of(true);
-        // bf16 x keeps 8 bits of each value, int8 x 7 of each 256-value chunk's largest: the bf16 product
-        // must not be less accurate (1e-2: both are far below it on normal x)
-        const bool ok = err_bf16 < 1e-2 && err_int8 < 1e-2;
-        all_ok = all_ok && ok;
-        double best[2] = {INFINITY, INFINITY};
-        for (int r = 0; r < rounds; ++r)
-            for (int v = 0; v < 2; ++v) {
-                const int reps = std::max(20, copies * 2);
-                cudaGraph_t gr;
-                cudaGraphExec_t exec;
-                CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
-                for (int i = 0; i < reps; ++i) {
-                    const q8::matmul_args b = args_of(i % copies);
-                    CHECK_CUDA(v == 1 ? q8::bf16x::matmul(b, stream) : q8::matmul(b, scratch, stream));
-                }
-                CHECK_CUDA(cudaStreamEndCapture(stream, &gr));
-                CHECK_CUDA(cudaGraphInstantiate(&exec, gr, 0));
-                CHECK_CUDA(cudaGraphDestroy(gr));
-                CHECK_CUDA(cudaGraphLaunch(exec, stream));  // warm-up
-                CHECK_CUDA(cudaStreamSynchronize(stream));
-                CHECK_CUDA(cudaEventRecord(t0, stream));
-                CHECK_CUDA(cudaGraphLaunch(exec, stream));
-                CHECK_CUDA(cudaEventRecord(t1, stream));
-                CHECK_CUDA(cudaEventSynchronize(t1));
-                CHECK_CUDA(cudaGraphExecDestroy(exec));
-                best[v] = std::min(best[v], 1e3 * time_ms(t0, t1) / reps);
+        // the references of columns 0 and MAX_N - 1 (gated: up * silu(gate), silu in double)
+        std::vector<double> ref[2];
+        double ref_max = 0;
+        for (int r = 0; r < 2; ++r) {
+            const int n = r == 0 ? 0 : MAX_N - 1;
+            const std::vector<float> xn(hx.begin() + size_t(n) * s.K, hx.begin() + size_t(n + 1) * s.K);
+            reference(host[0], s.K, s.M, xn, ref[r]);
+            if (s.gated) {
+                std::vector<double> gate;
+                reference(host[1], s.K, s.M, xn, gate);
+                for (int m = 0; m < s.M; ++m) ref[r][m] *= gate[m] / (1.0 + std::exp(-gate[m]));
             }
-        sum_int8 += best[0];
-        sum_bf16 += best[1];
-        std::printf("%-40s %9.2f %9.2f %12.2e %12.2e%s\n", s.what, best[0], best[1], err_int8, err_bf16, ok ? "" : "  WRONG");
+            for (double v : ref[r]) ref_max = std::max(ref_max, std::fabs(v));
+        }
+        std::vector<float> bf16_one(s.M);  // the bf16 one-column product's column 0
+        for (int ci = 0; ci < 2; ++ci) {
+            const int N = col_counts[ci];
+            // error: the largest |y - ref| of the checked columns over the largest |ref|
+            std::vector<float> hy(size_t(N) * s.M);
+            auto error_of = [&](bool bf16) {
+                CHECK_CUDA(cudaMemset(y, 0xFF, size_t(MAX_N) * s.M * 4));  // NaN: a row never written shows
+                CHECK_CUDA(run(bf16, args_of(0, N)));
+                CHECK_CUDA(cudaStreamSynchronize(stream));
+                CHECK_CUDA(cudaMemcpy(hy.data(), y, hy.size() * 4, cudaMemcpyDeviceToHost));
+                double worst = 0;
+                for (int r = 0; r < (N > 1 ? 2 : 1); ++r)
+                    for (int m = 0; m < s.M; ++m) {
+                        const double e = std::fabs(double(hy[size_t(r == 0 ? 0 : N - 1) * s.M + m]) - ref[r][m]);
+                        worst = std::isnan(e) ? INFINITY : std::max(worst, e);
+                    }
+                return worst / ref_max;
+            };
+            const double err_int8 = error_of(false), err_bf16 = error_of(true);
+            bool same_bits = true;
+            if (N == 1) bf16_one.assign(hy.begin(), hy.begin() + s.M);
+            else same_bits = std::memcmp(hy.data(), bf16_one.data(), size_t(s.M) * 4) == 0;
+            // bf16 x keeps 8 bits of each value, int8 x 7 of each 256-value chunk's largest: 1e-2 is far above
+            // both on normal x; a bf16 verify column must equal the decode column to the bit
+            const bool ok = err_bf16 < 1e-2 && err_int8 < 1e-2 && same_bits;
+            all_ok = all_ok && ok;
+            double best[2] = {INFINITY, INFINITY};
+            for (int r = 0; r < rounds; ++r)
+                for (int v = 0; v < 2; ++v) {
+                    const int reps = std::max(20, copies * 2);
+                    cudaGraph_t gr;
+                    cudaGraphExec_t exec;
+                    CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
+                    for (int i = 0; i < reps; ++i) CHECK_CUDA(run(v == 1, args_of(i % copies, N)));
+                    CHECK_CUDA(cudaStreamEndCapture(stream, &gr));
+                    CHECK_CUDA(cudaGraphInstantiate(&exec, gr, 0));
+                    CHECK_CUDA(cudaGraphDestroy(gr));
+                    CHECK_CUDA(cudaGraphLaunch(exec, stream));  // warm-up
+                    CHECK_CUDA(cudaStreamSynchronize(stream));
+                    CHECK_CUDA(cudaEventRecord(t0, stream));
+                    CHECK_CUDA(cudaGraphLaunch(exec, stream));
+                    CHECK_CUDA(cudaEventRecord(t1, stream));
+                    CHECK_CUDA(cudaEventSynchronize(t1));
+                    CHECK_CUDA(cudaGraphExecDestroy(exec));
+                    best[v] = std::min(best[v], 1e3 * time_ms(t0, t1) / reps);
+                }
+            sum_int8[ci] += best[0];
+            sum_bf16[ci] += best[1];
+            std::printf("%-40s %3d %9.2f %9.2f %12.2e %12.2e %s%s\n", s.what, N, best[0], best[1], err_int8, err_bf16,
+                        N == 1 ? "-" : same_bits ? "yes" : "NO", ok ? "" : "  WRONG");
+        }
         cudaFree(w);
         cudaFree(x);
         cudaFree(y);
         cudaFree(scratch);
+        cudaFree(scratch_bf16);
     }
-    std::printf("%-40s %9.2f %9.2f   (min of %d rounds; int8: quantization + product)\n", "sum", sum_int8, sum_bf16, rounds);
+    for (int ci = 0; ci < 2; ++ci)
+        std::printf("%-40s %3d %9.2f %9.2f   (min of %d rounds; int8: quantization + product; bf16 N > 1: conversion + product)\n",
+                    "sum", col_counts[ci], sum_int8[ci], sum_bf16[ci], rounds);
     std::printf("%s\n", all_ok ? "all correct" : "SOME WRONG");
     return all_ok ? 0 : 1;
 }

@@ -7,6 +7,7 @@
 //     nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Icpp/kernels -Itests/cpp \
 //          -o /tmp/bf16x bench/probes/q4k_bf16x_probe.cu cpp/kernels/weight_tiles.cpp && /tmp/bf16x [ROUNDS]
 #include "cuda_check.h"
+#include "product_shapes.h"
 #include "q4k_bf16x.cuh"
 
 #include <algorithm>
@@ -61,16 +62,8 @@ int main(int argc, char ** argv) {
     cudaEvent_t t0, t1;
     CHECK_CUDA(cudaEventCreate(&t0));
     CHECK_CUDA(cudaEventCreate(&t1));
-    struct shape { int K, M; bool gated; const char * what; };
-    const shape shapes[] = {{5120, 17408, true, "ffn gate+up fused (5120 -> 2x17408)"},
-                            {5120, 17408, false, "ffn_up alone (5120 -> 17408)"},
-                            {17408, 5120, false, "ffn_down (17408 -> 5120)"},
-                            {5120, 16480, false, "DeltaNet stack qkv+z+b+a (5120 -> 16480)"},
-                            {5120, 14336, false, "attention stack q+k+v (5120 -> 14336)"},
-                            {5120, 10240, false, "DeltaNet attn_qkv (5120 -> 10240)"},
-                            {5120, 6144, false, "DeltaNet attn_gate (5120 -> 6144)"},
-                            {6144, 5120, false, "ssm_out / attn_output (6144 -> 5120)"},
-                            {5120, 1024, false, "attn_k / attn_v (5120 -> 1024)"}};
+    using shape = lucebox::probes::product_shape;
+    const auto & shapes = lucebox::probes::qwen36_27b_shapes;
     constexpr int MAX_N = 16;
     const int col_counts[] = {1, MAX_N};
     std::mt19937 rng(7);

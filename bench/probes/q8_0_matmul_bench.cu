@@ -7,6 +7,7 @@
 //     nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Icpp/kernels -Itests/cpp \
 //          -o /tmp/q8mm bench/probes/q8_0_matmul_bench.cu && /tmp/q8mm [--q4k]
 #include "cuda_check.h"
+#include "product_shapes.h"
 #include "q8_0_matmul.cuh"
 
 #include <algorithm>
@@ -102,16 +103,8 @@ int main(int argc, char ** argv) {
         cudaFree(b);
         std::printf("device copy bandwidth: %.2f TB/s (read + write)\n", copy_tbs);
     }
-    struct shape { int K, M; bool gated; const char * what; };
-    const shape shapes[] = {{5120, 17408, true, "ffn gate+up fused (5120 -> 2x17408)"},
-                            {5120, 17408, false, "ffn_up alone (5120 -> 17408)"},
-                            {17408, 5120, false, "ffn_down (17408 -> 5120)"},
-                            {5120, 16480, false, "DeltaNet stack qkv+z+b+a (5120 -> 16480)"},
-                            {5120, 14336, false, "attention stack q+k+v (5120 -> 14336)"},
-                            {5120, 10240, false, "DeltaNet attn_qkv (5120 -> 10240)"},
-                            {5120, 6144, false, "DeltaNet attn_gate (5120 -> 6144)"},
-                            {6144, 5120, false, "ssm_out / attn_output (6144 -> 5120)"},
-                            {5120, 1024, false, "attn_k / attn_v (5120 -> 1024)"}};
+    using shape = lucebox::probes::product_shape;
+    const auto & shapes = lucebox::probes::qwen36_27b_shapes;
     std::vector<shape> chosen(std::begin(shapes), std::end(shapes));
     std::vector<int> cols = {1, 2, 4, 8, 16, 32, 64};
     if (!only_cols.empty()) cols = only_cols;

@@ -98,6 +98,12 @@ __global__ void convert_columns(const float * x, int64_t x_stride, int K, int N,
     if (t == 0) reinterpret_cast<float *>(chunk + CHUNK_BLOCKS * cols * 64)[s * cols + n] = v.sum;
 }
 
+// BF16X_NO_CONVERT 1 (timing only, wrong products): the one-column product multiplies its staged bytes as they are,
+// without rounding, sums or shuffles: what the conversion costs a one-column product
+#ifndef BF16X_NO_CONVERT
+#define BF16X_NO_CONVERT 0
+#endif
+
 // ONE (N == 1): x staged as float, converted in registers (convert_lane); else NG groups of 8 columns
 // of convert_columns' output (xc).
 template <int NG, bool GATED, int M_TILES, int ST, bool ONE>
@@ -212,7 +218,8 @@ __global__ void __launch_bounds__(WARPS * 32) matmul(matmul_args a, const uint8_
             x_lane mine_x = {};  // (ONE) this lane's pairs and sub-block sum
             if constexpr (ONE) {
                 const float4 * sx = reinterpret_cast<const float4 *>(st + W_BYTES);
-                mine_x = convert_lane(sx[2 * lane], sx[2 * lane + 1]);
+                if (BF16X_NO_CONVERT) mine_x.pairs = reinterpret_cast<const uint4 *>(sx)[lane];  // (wrong products)
+                else mine_x = convert_lane(sx[2 * lane], sx[2 * lane + 1]);
             }
             // the rows' super-block heads: (d, dmin) and the packed scales of rows g, g + 8 of each m tile
             float2 dm[M_TILES][2];
@@ -260,10 +267,15 @@ __global__ void __launch_bounds__(WARPS * 32) matmul(matmul_args a, const uint8_
                         uint4 b;     // column 8j + g's pairs of sub-block s for lane t (ONE: column 0's, every g)
                         float2 xs;   // the sub-block sums of columns 8j + 2t, + 1 (ONE: column 0's twice)
                         if constexpr (ONE) {
+                          if (BF16X_NO_CONVERT) {
+                            b = mine_x.pairs;
+                            xs.x = xs.y = 0.0f;
+                          } else {
                             const int from = 4 * s + t;
                             b = make_uint4(__shfl_sync(0xffffffffu, mine_x.pairs.x, from), __shfl_sync(0xffffffffu, mine_x.pairs.y, from),
                                            __shfl_sync(0xffffffffu, mine_x.pairs.z, from), __shfl_sync(0xffffffffu, mine_x.pairs.w, from));
                             xs.x = xs.y = __shfl_sync(0xffffffffu, mine_x.sum, 4 * s);
+                          }
                         } else {
                             const uint8_t * sx = st + W_BYTES;
                             b = *reinterpret_cast<const uint4 *>(sx + ((s * COLS + COL_GROUP * j + g) * 4 + t) * 16);

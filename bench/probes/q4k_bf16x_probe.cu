@@ -2,8 +2,10 @@
 // quantization launch, 16 columns after a conversion launch) against lucebox's quantization + int8 product
 // (q8_0_matmul.cuh) on the Qwen3.6-27B shapes at 1 and 16 columns: both checked against a CPU reference in
 // double (valid random Q4_K weights, normal x; columns 0 and 15), the 16-column bf16 product's column 0
-// against the one-column product's bits (decode and verify must agree), then timed as captured CUDA graphs of back-to-back launches over rotating copies
-// of the weights (~1 GB, read from HBM), as ggml runs a decode step. On the GPU machine:
+// against the one-column product's bits (decode and verify must agree), then timed with the int8 product alone
+// between them (no quantization launch: the bound of the idea), as captured CUDA graphs of back-to-back
+// launches over rotating copies of the weights (~1 GB, read from HBM), as ggml runs a decode step. On the GPU
+// machine:
 //     nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Icpp/kernels -Itests/cpp \
 //          -o /tmp/bf16x bench/probes/q4k_bf16x_probe.cu cpp/kernels/weight_tiles.cpp && /tmp/bf16x [ROUNDS]
 #include "cuda_check.h"
@@ -68,8 +70,9 @@ int main(int argc, char ** argv) {
     const int col_counts[] = {1, MAX_N};
     std::mt19937 rng(7);
     bool all_ok = true;
-    double sum_int8[2] = {0, 0}, sum_bf16[2] = {0, 0};
-    std::printf("%-40s %3s %9s %9s %12s %12s %s\n", "Q4_K, row-tiled", "N", "int8 us", "bf16 us", "int8 error", "bf16 error",
+    double sums[2][3] = {};  // [column count][int8, int8 product alone, bf16]
+    std::printf("%-40s %3s %9s %11s %9s %12s %12s %s\n", "Q4_K, row-tiled", "N", "int8 us", "(product)", "bf16 us", "int8 error",
+                "bf16 error",
                 "bf16 column 0 = one-column bits");
     for (const shape & s : shapes) {
         const int64_t row_bytes = int64_t(s.K) / 256 * q8::Q4K_BLOCK_BYTES;
@@ -123,8 +126,22 @@ int main(int argc, char ** argv) {
             b.gate = s.gated ? b.w + mat : nullptr;
             return b;
         };
-        auto run = [&](bool bf16, const q8::matmul_args & b) {
-            return bf16 ? q8::bf16x::matmul(b, scratch_bf16, stream) : q8::matmul(b, scratch, stream);
+        // the int8 product alone, on the activations its last quantization left in the scratch (the bound
+        // of anything that removes the quantization launch; its products read stale x: timing only)
+        auto int8_product = [&](const q8::matmul_args & b) {
+            int dev = 0;
+            CHECK_CUDA(cudaGetDevice(&dev));
+            const bool one = q8::detail::one_column(b, dev);
+            const size_t cols = one ? 1 : q8::COL_GROUP * q8::col_groups(b.N), nb = size_t(b.K) / q8::QK;
+            const int8_t * xq = static_cast<const int8_t *>(scratch);
+            const float * xd = reinterpret_cast<const float *>(xq + nb * cols * q8::QK);
+            return b.gate != nullptr ? q8::detail::launch_gated<true, q8::weight_type::q4_k>(b, one, xq, xd, xd + nb * cols, nullptr, stream)
+                                     : q8::detail::launch_gated<false, q8::weight_type::q4_k>(b, one, xq, xd, xd + nb * cols, nullptr, stream);
+        };
+        // variant 0: quantization + int8 product; 1: the int8 product alone; 2: bf16
+        auto run = [&](int variant, const q8::matmul_args & b) {
+            return variant == 2 ? q8::bf16x::matmul(b, scratch_bf16, stream)
+                   : variant == 1 ? int8_product(b) : q8::matmul(b, scratch, stream);
         };
         // the references of columns 0 and MAX_N - 1 (gated: up * silu(gate), silu in double)
         std::vector<double> ref[2];
@@ -147,7 +164,7 @@ int main(int argc, char ** argv) {
             std::vector<float> hy(size_t(N) * s.M);
             auto error_of = [&](bool bf16) {
                 CHECK_CUDA(cudaMemset(y, 0xFF, size_t(MAX_N) * s.M * 4));  // NaN: a row never written shows
-                CHECK_CUDA(run(bf16, args_of(0, N)));
+                CHECK_CUDA(run(bf16 ? 2 : 0, args_of(0, N)));
                 CHECK_CUDA(cudaStreamSynchronize(stream));
                 CHECK_CUDA(cudaMemcpy(hy.data(), y, hy.size() * 4, cudaMemcpyDeviceToHost));
                 double worst = 0;
@@ -166,14 +183,14 @@ int main(int argc, char ** argv) {
             // both on normal x; a bf16 verify column must equal the decode column to the bit
             const bool ok = err_bf16 < 1e-2 && err_int8 < 1e-2 && same_bits;
             all_ok = all_ok && ok;
-            double best[2] = {INFINITY, INFINITY};
+            double best[3] = {INFINITY, INFINITY, INFINITY};
             for (int r = 0; r < rounds; ++r)
-                for (int v = 0; v < 2; ++v) {
+                for (int v = 0; v < 3; ++v) {
                     const int reps = std::max(20, copies * 2);
                     cudaGraph_t gr;
                     cudaGraphExec_t exec;
                     CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
-                    for (int i = 0; i < reps; ++i) CHECK_CUDA(run(v == 1, args_of(i % copies, N)));
+                    for (int i = 0; i < reps; ++i) CHECK_CUDA(run(v, args_of(i % copies, N)));
                     CHECK_CUDA(cudaStreamEndCapture(stream, &gr));
                     CHECK_CUDA(cudaGraphInstantiate(&exec, gr, 0));
                     CHECK_CUDA(cudaGraphDestroy(gr));
@@ -186,9 +203,8 @@ int main(int argc, char ** argv) {
                     CHECK_CUDA(cudaGraphExecDestroy(exec));
                     best[v] = std::min(best[v], 1e3 * time_ms(t0, t1) / reps);
                 }
-            sum_int8[ci] += best[0];
-            sum_bf16[ci] += best[1];
-            std::printf("%-40s %3d %9.2f %9.2f %12.2e %12.2e %s%s\n", s.what, N, best[0], best[1], err_int8, err_bf16,
+            for (int v = 0; v < 3; ++v) sums[ci][v] += best[v];
+            std::printf("%-40s %3d %9.2f %11.2f %9.2f %12.2e %12.2e %s%s\n", s.what, N, best[0], best[1], best[2], err_int8, err_bf16,
                         N == 1 ? "-" : same_bits ? "yes" : "NO", ok ? "" : "  WRONG");
         }
         cudaFree(w);
@@ -198,8 +214,8 @@ int main(int argc, char ** argv) {
         cudaFree(scratch_bf16);
     }
     for (int ci = 0; ci < 2; ++ci)
-        std::printf("%-40s %3d %9.2f %9.2f   (min of %d rounds; int8: quantization + product; bf16 N > 1: conversion + product)\n",
-                    "sum", col_counts[ci], sum_int8[ci], sum_bf16[ci], rounds);
+        std::printf("%-40s %3d %9.2f %11.2f %9.2f   (min of %d rounds; int8: quantization + product; bf16 N > 1: conversion + product)\n",
+                    "sum", col_counts[ci], sums[ci][0], sums[ci][1], sums[ci][2], rounds);
     std::printf("%s\n", all_ok ? "all correct" : "SOME WRONG");
     return all_ok ? 0 : 1;
 }

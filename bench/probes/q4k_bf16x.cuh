@@ -29,7 +29,7 @@
 // product computes them in registers: column n of a 16-column product has the one-column product's bits.
 //
 // Staging, tiles, persistence, the one-wave spread and the partial sums' order are q8_0_matmul.cuh's
-// matmul<NG, GATED, M_TILES, q4_k, ST>, which this copies; no norm, no bias, N <= 16.
+// matmul<NG, GATED, M_TILES, q4_k, ST>, which this copies; a fused RMS norm, no bias, N <= 16.
 #pragma once
 
 #include "q8_0_matmul.cuh"
@@ -62,14 +62,31 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1
 __device__ __forceinline__ uint32_t nibble_pair(uint32_t w, int shift) { return ((w >> shift) & 0x000F000Fu) | 0x43004300u; }
 
 // A lane's 8 values of a chunk of x (values 8 lane .. 8 lane + 7: sub-block lane / 4, its values
-// 8 (lane % 4) ..) as the bf16 pairs (0, 2), (1, 3), (4, 6), (5, 7), and the sum of the sub-block's 32
-// bf16 values (every lane of the 4: the same bits). The one definition of a column's rounding and sums.
+// 8 (lane % 4) ..), times the norm weight's (NORM), as the bf16 pairs (0, 2), (1, 3), (4, 6), (5, 7), and the
+// sum of the sub-block's 32 bf16 values (every lane of the 4: the same bits); NORM: the chunk's sum of squares of
+// x (not times the weight), every lane. The one definition of a column's rounding and sums (no contraction).
 struct x_lane {
     uint4 pairs;  // x: (0, 2), y: (1, 3), z: (4, 6), w: (5, 7)
     float sum;
+    float sq;
 };
-__device__ __forceinline__ x_lane convert_lane(float4 v0, float4 v1) {
+__device__ __forceinline__ float sq4(float4 v) {
+    return __fadd_rn(__fadd_rn(__fmul_rn(v.x, v.x), __fmul_rn(v.y, v.y)), __fadd_rn(__fmul_rn(v.z, v.z), __fmul_rn(v.w, v.w)));
+}
+__device__ __forceinline__ float4 times(float4 v, float4 w) {
+    return make_float4(__fmul_rn(v.x, w.x), __fmul_rn(v.y, w.y), __fmul_rn(v.z, w.z), __fmul_rn(v.w, w.w));
+}
+template <bool NORM>
+__device__ __forceinline__ x_lane convert_lane(float4 v0, float4 v1, float4 w0, float4 w1) {
     x_lane r;
+    r.sq = 0.0f;
+    if constexpr (NORM) {
+        r.sq = __fadd_rn(sq4(v0), sq4(v1));
+#pragma unroll
+        for (int o = 1; o < 32; o *= 2) r.sq = __fadd_rn(r.sq, __shfl_xor_sync(0xffffffffu, r.sq, o));
+        v0 = times(v0, w0);
+        v1 = times(v1, w1);
+    }
     r.pairs = make_uint4(pack_bf16x2(v0.x, v0.z), pack_bf16x2(v0.y, v0.w), pack_bf16x2(v1.x, v1.z), pack_bf16x2(v1.y, v1.w));
     r.sum = ((bf16_lo(r.pairs.x) + bf16_hi(r.pairs.x)) + (bf16_lo(r.pairs.y) + bf16_hi(r.pairs.y))) +
             ((bf16_lo(r.pairs.z) + bf16_hi(r.pairs.z)) + (bf16_lo(r.pairs.w) + bf16_hi(r.pairs.w)));
@@ -79,23 +96,33 @@ __device__ __forceinline__ x_lane convert_lane(float4 v0, float4 v1) {
 }
 
 // Converted activations of `cols` staged columns, per 256-value chunk: the pairs [8 sub-blocks][cols][4 lanes t]
-// (16 bytes: lane t's x_lane::pairs), then the sums [8][cols] floats: x_chunk_bytes(cols) bytes a chunk.
-__host__ __device__ constexpr int x_chunk_bytes(int cols) { return CHUNK_BLOCKS * cols * (64 + 4); }
+// (16 bytes: lane t's x_lane::pairs), the sums [8][cols] floats, and with a norm the chunk's sums of squares
+// [cols]: x_chunk_bytes(cols, norm) bytes a chunk.
+__host__ __device__ constexpr int x_chunk_bytes(int cols, bool norm) { return CHUNK_BLOCKS * cols * (64 + 4) + (norm ? cols * 4 : 0); }
 
-// A warp per (chunk, column n < N) of x [N][x_stride]: its x_lane values into xc (columns N..cols-1 not written).
-__global__ void convert_columns(const float * x, int64_t x_stride, int K, int N, int cols, uint8_t * __restrict__ xc) {
+// A warp per (chunk, column n < N) of x [N][x_stride] (norm_w non-null: times it, a weight read before the
+// wait): its x_lane values into xc (columns N..cols-1 not written).
+template <bool NORM>
+__global__ void convert_columns(const float * x, int64_t x_stride, int K, int N, int cols, const float * __restrict__ norm_w,
+                                uint8_t * __restrict__ xc) {
     cuda::launch_dependents();
     const int lane = threadIdx.x % 32;
     const int64_t wid = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
     if (wid >= int64_t(K / K_ALIGN) * N) return;
     const int c = int(wid / N), n = int(wid % N);
+    float4 w0 = {}, w1 = {};
+    if constexpr (NORM) {
+        const float4 * nw = reinterpret_cast<const float4 *>(norm_w + int64_t(c) * K_ALIGN) + 2 * lane;
+        w0 = nw[0], w1 = nw[1];
+    }
     cuda::wait_for_previous();  // x is the previous kernel's output
     const float4 * src = reinterpret_cast<const float4 *>(x + int64_t(n) * x_stride + int64_t(c) * K_ALIGN) + 2 * lane;
-    const x_lane v = convert_lane(__ldcg(src), __ldcg(src + 1));
-    uint8_t * chunk = xc + int64_t(c) * x_chunk_bytes(cols);
+    const x_lane v = convert_lane<NORM>(__ldcg(src), __ldcg(src + 1), w0, w1);
+    uint8_t * chunk = xc + int64_t(c) * x_chunk_bytes(cols, NORM);
     const int s = lane / 4, t = lane % 4;
     *reinterpret_cast<uint4 *>(chunk + ((s * cols + n) * 4 + t) * 16) = v.pairs;
     if (t == 0) reinterpret_cast<float *>(chunk + CHUNK_BLOCKS * cols * 64)[s * cols + n] = v.sum;
+    if (NORM && lane == 0) reinterpret_cast<float *>(chunk + CHUNK_BLOCKS * cols * 68)[n] = v.sq;
 }
 
 // BF16X_NO_CONVERT 1 (timing only, wrong products): the one-column product multiplies its staged bytes as they are,
@@ -104,9 +131,12 @@ __global__ void convert_columns(const float * x, int64_t x_stride, int K, int N,
 #define BF16X_NO_CONVERT 0
 #endif
 
-// ONE (N == 1): x staged as float, converted in registers (convert_lane); else NG groups of 8 columns
-// of convert_columns' output (xc).
-template <int NG, bool GATED, int M_TILES, int ST, bool ONE>
+// ONE (N == 1): x staged as float (and the norm weight's chunk, NORM), converted in registers (convert_lane);
+// else NG groups of 8 columns of convert_columns' output (xc). NORM: the input is x's RMS norm times a.norm_w:
+// each warp adds its chunks' sums of squares in its chunk order (the first tile's pass), the warps' sums are
+// added in warp order, and every column's sums are scaled by rsqrt(sum / K + eps) at the end, as
+// q8_0_matmul.cuh's norm (in another order).
+template <int NG, bool GATED, int M_TILES, int ST, bool ONE, bool NORM>
 __global__ void __launch_bounds__(WARPS * 32) matmul(matmul_args a, const uint8_t * xc) {
     extern __shared__ __align__(16) uint8_t smem[];
     static_assert(!GATED || M_TILES == 2, "a gated warp takes 16 rows of U and the same 16 of G");
@@ -115,7 +145,7 @@ __global__ void __launch_bounds__(WARPS * 32) matmul(matmul_args a, const uint8_
     constexpr int TILE_ROWS = 16 * M_TILES;
     constexpr int CB = Q4K_BLOCK_BYTES, CHUNK_VECS = CB / 16;
     constexpr int W_BYTES = TILE_ROWS * CB;
-    constexpr int X_BYTES = ONE ? K_ALIGN * 4 : x_chunk_bytes(COLS);  // a chunk of x: 256 floats, or converted
+    constexpr int X_BYTES = ONE ? K_ALIGN * 4 * (NORM ? 2 : 1) : x_chunk_bytes(COLS, NORM);  // 256 floats (+ norm weights), or converted
     constexpr int X_VECS = X_BYTES / 16;
     constexpr int STAGE = W_BYTES + X_BYTES;
     constexpr int OUT_ROWS = GATED ? TILE_ROWS / 2 : TILE_ROWS;
@@ -167,6 +197,11 @@ __global__ void __launch_bounds__(WARPS * 32) matmul(matmul_args a, const uint8_
                 cuda::cp_async16(st + 16 * idx, (from_gate ? a.gate : a.w) + at + 16 * v);
             }
         }
+        if constexpr (ONE && NORM) {  // the norm weight's chunk (a weight, as the rows)
+            const float * nw = a.norm_w + int64_t(chunk) * K_ALIGN;
+            cuda::cp_async16(st + W_BYTES + 1024 + 16 * lane, nw + 4 * lane);
+            cuda::cp_async16(st + W_BYTES + 1536 + 16 * lane, nw + 128 + 4 * lane);
+        }
     };
     // the chunk's x: 256 floats (ONE), or its converted block, columns >= N zero-filled, not read
     auto issue_x = [&](int i) {
@@ -184,7 +219,7 @@ __global__ void __launch_bounds__(WARPS * 32) matmul(matmul_args a, const uint8_
                 for (int c = 0; c < (X_VECS + 31) / 32; ++c) {
                     const int idx = lane + 32 * c;
                     if (X_VECS % 32 != 0 && idx >= X_VECS) break;
-                    // pairs: vector (s cols + col) 4 + t; sums: 4 columns a vector
+                    // pairs: vector (s cols + col) 4 + t; sums and squares: 4 columns a vector
                     const int col = idx < CHUNK_BLOCKS * COLS * 4 ? (idx / 4) % COLS : (4 * (idx - CHUNK_BLOCKS * COLS * 4)) % COLS;
                     cuda::cp_async16(st + 16 * idx, src + 16 * idx, col < a.N ? 16 : 0);
                 }
@@ -206,6 +241,9 @@ __global__ void __launch_bounds__(WARPS * 32) matmul(matmul_args a, const uint8_
     cuda::wait_for_previous();
 #pragma unroll
     for (int i = 0; i < ST - 1; ++i) issue_x(i);
+    float ssq = 0.0f;  // (NORM) this warp's sum of squares: ONE, of column 0 (every lane); else of column `lane`
+    float * norm_part = reinterpret_cast<float *>(smem + WARPS * ST * STAGE);  // [WARPS][COLS]
+    float * norm_factor = norm_part + WARPS * COLS;                             // [COLS]
     int i = 0;
     for (int tl = 0; tl < my_tiles; ++tl) {
         const int r0 = tile_row(tl);
@@ -218,8 +256,12 @@ __global__ void __launch_bounds__(WARPS * 32) matmul(matmul_args a, const uint8_
             x_lane mine_x = {};  // (ONE) this lane's pairs and sub-block sum
             if constexpr (ONE) {
                 const float4 * sx = reinterpret_cast<const float4 *>(st + W_BYTES);
+                const float4 * nw = sx + K_ALIGN / 4;  // (NORM)
                 if (BF16X_NO_CONVERT) mine_x.pairs = reinterpret_cast<const uint4 *>(sx)[lane];  // (wrong products)
-                else mine_x = convert_lane(sx[2 * lane], sx[2 * lane + 1]);
+                else mine_x = convert_lane<NORM>(sx[2 * lane], sx[2 * lane + 1], NORM ? nw[2 * lane] : float4{}, NORM ? nw[2 * lane + 1] : float4{});
+                if (NORM && tl == 0) ssq = __fadd_rn(ssq, mine_x.sq);
+            } else if constexpr (NORM) {
+                if (tl == 0 && lane < COLS) ssq = __fadd_rn(ssq, reinterpret_cast<const float *>(st + W_BYTES + CHUNK_BLOCKS * COLS * 68)[lane]);
             }
             // the rows' super-block heads: (d, dmin) and the packed scales of rows g, g + 8 of each m tile
             float2 dm[M_TILES][2];
@@ -316,7 +358,17 @@ __global__ void __launch_bounds__(WARPS * 32) matmul(matmul_args a, const uint8_
                     mine[((mt * NG + j) * 32 + lane) * 4 + e] = acc[mt][j][e];
                     acc[mt][j][e] = 0.0f;
                 }
+        if (NORM && tl == 0 && lane < (ONE ? 1 : COLS)) norm_part[warp * COLS + lane] = ssq;
         __syncthreads();
+        if (NORM && tl == 0) {
+            for (int c = threadIdx.x; c < COLS; c += WARPS * 32) {
+                float sq = norm_part[c];
+#pragma unroll
+                for (int w = 1; w < WARPS; ++w) sq = __fadd_rn(sq, norm_part[w * COLS + c]);
+                norm_factor[c] = rsqrtf(sq / float(a.K) + a.norm_eps);
+            }
+            __syncthreads();
+        }
         const float * red[WARPS];
 #pragma unroll
         for (int w = 0; w < WARPS; ++w) red[w] = red_of(w);
@@ -325,15 +377,17 @@ __global__ void __launch_bounds__(WARPS * 32) matmul(matmul_args a, const uint8_
             const int e = idx % 4, l = (idx / 4) % 32, j = (idx / 128) % NG, mt = idx / (128 * NG);
             const int m = r0 + 16 * mt + l / 4 + 8 * (e / 2);
             const int n = COL_GROUP * j + 2 * (l % 4) + e % 2;
+            const float nf = NORM ? norm_factor[n] : 1.0f;
             float v = red[0][idx];
 #pragma unroll
             for (int w = 1; w < WARPS; ++w) v += red[w][idx];
+            v *= nf;
             if (GATED) {
                 const int at_gate = idx + NG * 128;
                 float gv = red[0][at_gate];
 #pragma unroll
                 for (int w = 1; w < WARPS; ++w) gv += red[w][at_gate];
-                v *= detail::silu(gv);
+                v *= detail::silu(gv * nf);
             }
             if (n < a.N && m < a.M) a.y[int64_t(n) * a.y_stride + m] = v;
         }
@@ -346,11 +400,12 @@ __global__ void __launch_bounds__(WARPS * 32) matmul(matmul_args a, const uint8_
 #ifndef BF16X_PLAIN_M_TILES
 #define BF16X_PLAIN_M_TILES 1
 #endif
-template <int NG, bool GATED, int ST, bool ONE>
+template <int NG, bool GATED, int ST, bool ONE, bool NORM>
 cudaError_t launch_st(const matmul_args & a, const uint8_t * xc, cudaStream_t stream) {
     constexpr int M_TILES = GATED ? 2 : BF16X_PLAIN_M_TILES;
-    constexpr auto kernel = matmul<NG, GATED, M_TILES, ST, ONE>;
-    constexpr int SMEM = WARPS * ST * (16 * M_TILES * Q4K_BLOCK_BYTES + (ONE ? K_ALIGN * 4 : x_chunk_bytes(COL_GROUP * NG)));
+    constexpr auto kernel = matmul<NG, GATED, M_TILES, ST, ONE, NORM>;
+    constexpr int X_BYTES = ONE ? K_ALIGN * 4 * (NORM ? 2 : 1) : x_chunk_bytes(COL_GROUP * NG, NORM);
+    constexpr int SMEM = WARPS * ST * (16 * M_TILES * Q4K_BLOCK_BYTES + X_BYTES) + (NORM ? (WARPS + 1) * COL_GROUP * NG * 4 : 0);
     constexpr int OUT_ROWS = GATED ? 16 : 16 * M_TILES;
     int dev = 0;
     cudaError_t err = cudaGetDevice(&dev);
@@ -369,35 +424,43 @@ cudaError_t launch_st(const matmul_args & a, const uint8_t * xc, cudaStream_t st
 #ifndef BF16X_STAGES
 #define BF16X_STAGES 0
 #endif
-template <int NG, bool ONE>
+template <int NG, bool ONE, bool NORM>
 cudaError_t launch_cols(const matmul_args & a, const uint8_t * xc, cudaStream_t stream) {
     const bool gated = a.gate != nullptr;
     // stages as the int8 kernel's: 3 for products of one column group up to LUCEBOX_Q8_0_ST3_MAX_M rows
     const int st = BF16X_STAGES > 0 ? BF16X_STAGES : NG == 1 && a.M <= LUCEBOX_Q8_0_ST3_MAX_M ? 3 : STAGES;
-    if (st == 4) return gated ? launch_st<NG, true, 4, ONE>(a, xc, stream) : launch_st<NG, false, 4, ONE>(a, xc, stream);
-    if (st == 3) return gated ? launch_st<NG, true, 3, ONE>(a, xc, stream) : launch_st<NG, false, 3, ONE>(a, xc, stream);
-    return gated ? launch_st<NG, true, 2, ONE>(a, xc, stream) : launch_st<NG, false, 2, ONE>(a, xc, stream);
+    if (st == 4) return gated ? launch_st<NG, true, 4, ONE, NORM>(a, xc, stream) : launch_st<NG, false, 4, ONE, NORM>(a, xc, stream);
+    if (st == 3) return gated ? launch_st<NG, true, 3, ONE, NORM>(a, xc, stream) : launch_st<NG, false, 3, ONE, NORM>(a, xc, stream);
+    return gated ? launch_st<NG, true, 2, ONE, NORM>(a, xc, stream) : launch_st<NG, false, 2, ONE, NORM>(a, xc, stream);
+}
+template <int NG, bool ONE>
+cudaError_t launch_normed(const matmul_args & a, const uint8_t * xc, cudaStream_t stream) {
+    return a.norm_w != nullptr ? launch_cols<NG, ONE, true>(a, xc, stream) : launch_cols<NG, ONE, false>(a, xc, stream);
 }
 
 // Scratch of convert_columns for a product of a.N <= 16 columns.
-inline size_t scratch_bytes(const matmul_args & a) { return size_t(a.K / K_ALIGN) * x_chunk_bytes(COL_GROUP * col_groups(a.N)); }
+inline size_t scratch_bytes(const matmul_args & a) {
+    return size_t(a.K / K_ALIGN) * x_chunk_bytes(COL_GROUP * col_groups(a.N), a.norm_w != nullptr);
+}
 
-// The product of a Q4_K a of 1..16 columns (no norm, no bias; x 16-byte aligned, x_stride % 4 == 0): one
+// The product of a Q4_K a of 1..16 columns (no bias; x and norm_w 16-byte aligned, x_stride % 4 == 0): one
 // launch for one column, convert_columns then the product for more (scratch: scratch_bytes(a)).
 inline cudaError_t matmul(const matmul_args & a, void * scratch, cudaStream_t stream) {
-    if (a.type != weight_type::q4_k || a.N < 1 || a.N > 16 || a.norm_w != nullptr || a.bias != nullptr || a.x_stride % 4 != 0)
-        return cudaErrorInvalidValue;
-    if (a.N == 1) return launch_cols<1, true>(a, nullptr, stream);
+    if (a.type != weight_type::q4_k || a.N < 1 || a.N > 16 || a.bias != nullptr || a.x_stride % 4 != 0) return cudaErrorInvalidValue;
+    if (a.N == 1) return launch_normed<1, true>(a, nullptr, stream);
     int dev = 0;
     cudaError_t err = cudaGetDevice(&dev);
     if (err != cudaSuccess) return err;
     const int cols = COL_GROUP * col_groups(a.N);
     uint8_t * xc = static_cast<uint8_t *>(scratch);
     const int64_t warps = int64_t(a.K / K_ALIGN) * a.N;
-    err = detail::launch(convert_columns, dim3(unsigned((warps * 32 + 255) / 256)), dim3(256), 0, stream,
-                         detail::pdl_kernel<convert_columns>(dev), a.x, a.x_stride, a.K, a.N, cols, xc);
+    const dim3 grid(unsigned((warps * 32 + 255) / 256));
+    err = a.norm_w != nullptr ? detail::launch(convert_columns<true>, grid, dim3(256), 0, stream, detail::pdl_kernel<convert_columns<true>>(dev),
+                                               a.x, a.x_stride, a.K, a.N, cols, a.norm_w, xc)
+                              : detail::launch(convert_columns<false>, grid, dim3(256), 0, stream, detail::pdl_kernel<convert_columns<false>>(dev),
+                                               a.x, a.x_stride, a.K, a.N, cols, a.norm_w, xc);
     if (err != cudaSuccess) return err;
-    return cols == 8 ? launch_cols<1, false>(a, xc, stream) : launch_cols<2, false>(a, xc, stream);
+    return cols == 8 ? launch_normed<1, false>(a, xc, stream) : launch_normed<2, false>(a, xc, stream);
 }
 
 }  // namespace lucebox::kernels::q8_0::bf16x

@@ -58,6 +58,9 @@ static float time_ms(cudaEvent_t a, cudaEvent_t b) {
 }
 
 int main(int argc, char ** argv) {
+    // [--norm] [ROUNDS]: --norm, every product takes the RMS norm of its input times a weight vector
+    const bool norm = argc > 1 && std::strcmp(argv[1], "--norm") == 0;
+    if (norm) --argc, ++argv;
     const int rounds = argc > 1 ? std::atoi(argv[1]) : 2;
     cudaStream_t stream;
     CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -71,7 +74,7 @@ int main(int argc, char ** argv) {
     std::mt19937 rng(7);
     bool all_ok = true;
     double sums[2][3] = {};  // [column count][int8, int8 product alone, bf16]
-    std::printf("%-40s %3s %9s %11s %9s %12s %12s %s\n", "Q4_K, row-tiled", "N", "int8 us", "(product)", "bf16 us", "int8 error",
+    std::printf("%-40s %3s %9s %11s %9s %12s %12s %s\n", norm ? "Q4_K, row-tiled, RMS-normed input" : "Q4_K, row-tiled", "N", "int8 us", "(product)", "bf16 us", "int8 error",
                 "bf16 error",
                 "bf16 column 0 = one-column bits");
     for (const shape & s : shapes) {
@@ -101,7 +104,12 @@ int main(int argc, char ** argv) {
         std::vector<float> hx(size_t(MAX_N) * s.K);  // [MAX_N][K]
         std::normal_distribution<float> nd;
         for (auto & v : hx) v = nd(rng);
-        float *x, *y;
+        std::vector<float> hw(s.K);  // the norm weight
+        std::uniform_real_distribution<float> wd(0.5f, 1.5f);
+        for (auto & v : hw) v = wd(rng);
+        float *x, *y, *norm_w;
+        CHECK_CUDA(cudaMalloc(&norm_w, hw.size() * 4));
+        CHECK_CUDA(cudaMemcpy(norm_w, hw.data(), hw.size() * 4, cudaMemcpyHostToDevice));
         CHECK_CUDA(cudaMalloc(&x, hx.size() * 4));
         CHECK_CUDA(cudaMalloc(&y, size_t(MAX_N) * s.M * 4));
         CHECK_CUDA(cudaMemcpy(x, hx.data(), hx.size() * 4, cudaMemcpyHostToDevice));
@@ -116,6 +124,8 @@ int main(int argc, char ** argv) {
         a.x_stride = s.K;
         a.y = y;
         a.y_stride = s.M;
+        a.norm_w = norm ? norm_w : nullptr;
+        a.norm_eps = 1e-6f;
         void *scratch, *scratch_bf16;
         CHECK_CUDA(cudaMalloc(&scratch, q8::scratch_bytes(a)));
         CHECK_CUDA(cudaMalloc(&scratch_bf16, q8::bf16x::scratch_bytes(a)));
@@ -135,8 +145,9 @@ int main(int argc, char ** argv) {
             const size_t cols = one ? 1 : q8::COL_GROUP * q8::col_groups(b.N), nb = size_t(b.K) / q8::QK;
             const int8_t * xq = static_cast<const int8_t *>(scratch);
             const float * xd = reinterpret_cast<const float *>(xq + nb * cols * q8::QK);
-            return b.gate != nullptr ? q8::detail::launch_gated<true, q8::weight_type::q4_k>(b, one, xq, xd, xd + nb * cols, nullptr, stream)
-                                     : q8::detail::launch_gated<false, q8::weight_type::q4_k>(b, one, xq, xd, xd + nb * cols, nullptr, stream);
+            const float * ss = norm ? xd + 2 * nb * cols : nullptr;
+            return b.gate != nullptr ? q8::detail::launch_gated<true, q8::weight_type::q4_k>(b, one, xq, xd, xd + nb * cols, ss, stream)
+                                     : q8::detail::launch_gated<false, q8::weight_type::q4_k>(b, one, xq, xd, xd + nb * cols, ss, stream);
         };
         // variant 0: quantization + int8 product; 1: the int8 product alone; 2: bf16
         auto run = [&](int variant, const q8::matmul_args & b) {
@@ -148,7 +159,13 @@ int main(int argc, char ** argv) {
         double ref_max = 0;
         for (int r = 0; r < 2; ++r) {
             const int n = r == 0 ? 0 : MAX_N - 1;
-            const std::vector<float> xn(hx.begin() + size_t(n) * s.K, hx.begin() + size_t(n + 1) * s.K);
+            std::vector<float> xn(hx.begin() + size_t(n) * s.K, hx.begin() + size_t(n + 1) * s.K);
+            if (norm) {  // x * w / sqrt(mean(x^2) + eps), in double, then the product's input
+                double sq = 0;
+                for (float v : xn) sq += double(v) * v;
+                const double f = 1.0 / std::sqrt(sq / s.K + 1e-6);
+                for (int k = 0; k < s.K; ++k) xn[k] = float(double(xn[k]) * hw[k] * f);
+            }
             reference(host[0], s.K, s.M, xn, ref[r]);
             if (s.gated) {
                 std::vector<double> gate;
@@ -212,6 +229,7 @@ int main(int argc, char ** argv) {
         cudaFree(y);
         cudaFree(scratch);
         cudaFree(scratch_bf16);
+        cudaFree(norm_w);
     }
     for (int ci = 0; ci < 2; ++ci)
         std::printf("%-40s %3d %9.2f %11.2f %9.2f   (min of %d rounds; int8: quantization + product; bf16 N > 1: conversion + product)\n",

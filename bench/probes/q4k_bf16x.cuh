@@ -99,6 +99,16 @@ __device__ __forceinline__ x_lane convert_lane(float4 v0, float4 v1, float4 w0, 
 // (16 bytes: lane t's x_lane::pairs), the sums [8][cols] floats, and with a norm the chunk's sums of squares
 // [cols]: x_chunk_bytes(cols, norm) bytes a chunk.
 __host__ __device__ constexpr int x_chunk_bytes(int cols, bool norm) { return CHUNK_BLOCKS * cols * (64 + 4) + (norm ? cols * 4 : 0); }
+// A warp's stage of the product: the rows' chunk (16 m_tiles rows), then its x: 256 floats (one: and the norm
+// weight's 256), or the converted block of `cols` columns.
+__host__ __device__ constexpr int stage_bytes(int cols, int m_tiles, bool one, bool norm) {
+    return 16 * m_tiles * Q4K_BLOCK_BYTES + (one ? K_ALIGN * 4 * (norm ? 2 : 1) : x_chunk_bytes(cols, norm));
+}
+// The product's shared memory: the warps' stages, then (norm) the warps' sums of squares [WARPS][cols] and the
+// columns' factors [cols].
+__host__ __device__ constexpr int smem_bytes(int cols, int m_tiles, int stages, bool one, bool norm) {
+    return WARPS * stages * stage_bytes(cols, m_tiles, one, norm) + (norm ? (WARPS + 1) * cols * 4 : 0);
+}
 
 // A warp per (chunk, column n < N) of x [N][x_stride] (norm_w non-null: times it, a weight read before the
 // wait): its x_lane values into xc (columns N..cols-1 not written).
@@ -145,9 +155,9 @@ __global__ void __launch_bounds__(WARPS * 32) matmul(matmul_args a, const uint8_
     constexpr int TILE_ROWS = 16 * M_TILES;
     constexpr int CB = Q4K_BLOCK_BYTES, CHUNK_VECS = CB / 16;
     constexpr int W_BYTES = TILE_ROWS * CB;
-    constexpr int X_BYTES = ONE ? K_ALIGN * 4 * (NORM ? 2 : 1) : x_chunk_bytes(COLS, NORM);  // 256 floats (+ norm weights), or converted
+    constexpr int STAGE = stage_bytes(COLS, M_TILES, ONE, NORM);
+    constexpr int X_BYTES = STAGE - W_BYTES;  // (see stage_bytes)
     constexpr int X_VECS = X_BYTES / 16;
-    constexpr int STAGE = W_BYTES + X_BYTES;
     constexpr int OUT_ROWS = GATED ? TILE_ROWS / 2 : TILE_ROWS;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int g = lane / 4, t = lane % 4;
@@ -242,7 +252,7 @@ __global__ void __launch_bounds__(WARPS * 32) matmul(matmul_args a, const uint8_
 #pragma unroll
     for (int i = 0; i < ST - 1; ++i) issue_x(i);
     float ssq = 0.0f;  // (NORM) this warp's sum of squares: ONE, of column 0 (every lane); else of column `lane`
-    float * norm_part = reinterpret_cast<float *>(smem + WARPS * ST * STAGE);  // [WARPS][COLS]
+    float * norm_part = reinterpret_cast<float *>(smem + WARPS * ST * STAGE);  // [WARPS][COLS] (see smem_bytes)
     float * norm_factor = norm_part + WARPS * COLS;                             // [COLS]
     int i = 0;
     for (int tl = 0; tl < my_tiles; ++tl) {
@@ -404,8 +414,7 @@ template <int NG, bool GATED, int ST, bool ONE, bool NORM>
 cudaError_t launch_st(const matmul_args & a, const uint8_t * xc, cudaStream_t stream) {
     constexpr int M_TILES = GATED ? 2 : BF16X_PLAIN_M_TILES;
     constexpr auto kernel = matmul<NG, GATED, M_TILES, ST, ONE, NORM>;
-    constexpr int X_BYTES = ONE ? K_ALIGN * 4 * (NORM ? 2 : 1) : x_chunk_bytes(COL_GROUP * NG, NORM);
-    constexpr int SMEM = WARPS * ST * (16 * M_TILES * Q4K_BLOCK_BYTES + X_BYTES) + (NORM ? (WARPS + 1) * COL_GROUP * NG * 4 : 0);
+    constexpr int SMEM = smem_bytes(COL_GROUP * NG, M_TILES, ST, ONE, NORM);
     constexpr int OUT_ROWS = GATED ? 16 : 16 * M_TILES;
     int dev = 0;
     cudaError_t err = cudaGetDevice(&dev);

@@ -9,7 +9,7 @@
 //     nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Icpp/kernels -Itests/cpp \
 //          -o /tmp/bf16x bench/probes/q4k_bf16x_probe.cu cpp/kernels/weight_tiles.cpp && /tmp/bf16x [ROUNDS]
 #include "cuda_check.h"
-#include "product_shapes.h"
+#include "product_probe.h"
 #include "q4k_bf16x.cuh"
 
 #include <algorithm>
@@ -49,12 +49,6 @@ static void reference(const std::vector<uint8_t> & w, int K, int M, const std::v
         }
         y[m] = sum;
     }
-}
-
-static float time_ms(cudaEvent_t a, cudaEvent_t b) {
-    float ms = 0;
-    CHECK_CUDA(cudaEventElapsedTime(&ms, a, b));
-    return ms;
 }
 
 int main(int argc, char ** argv) {
@@ -204,21 +198,10 @@ int main(int argc, char ** argv) {
             for (int r = 0; r < rounds; ++r)
                 for (int v = 0; v < 3; ++v) {
                     const int reps = std::max(20, copies * 2);
-                    cudaGraph_t gr;
-                    cudaGraphExec_t exec;
-                    CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
-                    for (int i = 0; i < reps; ++i) CHECK_CUDA(run(v, args_of(i % copies, N)));
-                    CHECK_CUDA(cudaStreamEndCapture(stream, &gr));
-                    CHECK_CUDA(cudaGraphInstantiate(&exec, gr, 0));
-                    CHECK_CUDA(cudaGraphDestroy(gr));
-                    CHECK_CUDA(cudaGraphLaunch(exec, stream));  // warm-up
-                    CHECK_CUDA(cudaStreamSynchronize(stream));
-                    CHECK_CUDA(cudaEventRecord(t0, stream));
-                    CHECK_CUDA(cudaGraphLaunch(exec, stream));
-                    CHECK_CUDA(cudaEventRecord(t1, stream));
-                    CHECK_CUDA(cudaEventSynchronize(t1));
-                    CHECK_CUDA(cudaGraphExecDestroy(exec));
-                    best[v] = std::min(best[v], 1e3 * time_ms(t0, t1) / reps);
+                    const double us = lucebox::probes::launch_us(stream, t0, t1, reps, true, [&](int i) {
+                        CHECK_CUDA(run(v, args_of(i % copies, N)));
+                    });
+                    best[v] = std::min(best[v], us);
                 }
             for (int v = 0; v < 3; ++v) sums[ci][v] += best[v];
             std::printf("%-40s %3d %9.2f %11.2f %9.2f %12.2e %12.2e %s%s\n", s.what, N, best[0], best[1], best[2], err_int8, err_bf16,

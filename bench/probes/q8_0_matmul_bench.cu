@@ -7,7 +7,7 @@
 //     nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Icpp/kernels -Itests/cpp \
 //          -o /tmp/q8mm bench/probes/q8_0_matmul_bench.cu && /tmp/q8mm [--q4k]
 #include "cuda_check.h"
-#include "product_shapes.h"
+#include "product_probe.h"
 #include "q8_0_matmul.cuh"
 
 #include <algorithm>
@@ -190,27 +190,7 @@ int main(int argc, char ** argv) {
             for (int c = 0; c < copies; ++c) launch(c);  // warm-up
             CHECK_CUDA(cudaDeviceSynchronize());
             const int reps = std::max(20, copies * 2);
-            cudaGraphExec_t exec = nullptr;
-            if (graph) {  // as ggml runs a step: the launches captured into one CUDA graph
-                cudaGraph_t g;
-                CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
-                for (int i = 0; i < reps; ++i) launch(i % copies);
-                CHECK_CUDA(cudaStreamEndCapture(stream, &g));
-                CHECK_CUDA(cudaGraphInstantiate(&exec, g, 0));
-                CHECK_CUDA(cudaGraphDestroy(g));
-                CHECK_CUDA(cudaGraphLaunch(exec, stream));  // warm-up
-                CHECK_CUDA(cudaStreamSynchronize(stream));
-            }
-            CHECK_CUDA(cudaEventRecord(t0, stream));
-            if (graph) {
-                CHECK_CUDA(cudaGraphLaunch(exec, stream));
-            } else {
-                for (int i = 0; i < reps; ++i) launch(i % copies);
-            }
-            CHECK_CUDA(cudaEventRecord(t1, stream));
-            CHECK_CUDA(cudaEventSynchronize(t1));
-            if (exec != nullptr) CHECK_CUDA(cudaGraphExecDestroy(exec));
-            const double us = 1e3 * time_ms(t0, t1) / reps;
+            const double us = lucebox::probes::launch_us(stream, t0, t1, reps, graph, [&](int i) { launch(i % copies); });
             const double tbs = double(mat) * (s.gated ? 2 : 1) / (us * 1e-6) / 1e12;  // weight bytes read
             std::printf("%-40s %5d %10.1f %9.2f %7.0f%%\n", s.what, N, us, tbs, 100.0 * tbs / copy_tbs);
         }

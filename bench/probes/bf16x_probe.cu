@@ -1,16 +1,16 @@
-// Probe (fifty-eighth session): Q4_K products on bf16 activations (q4k_bf16x.cuh: one column without a
-// quantization launch, 16 columns after a conversion launch) against lucebox's quantization + int8 product
-// (q8_0_matmul.cuh) on the Qwen3.6-27B shapes at 1 and 16 columns: both checked against a CPU reference in
-// double (valid random Q4_K weights, normal x; columns 0 and 15), the 16-column bf16 product's column 0
-// against the one-column product's bits (decode and verify must agree), then timed with the int8 product alone
-// between them (no quantization launch: the bound of the idea), as captured CUDA graphs of back-to-back
-// launches over rotating copies of the weights (~1 GB, read from HBM), as ggml runs a decode step. On the GPU
-// machine:
+// Probe (fifty-eighth and fifty-ninth sessions): Q4_K and Q6_K products on bf16 activations (bf16x.cuh: one column
+// without a quantization launch, 16 columns after a conversion launch) against lucebox's quantization + int8
+// product (q8_0_matmul.cuh) on the Qwen3.6-27B shapes at 1 and 16 columns (Q6_K: the plain ones; a Q4_K_M file
+// keeps ffn_down, attn_v and attn_qkv in Q6_K in ~40 % of the layers): both checked against a CPU reference in
+// double (valid random weights, normal x; columns 0 and 15), the 16-column bf16 product's column 0 against the
+// one-column product's bits (decode and verify must agree), then timed with the int8 product alone between them (no
+// quantization launch: the bound of the idea), as captured CUDA graphs of back-to-back launches over rotating
+// copies of the weights (~1 GB, read from HBM), as ggml runs a decode step. On the GPU machine:
 //     nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Icpp/kernels -Itests/cpp \
-//          -o /tmp/bf16x bench/probes/q4k_bf16x_probe.cu cpp/kernels/weight_tiles.cpp && /tmp/bf16x [ROUNDS]
+//          -o /tmp/bf16x bench/probes/bf16x_probe.cu cpp/kernels/weight_tiles.cpp && /tmp/bf16x [--q6k] [--norm] [ROUNDS]
 #include "cuda_check.h"
 #include "product_probe.h"
-#include "q4k_bf16x.cuh"
+#include "bf16x.cuh"
 
 #include <algorithm>
 #include <cmath>
@@ -23,8 +23,8 @@
 namespace q8 = lucebox::kernels::q8_0;
 namespace tiles = lucebox::kernels::tiles;
 
-// y[m] = sum_k dequant(W)[m, k] x[k] in double, ggml's Q4_K: value = d * scale_s * q - dmin * min_s
-static void reference(const std::vector<uint8_t> & w, int K, int M, const std::vector<float> & x, std::vector<double> & y) {
+// y[m] = sum_k dequant(W)[m, k] x[k] in double (W in ggml's row-major blocks), Q4_K: value = d * scale_s * q - dmin * min_s
+static void reference_q4k(const std::vector<uint8_t> & w, int K, int M, const std::vector<float> & x, std::vector<double> & y) {
     const int64_t row_bytes = int64_t(K) / 256 * q8::Q4K_BLOCK_BYTES;
     y.assign(M, 0.0);
     for (int m = 0; m < M; ++m) {
@@ -51,10 +51,43 @@ static void reference(const std::vector<uint8_t> & w, int K, int M, const std::v
     }
 }
 
+// Q6_K (ggml's block: ql[128], qh[64], int8 scales[16], fp16 d): value 128 h + 32 p + l (h < 2, p < 4, l < 32) is
+// d * scales[8 h + 2 p + l / 16] * (q - 32), q = the low (p < 2) or high nibble of ql[64 h + 32 (p % 2) + l] | bits
+// 2p, 2p + 1 of qh[32 h + l] << 4
+static void reference_q6k(const std::vector<uint8_t> & w, int K, int M, const std::vector<float> & x, std::vector<double> & y) {
+    const int64_t row_bytes = int64_t(K) / 256 * q8::Q6K_BLOCK_BYTES;
+    y.assign(M, 0.0);
+    for (int m = 0; m < M; ++m) {
+        double sum = 0;
+        for (int c = 0; c < K / 256; ++c) {
+            const uint8_t * b = w.data() + m * row_bytes + c * q8::Q6K_BLOCK_BYTES;
+            __half hd;
+            std::memcpy(&hd, b + 208, 2);
+            const double d = __half2float(hd);
+            for (int h = 0; h < 2; ++h)
+                for (int p = 0; p < 4; ++p)
+                    for (int l = 0; l < 32; ++l) {
+                        const uint8_t ql = b[64 * h + 32 * (p % 2) + l], qh = b[128 + 32 * h + l];
+                        const int q = (p < 2 ? ql & 15 : ql >> 4) | ((qh >> (2 * p)) & 3) << 4;
+                        const int scale = int8_t(b[192 + 8 * h + 2 * p + l / 16]);
+                        sum += d * scale * (q - 32) * x[c * 256 + 128 * h + 32 * p + l];
+                    }
+        }
+        y[m] = sum;
+    }
+}
+
 int main(int argc, char ** argv) {
-    // [--norm] [ROUNDS]: --norm, every product takes the RMS norm of its input times a weight vector
-    const bool norm = argc > 1 && std::strcmp(argv[1], "--norm") == 0;
-    if (norm) --argc, ++argv;
+    // [--q6k] [--norm] [ROUNDS]: --q6k, Q6_K weights (the plain shapes) instead of Q4_K; --norm, every product takes
+    // the RMS norm of its input times a weight vector
+    bool q6k = false, norm = false;
+    for (; argc > 1 && argv[1][0] == '-'; --argc, ++argv) {
+        if (std::strcmp(argv[1], "--q6k") == 0) q6k = true;
+        else if (std::strcmp(argv[1], "--norm") == 0) norm = true;
+        else return std::fprintf(stderr, "usage: bf16x [--q6k] [--norm] [ROUNDS]\n"), 2;
+    }
+    const q8::weight_type wt = q6k ? q8::weight_type::q6_k : q8::weight_type::q4_k;
+    const int cb = q8::chunk_bytes(wt);
     const int rounds = argc > 1 ? std::atoi(argv[1]) : 2;
     cudaStream_t stream;
     CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -68,15 +101,16 @@ int main(int argc, char ** argv) {
     std::mt19937 rng(7);
     bool all_ok = true;
     double sums[2][3] = {};  // [column count][int8, int8 product alone, bf16]
-    std::printf("%-40s %3s %9s %11s %9s %12s %12s %s\n", norm ? "Q4_K, row-tiled, RMS-normed input" : "Q4_K, row-tiled", "N", "int8 us", "(product)", "bf16 us", "int8 error",
+    std::printf("%-40s %3s %9s %11s %9s %12s %12s %s\n", q6k ? (norm ? "Q6_K, row-tiled, RMS-normed input" : "Q6_K, row-tiled") : norm ? "Q4_K, row-tiled, RMS-normed input" : "Q4_K, row-tiled", "N", "int8 us", "(product)", "bf16 us", "int8 error",
                 "bf16 error",
                 "bf16 column 0 = one-column bits");
     for (const shape & s : shapes) {
-        const int64_t row_bytes = int64_t(s.K) / 256 * q8::Q4K_BLOCK_BYTES;
+        if (q6k && s.gated) continue;  // (no gated Q6_K product in a Q4_K_M file)
+        const int64_t row_bytes = int64_t(s.K) / 256 * cb;
         const size_t mat = size_t(s.M) * row_bytes;
         const int parts = s.gated ? 2 : 1;
         const int copies = std::max(2, int((size_t(1) << 30) / (mat * parts)));
-        // valid Q4_K weights: random quants, scales and mins; d, dmin in (0, 1 / 64)
+        // valid weights: random quants, scales and mins; d, dmin in (0, 1 / 64)
         std::vector<uint8_t> host[2];
         std::vector<uint8_t> tiled(mat);
         uint8_t * w;
@@ -87,12 +121,12 @@ int main(int argc, char ** argv) {
             for (auto & b : host[p]) b = uint8_t(rng());
             for (int64_t r = 0; r < s.M; ++r)
                 for (int c = 0; c < s.K / 256; ++c) {
-                    uint8_t * b = host[p].data() + r * row_bytes + c * q8::Q4K_BLOCK_BYTES;
+                    uint8_t * b = host[p].data() + r * row_bytes + c * cb;
                     const __half d = __float2half(ud(rng)), dmin = __float2half(ud(rng));
-                    std::memcpy(b, &d, 2);
-                    std::memcpy(b + 2, &dmin, 2);
+                    std::memcpy(b + (q6k ? 208 : 0), &d, 2);
+                    if (!q6k) std::memcpy(b + 2, &dmin, 2);
                 }
-            tiles::to_tiles(host[p].data(), tiled.data(), s.M, row_bytes, q8::Q4K_BLOCK_BYTES);
+            tiles::to_tiles(host[p].data(), tiled.data(), s.M, row_bytes, cb);
             for (int c = 0; c < copies; ++c) CHECK_CUDA(cudaMemcpy(w + (size_t(c) * parts + p) * mat, tiled.data(), mat, cudaMemcpyHostToDevice));
         }
         std::vector<float> hx(size_t(MAX_N) * s.K);  // [MAX_N][K]
@@ -108,7 +142,7 @@ int main(int argc, char ** argv) {
         CHECK_CUDA(cudaMalloc(&y, size_t(MAX_N) * s.M * 4));
         CHECK_CUDA(cudaMemcpy(x, hx.data(), hx.size() * 4, cudaMemcpyHostToDevice));
         q8::matmul_args a;
-        a.type = q8::weight_type::q4_k;
+        a.type = wt;
         a.row_bytes = row_bytes;
         a.tiled = true;
         a.K = s.K;
@@ -137,11 +171,13 @@ int main(int argc, char ** argv) {
             CHECK_CUDA(cudaGetDevice(&dev));
             const bool one = q8::detail::one_column(b, dev);
             const size_t cols = one ? 1 : q8::COL_GROUP * q8::col_groups(b.N), nb = size_t(b.K) / q8::QK;
-            const int8_t * xq = static_cast<const int8_t *>(scratch);
+            const int8_t * xq = static_cast<const int8_t *>(scratch);  // (laid out as q8::matmul_group's)
             const float * xd = reinterpret_cast<const float *>(xq + nb * cols * q8::QK);
-            const float * ss = norm ? xd + 2 * nb * cols : nullptr;
-            return b.gate != nullptr ? q8::detail::launch_gated<true, q8::weight_type::q4_k>(b, one, xq, xd, xd + nb * cols, ss, stream)
-                                     : q8::detail::launch_gated<false, q8::weight_type::q4_k>(b, one, xq, xd, xd + nb * cols, ss, stream);
+            const float * xs = q6k ? nullptr : xd + nb * cols;  // (Q4_K's sums)
+            const float * ss = norm ? xd + nb * cols * (q6k ? 1 : 2) : nullptr;
+            if (q6k) return q8::detail::launch_gated<false, q8::weight_type::q6_k>(b, one, xq, xd, xs, ss, stream);
+            return b.gate != nullptr ? q8::detail::launch_gated<true, q8::weight_type::q4_k>(b, one, xq, xd, xs, ss, stream)
+                                     : q8::detail::launch_gated<false, q8::weight_type::q4_k>(b, one, xq, xd, xs, ss, stream);
         };
         // variant 0: quantization + int8 product; 1: the int8 product alone; 2: bf16
         auto run = [&](int variant, const q8::matmul_args & b) {
@@ -160,6 +196,7 @@ int main(int argc, char ** argv) {
                 const double f = 1.0 / std::sqrt(sq / s.K + 1e-6);
                 for (int k = 0; k < s.K; ++k) xn[k] = float(double(xn[k]) * hw[k] * f);
             }
+            const auto reference = q6k ? reference_q6k : reference_q4k;
             reference(host[0], s.K, s.M, xn, ref[r]);
             if (s.gated) {
                 std::vector<double> gate;

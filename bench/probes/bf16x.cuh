@@ -93,20 +93,27 @@ __device__ __forceinline__ float chunk_sq(float4 v0, float4 v1) {
     for (int o = 1; o < 32; o *= 2) sq = __fadd_rn(sq, __shfl_xor_sync(0xffffffffu, sq, o));
     return sq;
 }
-template <bool NORM>
-__device__ __forceinline__ x_lane convert_lane(float4 v0, float4 v1, float4 w0, float4 w1) {
+// Q4_K: the pairs of 8 values (already times the norm weight) and the sum of the sub-block's 32 (the 4 lanes of
+// consecutive t, xor order)
+__device__ __forceinline__ x_lane q4k_pairs_and_sum(float4 v0, float4 v1) {
     x_lane r;
     r.sq = 0.0f;
-    if constexpr (NORM) {
-        r.sq = chunk_sq(v0, v1);
-        v0 = times(v0, w0);
-        v1 = times(v1, w1);
-    }
     r.pairs = make_uint4(pack_bf16x2(v0.x, v0.z), pack_bf16x2(v0.y, v0.w), pack_bf16x2(v1.x, v1.z), pack_bf16x2(v1.y, v1.w));
     r.sum = ((bf16_lo(r.pairs.x) + bf16_hi(r.pairs.x)) + (bf16_lo(r.pairs.y) + bf16_hi(r.pairs.y))) +
             ((bf16_lo(r.pairs.z) + bf16_hi(r.pairs.z)) + (bf16_lo(r.pairs.w) + bf16_hi(r.pairs.w)));
     r.sum += __shfl_xor_sync(0xffffffffu, r.sum, 1);
     r.sum += __shfl_xor_sync(0xffffffffu, r.sum, 2);
+    return r;
+}
+template <bool NORM>
+__device__ __forceinline__ x_lane convert_lane(float4 v0, float4 v1, float4 w0, float4 w1) {
+    const float sq = NORM ? chunk_sq(v0, v1) : 0.0f;
+    if constexpr (NORM) {
+        v0 = times(v0, w0);
+        v1 = times(v1, w1);
+    }
+    x_lane r = q4k_pairs_and_sum(v0, v1);
+    r.sq = sq;
     return r;
 }
 
@@ -191,6 +198,12 @@ __global__ void convert_columns(const float * x, int64_t x_stride, int K, int N,
 // without rounding, sums or shuffles: what the conversion costs a one-column product
 #ifndef BF16X_NO_CONVERT
 #define BF16X_NO_CONVERT 0
+#endif
+// BF16X_Q4K_DIRECT 1: the one-column Q4_K product's lanes read the values they multiply from the staged floats
+// (lane t of sub-block s: the 8 that convert_lane gives lane 4s + t; the 8 lanes of a t read the same 32 bytes) and
+// round and sum them there, as the Q6_K product does, instead of one conversion a chunk and 5 shuffles a sub-block
+#ifndef BF16X_Q4K_DIRECT
+#define BF16X_Q4K_DIRECT 0
 #endif
 
 // Q6_K: one staged chunk's products added into acc (see the file's head). The piece of m tile mt at st + mt 16 CB
@@ -407,7 +420,7 @@ __global__ void __launch_bounds__(WARPS * 32, WT == weight_type::q6_k ? 1 : 0) m
             if constexpr (ONE) {
                 const float4 * sx = reinterpret_cast<const float4 *>(st + W_BYTES);
                 const float4 * nw = sx + K_ALIGN / 4;  // (NORM)
-                if constexpr (Q6K) {  // (the pairs where used, below)
+                if constexpr (Q6K || (BF16X_Q4K_DIRECT && !BF16X_NO_CONVERT)) {  // (the pairs where used, below)
                     if (NORM && tl == 0) ssq = __fadd_rn(ssq, chunk_sq(sx[2 * lane], sx[2 * lane + 1]));
                 } else {
                     if (BF16X_NO_CONVERT) mine_x.pairs = reinterpret_cast<const uint4 *>(sx)[lane];  // (wrong products)
@@ -469,6 +482,13 @@ __global__ void __launch_bounds__(WARPS * 32, WT == weight_type::q6_k ? 1 : 0) m
                           if (BF16X_NO_CONVERT) {
                             b = mine_x.pairs;
                             xs.x = xs.y = 0.0f;
+                          } else if (BF16X_Q4K_DIRECT) {
+                            const float4 * x4 = reinterpret_cast<const float4 *>(st + W_BYTES) + 8 * s + 2 * t;  // values 32 s + 8 t ..
+                            float4 v0 = x4[0], v1 = x4[1];
+                            if constexpr (NORM) v0 = times(v0, x4[K_ALIGN / 4]), v1 = times(v1, x4[K_ALIGN / 4 + 1]);
+                            const x_lane v = q4k_pairs_and_sum(v0, v1);
+                            b = v.pairs;
+                            xs.x = xs.y = v.sum;
                           } else {
                             const int from = 4 * s + t;
                             b = make_uint4(__shfl_sync(0xffffffffu, mine_x.pairs.x, from), __shfl_sync(0xffffffffu, mine_x.pairs.y, from),

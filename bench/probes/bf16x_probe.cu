@@ -23,58 +23,53 @@
 namespace q8 = lucebox::kernels::q8_0;
 namespace tiles = lucebox::kernels::tiles;
 
-// y[m] = sum_k dequant(W)[m, k] x[k] in double (W in ggml's row-major blocks), Q4_K: value = d * scale_s * q - dmin * min_s
-static void reference_q4k(const std::vector<uint8_t> & w, int K, int M, const std::vector<float> & x, std::vector<double> & y) {
-    const int64_t row_bytes = int64_t(K) / 256 * q8::Q4K_BLOCK_BYTES;
-    y.assign(M, 0.0);
-    for (int m = 0; m < M; ++m) {
-        double sum = 0;
-        for (int c = 0; c < K / 256; ++c) {
-            const uint8_t * b = w.data() + m * row_bytes + c * q8::Q4K_BLOCK_BYTES;
-            __half hd, hm;
-            std::memcpy(&hd, b, 2);
-            std::memcpy(&hm, b + 2, 2);
-            const double d = __half2float(hd), dmin = __half2float(hm);
-            uint32_t sc[3];
-            std::memcpy(sc, b + 4, 12);
-            for (int s = 0; s < 8; ++s) {
-                int scale, min;
-                q8::q4k_scale_min(s, sc, scale, min);
-                for (int l = 0; l < 32; ++l) {
-                    const uint8_t byte = b[16 + 32 * (s / 2) + l];
-                    const int q = s % 2 == 0 ? byte & 15 : byte >> 4;
-                    sum += (d * scale * q - dmin * min) * x[c * 256 + 32 * s + l];
-                }
-            }
+// A 256-value block's dot product with x (its 256 values) in double, ggml's Q4_K: value = d * scale_s * q - dmin * min_s
+static double dot_q4k(const uint8_t * b, const float * x) {
+    __half hd, hm;
+    std::memcpy(&hd, b, 2);
+    std::memcpy(&hm, b + 2, 2);
+    const double d = __half2float(hd), dmin = __half2float(hm);
+    uint32_t sc[3];
+    std::memcpy(sc, b + 4, 12);
+    double sum = 0;
+    for (int s = 0; s < 8; ++s) {
+        int scale, min;
+        q8::q4k_scale_min(s, sc, scale, min);
+        for (int l = 0; l < 32; ++l) {
+            const uint8_t byte = b[16 + 32 * (s / 2) + l];
+            const int q = s % 2 == 0 ? byte & 15 : byte >> 4;
+            sum += (d * scale * q - dmin * min) * x[32 * s + l];
         }
-        y[m] = sum;
     }
+    return sum;
 }
 
 // Q6_K (ggml's block: ql[128], qh[64], int8 scales[16], fp16 d): value 128 h + 32 p + l (h < 2, p < 4, l < 32) is
 // d * scales[8 h + 2 p + l / 16] * (q - 32), q = the low (p < 2) or high nibble of ql[64 h + 32 (p % 2) + l] | bits
 // 2p, 2p + 1 of qh[32 h + l] << 4
-static void reference_q6k(const std::vector<uint8_t> & w, int K, int M, const std::vector<float> & x, std::vector<double> & y) {
-    const int64_t row_bytes = int64_t(K) / 256 * q8::Q6K_BLOCK_BYTES;
+static double dot_q6k(const uint8_t * b, const float * x) {
+    __half hd;
+    std::memcpy(&hd, b + 208, 2);
+    const double d = __half2float(hd);
+    double sum = 0;
+    for (int h = 0; h < 2; ++h)
+        for (int p = 0; p < 4; ++p)
+            for (int l = 0; l < 32; ++l) {
+                const uint8_t ql = b[64 * h + 32 * (p % 2) + l], qh = b[128 + 32 * h + l];
+                const int q = (p < 2 ? ql & 15 : ql >> 4) | ((qh >> (2 * p)) & 3) << 4;
+                const int scale = int8_t(b[192 + 8 * h + 2 * p + l / 16]);
+                sum += d * scale * (q - 32) * x[128 * h + 32 * p + l];
+            }
+    return sum;
+}
+
+// y[m] = sum_k dequant(W)[m, k] x[k] in double, W [M][K / 256 blocks of cb bytes] in ggml's row-major layout
+static void reference(const std::vector<uint8_t> & w, int cb, double (*dot)(const uint8_t *, const float *), int K, int M,
+                      const std::vector<float> & x, std::vector<double> & y) {
+    const int64_t row_bytes = int64_t(K) / 256 * cb;
     y.assign(M, 0.0);
-    for (int m = 0; m < M; ++m) {
-        double sum = 0;
-        for (int c = 0; c < K / 256; ++c) {
-            const uint8_t * b = w.data() + m * row_bytes + c * q8::Q6K_BLOCK_BYTES;
-            __half hd;
-            std::memcpy(&hd, b + 208, 2);
-            const double d = __half2float(hd);
-            for (int h = 0; h < 2; ++h)
-                for (int p = 0; p < 4; ++p)
-                    for (int l = 0; l < 32; ++l) {
-                        const uint8_t ql = b[64 * h + 32 * (p % 2) + l], qh = b[128 + 32 * h + l];
-                        const int q = (p < 2 ? ql & 15 : ql >> 4) | ((qh >> (2 * p)) & 3) << 4;
-                        const int scale = int8_t(b[192 + 8 * h + 2 * p + l / 16]);
-                        sum += d * scale * (q - 32) * x[c * 256 + 128 * h + 32 * p + l];
-                    }
-        }
-        y[m] = sum;
-    }
+    for (int m = 0; m < M; ++m)
+        for (int c = 0; c < K / 256; ++c) y[m] += dot(w.data() + m * row_bytes + c * cb, x.data() + c * 256);
 }
 
 int main(int argc, char ** argv) {
@@ -196,11 +191,11 @@ int main(int argc, char ** argv) {
                 const double f = 1.0 / std::sqrt(sq / s.K + 1e-6);
                 for (int k = 0; k < s.K; ++k) xn[k] = float(double(xn[k]) * hw[k] * f);
             }
-            const auto reference = q6k ? reference_q6k : reference_q4k;
-            reference(host[0], s.K, s.M, xn, ref[r]);
+            const auto dot = q6k ? dot_q6k : dot_q4k;
+            reference(host[0], cb, dot, s.K, s.M, xn, ref[r]);
             if (s.gated) {
                 std::vector<double> gate;
-                reference(host[1], s.K, s.M, xn, gate);
+                reference(host[1], cb, dot, s.K, s.M, xn, gate);
                 for (int m = 0; m < s.M; ++m) ref[r][m] *= gate[m] / (1.0 + std::exp(-gate[m]));
             }
             for (double v : ref[r]) ref_max = std::max(ref_max, std::fabs(v));

@@ -1,10 +1,11 @@
 // What the product probes (q8_0_matmul_bench.cu, bf16x_probe.cu) share: the Qwen3.6-27B product shapes they
 // time (K -> M, gated: the fused gate/up pair, two weights of M rows; `what`: the name ab_sums.py keys a shape's
 // times by), and the timing of `reps` back-to-back launches, as stream launches or as one captured CUDA graph
-// (as ggml runs a step).
+// (as ggml runs a step), and a product's arguments in the probes' dense layout.
 #pragma once
 
 #include "cuda_check.h"
+#include "q8_0_matmul_args.h"
 
 #include <cuda_runtime.h>
 
@@ -25,6 +26,27 @@ inline constexpr product_shape qwen36_27b_shapes[] = {{5120, 17408, true, "ffn g
                                                       {5120, 6144, false, "DeltaNet attn_gate (5120 -> 6144)"},
                                                       {6144, 5120, false, "ssm_out / attn_output (6144 -> 5120)"},
                                                       {5120, 1024, false, "attn_k / attn_v (5120 -> 1024)"}};
+
+// The arguments of shape s's product at N columns on x [N][K] (dense), into y [N][M] (dense); norm_w: the RMS
+// norm's K weights (eps 1e-6) or null. w and gate are the caller's to set (its copies' layout).
+inline kernels::q8_0::matmul_args shape_args(kernels::q8_0::weight_type type, const product_shape & s,
+                                             int64_t row_bytes, bool tiled, int N, const float * x, float * y,
+                                             const float * norm_w) {
+    kernels::q8_0::matmul_args a;
+    a.type = type;
+    a.row_bytes = row_bytes;
+    a.tiled = tiled;
+    a.K = s.K;
+    a.M = s.M;
+    a.N = N;
+    a.x = x;
+    a.x_stride = s.K;
+    a.y = y;
+    a.y_stride = s.M;
+    a.norm_w = norm_w;
+    a.norm_eps = 1e-6f;
+    return a;
+}
 
 // Microseconds a launch: launch(i) for i = 0..reps-1 on `stream`, timed by the events t0, t1; graph: captured
 // into one CUDA graph first, which is launched once untimed (warm-up) and once timed.

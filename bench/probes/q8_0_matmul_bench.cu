@@ -170,21 +170,9 @@ int main(int argc, char ** argv) {
         }
         for (int N : cols) {
             auto launch = [&](int c) {
-                q8::matmul_args a;
-                a.type = type;
+                q8::matmul_args a = lucebox::probes::shape_args(type, s, row_bytes, tiled, N, x, y, norm ? norm_w : nullptr);
                 a.w = w + size_t(c) * mat * (s.gated ? 2 : 1);
                 a.gate = s.gated ? a.w + mat : nullptr;
-                a.row_bytes = row_bytes;
-                a.K = s.K;
-                a.M = s.M;
-                a.tiled = tiled;
-                a.N = N;
-                a.x = x;
-                a.x_stride = s.K;
-                a.y = y;
-                a.y_stride = s.M;
-                a.norm_w = norm ? norm_w : nullptr;
-                a.norm_eps = 1e-6f;
                 CHECK_CUDA(q8::matmul(a, scratch, stream));
             };
             for (int c = 0; c < copies; ++c) launch(c);  // warm-up

@@ -210,9 +210,11 @@ int main(int argc, char ** argv) {
             bool same_bits = true;
             if (N == 1) bf16_one.assign(hy.begin(), hy.begin() + s.M);
             else same_bits = std::memcmp(hy.data(), bf16_one.data(), size_t(s.M) * 4) == 0;
-            // bf16 x keeps 8 bits of each value, int8 x 7 of each 256-value chunk's largest: 1e-2 is far above
-            // both on normal x; a bf16 verify column must equal the decode column to the bit
-            const bool ok = err_bf16 < 1e-2 && err_int8 < 1e-2 && same_bits;
+            // against the product of unquantized x: bf16 x keeps 8 bits of each value (measured <= 2.5e-3 on an
+            // H100), int8 x 7 of each block's largest (measured up to 1.2e-2, sixty-first session), so these
+            // bounds catch a wrong kernel, not rounding; the int8 kernel's own bits are test_q8_0_matmul.cu's.
+            // A bf16 verify column must equal the decode column to the bit.
+            const bool ok = err_bf16 < 1e-2 && err_int8 < 3e-2 && same_bits;
             all_ok = all_ok && ok;
             double best[3] = {INFINITY, INFINITY, INFINITY};
             for (int r = 0; r < rounds; ++r)

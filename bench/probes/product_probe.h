@@ -1,4 +1,4 @@
-// What the product probes (q8_0_matmul_bench.cu, bf16x_probe.cu) share: the Qwen3.6-27B product shapes they
+// What the product probes (q8_0_matmul_bench.cu; bf16x_probe.cu on branch wip/bf16x) share: the Qwen3.6-27B product shapes they
 // time (K -> M, gated: the fused gate/up pair, two weights of M rows; `what`: the name ab_sums.py keys a shape's
 // times by), and the timing of `reps` back-to-back launches, as stream launches or as one captured CUDA graph
 // (as ggml runs a step), and a product's arguments in the probes' dense layout.

@@ -7,7 +7,6 @@
 //     nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Icpp/kernels -Itests/cpp \
 //          -o /tmp/q8mm bench/probes/q8_0_matmul_bench.cu && /tmp/q8mm [--q4k]
 #include "cuda_check.h"
-#include "product_probe.h"
 #include "q8_0_matmul.cuh"
 
 #include <algorithm>
@@ -18,6 +17,53 @@
 #include <vector>
 
 namespace q8 = lucebox::kernels::q8_0;
+
+// The Qwen3.6-27B product shapes timed (K -> M, gated: the fused gate/up pair, two weights of M rows; `what`:
+// the name ab_sums.py keys a shape's times by).
+struct product_shape {
+    int K, M;
+    bool gated;
+    const char * what;
+};
+
+constexpr product_shape qwen36_27b_shapes[] = {{5120, 17408, true, "ffn gate+up fused (5120 -> 2x17408)"},
+                                               {5120, 17408, false, "ffn_up alone (5120 -> 17408)"},
+                                               {17408, 5120, false, "ffn_down (17408 -> 5120)"},
+                                               {5120, 16480, false, "DeltaNet stack qkv+z+b+a (5120 -> 16480)"},
+                                               {5120, 14336, false, "attention stack q+k+v (5120 -> 14336)"},
+                                               {5120, 10240, false, "DeltaNet attn_qkv (5120 -> 10240)"},
+                                               {5120, 6144, false, "DeltaNet attn_gate (5120 -> 6144)"},
+                                               {6144, 5120, false, "ssm_out / attn_output (6144 -> 5120)"},
+                                               {5120, 1024, false, "attn_k / attn_v (5120 -> 1024)"}};
+
+// Microseconds a launch: launch(i) for i = 0..reps-1 on `stream`, timed by the events t0, t1; graph: captured
+// into one CUDA graph first, which is launched once untimed (warm-up) and once timed.
+template <typename Launch>
+static double launch_us(cudaStream_t stream, cudaEvent_t t0, cudaEvent_t t1, int reps, bool graph, Launch launch) {
+    cudaGraphExec_t exec = nullptr;
+    if (graph) {
+        cudaGraph_t g;
+        CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
+        for (int i = 0; i < reps; ++i) launch(i);
+        CHECK_CUDA(cudaStreamEndCapture(stream, &g));
+        CHECK_CUDA(cudaGraphInstantiate(&exec, g, 0));
+        CHECK_CUDA(cudaGraphDestroy(g));
+        CHECK_CUDA(cudaGraphLaunch(exec, stream));
+        CHECK_CUDA(cudaStreamSynchronize(stream));
+    }
+    CHECK_CUDA(cudaEventRecord(t0, stream));
+    if (graph) {
+        CHECK_CUDA(cudaGraphLaunch(exec, stream));
+    } else {
+        for (int i = 0; i < reps; ++i) launch(i);
+    }
+    CHECK_CUDA(cudaEventRecord(t1, stream));
+    CHECK_CUDA(cudaEventSynchronize(t1));
+    if (exec != nullptr) CHECK_CUDA(cudaGraphExecDestroy(exec));
+    float ms = 0;
+    CHECK_CUDA(cudaEventElapsedTime(&ms, t0, t1));
+    return 1e3 * ms / reps;
+}
 
 static float time_ms(cudaEvent_t a, cudaEvent_t b) {
     float ms = 0;
@@ -103,8 +149,8 @@ int main(int argc, char ** argv) {
         cudaFree(b);
         std::printf("device copy bandwidth: %.2f TB/s (read + write)\n", copy_tbs);
     }
-    using shape = lucebox::probes::product_shape;
-    const auto & shapes = lucebox::probes::qwen36_27b_shapes;
+    using shape = product_shape;
+    const auto & shapes = qwen36_27b_shapes;
     std::vector<shape> chosen(std::begin(shapes), std::end(shapes));
     std::vector<int> cols = {1, 2, 4, 8, 16, 32, 64};
     if (!only_cols.empty()) cols = only_cols;
@@ -170,15 +216,27 @@ int main(int argc, char ** argv) {
         }
         for (int N : cols) {
             auto launch = [&](int c) {
-                q8::matmul_args a = lucebox::probes::shape_args(type, s, row_bytes, tiled, N, x, y, norm ? norm_w : nullptr);
+                q8::matmul_args a;
+                a.type = type;
                 a.w = w + size_t(c) * mat * (s.gated ? 2 : 1);
                 a.gate = s.gated ? a.w + mat : nullptr;
+                a.row_bytes = row_bytes;
+                a.K = s.K;
+                a.M = s.M;
+                a.tiled = tiled;
+                a.N = N;
+                a.x = x;
+                a.x_stride = s.K;
+                a.y = y;
+                a.y_stride = s.M;
+                a.norm_w = norm ? norm_w : nullptr;
+                a.norm_eps = 1e-6f;
                 CHECK_CUDA(q8::matmul(a, scratch, stream));
             };
             for (int c = 0; c < copies; ++c) launch(c);  // warm-up
             CHECK_CUDA(cudaDeviceSynchronize());
             const int reps = std::max(20, copies * 2);
-            const double us = lucebox::probes::launch_us(stream, t0, t1, reps, graph, [&](int i) { launch(i % copies); });
+            const double us = launch_us(stream, t0, t1, reps, graph, [&](int i) { launch(i % copies); });
             const double tbs = double(mat) * (s.gated ? 2 : 1) / (us * 1e-6) / 1e12;  // weight bytes read
             std::printf("%-40s %5d %10.1f %9.2f %7.0f%%\n", s.what, N, us, tbs, 100.0 * tbs / copy_tbs);
         }

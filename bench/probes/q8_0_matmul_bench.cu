@@ -36,6 +36,12 @@ constexpr product_shape qwen36_27b_shapes[] = {{5120, 17408, true, "ffn gate+up 
                                                {6144, 5120, false, "ssm_out / attn_output (6144 -> 5120)"},
                                                {5120, 1024, false, "attn_k / attn_v (5120 -> 1024)"}};
 
+static float time_ms(cudaEvent_t a, cudaEvent_t b) {
+    float ms = 0;
+    CHECK_CUDA(cudaEventElapsedTime(&ms, a, b));
+    return ms;
+}
+
 // Microseconds a launch: launch(i) for i = 0..reps-1 on `stream`, timed by the events t0, t1; graph: captured
 // into one CUDA graph first, which is launched once untimed (warm-up) and once timed.
 template <typename Launch>
@@ -60,16 +66,9 @@ static double launch_us(cudaStream_t stream, cudaEvent_t t0, cudaEvent_t t1, int
     CHECK_CUDA(cudaEventRecord(t1, stream));
     CHECK_CUDA(cudaEventSynchronize(t1));
     if (exec != nullptr) CHECK_CUDA(cudaGraphExecDestroy(exec));
-    float ms = 0;
-    CHECK_CUDA(cudaEventElapsedTime(&ms, t0, t1));
-    return 1e3 * ms / reps;
+    return 1e3 * time_ms(t0, t1) / reps;
 }
 
-static float time_ms(cudaEvent_t a, cudaEvent_t b) {
-    float ms = 0;
-    CHECK_CUDA(cudaEventElapsedTime(&ms, a, b));
-    return ms;
-}
 
 // With arguments `K M N gated(0|1)`: that one product only (e.g. under ncu). Options first:
 // --q4k: Q4_K weights instead of Q8_0; --q5k: Q5_K; --q6k: Q6_K (row-tiled, as the kernel reads it);
@@ -149,9 +148,7 @@ int main(int argc, char ** argv) {
         cudaFree(b);
         std::printf("device copy bandwidth: %.2f TB/s (read + write)\n", copy_tbs);
     }
-    using shape = product_shape;
-    const auto & shapes = qwen36_27b_shapes;
-    std::vector<shape> chosen(std::begin(shapes), std::end(shapes));
+    std::vector<product_shape> chosen(std::begin(qwen36_27b_shapes), std::end(qwen36_27b_shapes));
     std::vector<int> cols = {1, 2, 4, 8, 16, 32, 64};
     if (!only_cols.empty()) cols = only_cols;
     if (argc == 5) {
@@ -160,7 +157,7 @@ int main(int argc, char ** argv) {
     }
     std::mt19937 rng(3);
     std::printf("%-40s %5s %10s %9s %8s\n", "matrix", "N", "us", "TB/s", "of copy");
-    for (const shape & s : chosen) {
+    for (const product_shape & s : chosen) {
         const int64_t row_bytes = int64_t(s.K) / q8::K_ALIGN * q8::chunk_bytes(type);
         const size_t mat = size_t(s.M) * row_bytes;
         const int copies = std::max(2, int((size_t(1) << 30) / mat));  // ~1 GB of weights rotating

@@ -223,6 +223,19 @@ void inputs_cpu(ggml_tensor * dst, int ith, int nth, void *) {
 
 namespace {
 
+// Partial sums of the recurrence's dot products: value i goes to sum i % DOT_LANES, and the sums are
+// added pairwise at the end. A fixed order (every batch and thread count gives the same bits) that
+// the compiler turns into vector instructions, where one running sum would chain every addition.
+constexpr int64_t DOT_LANES = 8;
+static_assert(HEAD % DOT_LANES == 0, "the lanes must tile a head");
+
+float dot(const float * a, const float * b) {
+    float acc[DOT_LANES] = {};
+    for (int64_t i = 0; i < HEAD; i += DOT_LANES)
+        for (int64_t l = 0; l < DOT_LANES; ++l) acc[l] += a[i + l] * b[i + l];
+    return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+}
+
 // Value head h's recurrence over tokens t0 .. T-1 of x (the inputs op's result for XT tokens) from
 // the state S (HEAD HEAD floats, per column c its k indices; updated in place); after each token t,
 // o holds its HEAD outputs S^T q / sqrt(HEAD) and after_token(t) runs. The one arithmetic of the
@@ -238,15 +251,9 @@ void head_recurrence(const float * xd, int64_t XT, int64_t t0, int64_t T, const 
         const float eg = std::exp(xd[C * XT + t * s.Hv + h]), b = xd[(C + s.Hv) * XT + t * s.Hv + h];
         for (int64_t c = 0; c < HEAD; ++c) {  // S[c][i]: column c of the state, k index i fastest
             float * sc = &S[c * HEAD];
-            float kv = 0.0f;
-            for (int64_t i = 0; i < HEAD; ++i) kv += sc[i] * k[i];
-            const float delta = (v[c] - eg * kv) * b;
-            float attn = 0.0f;
-            for (int64_t i = 0; i < HEAD; ++i) {
-                sc[i] = eg * sc[i] + k[i] * delta;
-                attn += sc[i] * q[i];
-            }
-            o[c] = attn * scale;
+            const float delta = (v[c] - eg * dot(sc, k)) * b;
+            for (int64_t i = 0; i < HEAD; ++i) sc[i] = eg * sc[i] + k[i] * delta;
+            o[c] = dot(sc, q) * scale;
         }
         after_token(t);
     }

@@ -23,7 +23,8 @@ namespace lucebox::kernels::delta_net {
 
 // Head size the ops take (q, k and v heads alike; the 27B's and every qwen35 GGUF's 128).
 constexpr int64_t HEAD = 128;
-// Most tokens a step op takes (decode, a verify); longer batches (prefill) run ggml's ops.
+// Most tokens a step op takes on CUDA (decode, a verify); longer batches there (prefill) run ggml's
+// ops. The CPU code takes any number (qwen35.cpp's fused_takes).
 constexpr int64_t MAX_TOKENS = 64;
 // Longest causal conv the inputs op takes (the CUDA kernel's; every qwen35 GGUF's is 4); longer
 // ones run ggml's ops.

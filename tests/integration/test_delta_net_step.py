@@ -42,6 +42,32 @@ def test_forward_with_the_ops_matches_upstream(target128: str) -> None:
     assert (ours.argmax(-1) == ref.argmax(-1)).mean() >= 0.98
 
 
+def test_a_tokens_bits_do_not_depend_on_its_batch(target128: str) -> None:
+    # on the CPU the ops take batches of any length (a prefill's micro-batch of more than MAX_TOKENS
+    # (64) tokens too), so a prompt's logits are the same bits in micro-batches of 1, 16 or 512
+    ids = [int(x) for x in np.random.default_rng(2).integers(0, 1000, 150)]
+    rows = {}
+    for ubatch in (1, 16, 512):
+        before = _core.delta_net_step_runs()
+        rows[ubatch] = lucebox.Engine(target128, ctx=300, device="cpu", ubatch=ubatch).session().eval(ids)
+        assert _core.delta_net_step_runs() > before
+    np.testing.assert_array_equal(rows[16], rows[1])
+    np.testing.assert_array_equal(rows[512], rows[1])
+
+
+def test_a_tree_of_more_than_64_nodes_equals_plain_greedy(target128: str) -> None:
+    # a DDTree verify of more nodes than MAX_TOKENS runs the ops too on the CPU: each node gets
+    # the bits of the decode steps along its path (the emitted tokens' logprobs, exactly)
+    engine = lucebox.Engine(target128, ctx=512, device="cpu", tree_budget=100)
+    p = [int(x) for x in np.random.default_rng(4).integers(0, 1000, 30)]
+    ref = engine.generate(p, max_tokens=30, logprobs=0)
+    for depth in (0, 3, 12):
+        got = engine.session().generate(p, max_tokens=30, logprobs=0,
+                                         propose_tree=forced_tree(ref.tokens, len(p), depth))
+        assert got.tokens == ref.tokens, f"depth {depth}"
+        assert [lp.logprob for lp in got.logprobs] == [lp.logprob for lp in ref.logprobs], f"depth {depth}"
+
+
 def test_replayed_commits_equal_plain_greedy(target128: str) -> None:
     engine = lucebox.Engine(target128, ctx=512, device="cpu")
     rng = np.random.default_rng(7)

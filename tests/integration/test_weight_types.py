@@ -1,7 +1,7 @@
 """Every weight type a GGUF file may hold (f16, bf16, the legacy and K-quants, the i-quants, the
 ternary and FP4 types): a model quantized to it loads, and lucebox's CPU logits are llama.cpp's bits
 where llama.cpp runs its plain kernels (no repacked weights, one token a micro-batch; see
-test_synth_mix.py). The i-quants that ggml quantizes only with an importance matrix are written by
+test_synth_mix.py), and the same bits whether the tokens come one at a time or in one batch. The i-quants that ggml quantizes only with an importance matrix are written by
 synth with a uniform one."""
 from __future__ import annotations
 
@@ -32,6 +32,10 @@ def test_weight_type_logits_are_upstreams(type_: str, tmp_path: Path) -> None:
     assert written["blk.0.attn_qkv.weight"] == type_ and written["token_embd.weight"] == type_
     ids = [int(x) for x in np.random.default_rng(1).integers(0, 1000, 12)]
     ref = oracle.reference_logits(path, ids, n_ctx=256, n_batch=1, n_ubatch=1, repack=False)
-    session = lucebox.Engine(str(path), ctx=256, device="cpu").session()
+    engine = lucebox.Engine(str(path), ctx=256, device="cpu")
+    session = engine.session()
     ours = np.concatenate([session.eval([t]) for t in ids])
     np.testing.assert_array_equal(ours, ref)
+    # and the same bits in one batch (ggml patch 0009: no llamafile GEMM in the reference mode,
+    # whose order of sums differs from the one-column vec_dot for F32 / F16 / BF16 / IQ4_NL)
+    np.testing.assert_array_equal(engine.session().eval(ids), ours)

@@ -527,17 +527,24 @@ bool mask_in_graph(const qwen35_hparams & hp, const qwen35_weights & w, uint32_t
     return false;
 }
 
+// Whether the fused ops take T tokens of a layer that can run them (fused_layer): any number in host
+// memory, where the CPU backend runs their reference code, a loop over the tokens (so every batch,
+// a prefill's too, gives a token the bits of a decode step); at most MAX_TOKENS on a GPU (its kernels').
+bool fused_takes(const qwen35_layer_weights & l, int64_t T) {
+    return T <= delta_net::MAX_TOKENS || ggml_backend_buffer_is_host(l.ssm_conv1d->buffer);
+}
+
 // Whether a DeltaNet layer's T-token batch runs as the fused step ops (kernels/delta_net_step.h):
-// a chain (not a tree) of at most MAX_TOKENS tokens, of a layer that can (fused_layer).
+// a chain (not a tree) of a layer that can (fused_layer), of a length they take (fused_takes).
 bool fused_step(const qwen35_hparams & hp, const qwen35_layer_weights & l, const qwen35_inputs & in, int64_t T) {
-    return in.parents == nullptr && T <= delta_net::MAX_TOKENS && fused_layer(hp, l);
+    return in.parents == nullptr && fused_layer(hp, l) && fused_takes(l, T);
 }
 
 // Whether a tree verify's DeltaNet layer runs the fused ops with the tree's conv windows and parents,
 // so that each node's results are the bits of decode steps along its path (which run the same ops):
-// a tree of at most MAX_TOKENS nodes, of a layer that can (fused_layer).
+// a tree of a layer that can (fused_layer), of a size they take (fused_takes).
 bool fused_tree(const qwen35_hparams & hp, const qwen35_layer_weights & l, const qwen35_inputs & in, int64_t T) {
-    return in.parents != nullptr && T <= delta_net::MAX_TOKENS && fused_layer(hp, l);
+    return in.parents != nullptr && fused_layer(hp, l) && fused_takes(l, T);
 }
 
 // A tree verify's conv sequence [carried window | batch] as [conv_dim, d_conv-1+T] (channels fastest),

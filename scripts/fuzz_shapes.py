@@ -1,0 +1,229 @@
+#!/usr/bin/env python3
+"""Differential fuzz over model shapes, against upstream llama.cpp, on the CPU.
+
+Each case draws a qwen35 target shape that no preset has (1-7 layers in an interval or an explicit
+pattern, hidden size, FFN width, attention heads / KV heads / head size / rope dims and sections,
+DeltaNet conv width / state size / K and V heads, tied or untied head, vocabulary size), a weight
+type (matrices whose rows do not fit the type fall back as synth documents) and a KV cache type,
+writes the target with `lucebox.synth`, and requires:
+
+1. the prompt's logits, evaluated in micro-batches of U tokens, to be the bits llama.cpp gives
+   them one token at a time (the oracle of tests/integration, no repacked weights, no Hadamard
+   rotation of a quantized cache): lucebox runs ggml's graph with ggml's one-row kernels whatever
+   the batch (the CPU backend's reference mode, docs/architecture.md "Cache independence"), so any
+   difference is a finding. Where lucebox's own fused DeltaNet ops run instead of ggml's (heads of
+   128: every real model's), an F32-weight twin of the target is compared within FUSED_TOL of the
+   logits' RMS instead. Rows are also checked finite;
+2. greedy decoding with a DFlash draft of a random shape (layers, heads, head size, captured target
+   layers, block size, causal or not, a sliding window) to give plain decoding's tokens, verified as
+   a chain or a DDTree tree.
+
+A shape that `lucebox.synth` refuses (ConfigError) is counted, not a finding; where upstream refuses or
+aborts (it runs in a child process; it aborts on a model without attention layers or without
+DeltaNet layers) only lucebox's own checks run (finite logits, speculation). A load or generation
+error from lucebox is a finding. Cases are seeded by their number, so `--start N --cases 1` replays case N.
+
+    bash scripts/install_oracle.sh .venv/bin/python      # upstream llama.cpp (cached build)
+    .venv/bin/python scripts/fuzz_shapes.py --start 0 --cases 100
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "integration"))
+
+# Types with CPU kernels on both sides; the i-quants that need an importance matrix get synth's
+# uniform one. (TQ1_0 / TQ2_0 / MXFP4 / NVFP4 are in tests/integration/test_weight_types.py.)
+WEIGHT_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k",
+                "q2_k", "q3_k", "q4_k_m", "q5_k_m", "iq4_nl", "iq4_xs", "iq3_s", "iq2_s")
+
+
+def _split(r: random.Random, total: int, parts: int) -> list[int]:
+    cuts = sorted(r.randint(0, total) for _ in range(parts - 1))
+    return [b - a for a, b in zip([0] + cuts, cuts + [total])]
+
+
+def case(n: int) -> dict:
+    """Case `n`: target overrides, draft overrides, types and the run's settings."""
+    r = random.Random(n)
+    n_layer = r.randint(1, 7)
+    t: dict = dict(n_layer=n_layer, n_embd=r.choice([32, 64, 96, 128, 160, 256]),
+                   n_ff=r.choice([32, 64, 96, 128, 192, 256, 320, 512]),
+                   n_vocab=r.choice([1024, 1024, 1100, 2048]), has_output=r.random() < 0.7)
+    # mostly both kinds of layer (upstream aborts on a model without one of them), at times one kind
+    if r.random() < 0.15:
+        t["recurrent_layers"] = tuple([r.random() < 0.5] * n_layer)
+    elif n_layer == 1:
+        t["n_layer"] = n_layer = 2
+        t["recurrent_layers"] = (True, False) if r.random() < 0.5 else (False, True)
+    elif r.random() < 0.5:
+        t["full_attention_interval"] = r.randint(2, n_layer)
+    else:
+        pattern = [r.random() < 0.7 for _ in range(n_layer)]
+        if all(pattern) or not any(pattern):  # (one layer of the other kind)
+            i = r.randrange(n_layer)
+            pattern[i] = not pattern[i]
+        t["recurrent_layers"] = tuple(pattern)
+    n_head_kv = r.choice([1, 2, 4])
+    head_dim = r.choice([32, 64, 96, 128, 256])
+    n_rot = r.choice([d for d in (8, 16, 32, 64, head_dim // 2, head_dim) if d <= head_dim and d % 2 == 0])
+    sections = _split(r, n_rot // 2, 3) + [0]
+    if sum(sections) == 0:
+        sections[0] = 1
+    t.update(n_head_kv=n_head_kv, n_head=n_head_kv * r.choice([1, 2, 3, 4, 6]), head_dim=head_dim, n_rot=n_rot,
+             rope_sections=tuple(sections))
+    k_heads = r.choice([1, 2, 4])
+    t.update(ssm_d_conv=r.choice([2, 3, 4, 5]), ssm_d_state=r.choice([16, 32, 64, 128, 128]), ssm_n_k_heads=k_heads,
+             ssm_n_v_heads=k_heads * r.choice([1, 2, 3, 4]))
+    d_layers = r.randint(1, 3)
+    d_head = r.choice([32, 64, 128])
+    d_kv = r.choice([1, 2])
+    d: dict = dict(n_layer=d_layers, n_ff=r.choice([64, 128, 256]), n_head_kv=d_kv, n_head=d_kv * r.choice([1, 2, 4]),
+                   head_dim=d_head, n_rot=r.choice([d_head, d_head // 2]), block_size=r.choice([2, 4, 8, 16]),
+                   causal=r.random() < 0.3,
+                   target_layers=tuple(sorted(r.sample(range(n_layer), r.randint(1, min(n_layer, 4))))))
+    if r.random() < 0.3:
+        d["sliding_window"] = r.choice([4, 16, 64])
+    ctx = r.choice([256, 512])
+    return dict(target=t, draft=d, type=r.choice(WEIGHT_TYPES), draft_type=r.choice(["f32", "q8_0", "f16"]),
+                kv=r.choice(["f16", "f16", "q8_0"]), ctx=ctx, ubatch=r.choice([1, 3, 16, 64, 512]),
+                n_prompt=r.randint(1, 160), max_tokens=r.randint(4, 40), spec=r.choice(["chain", "tree"]),
+                seed=r.randrange(2**31))
+
+
+def _reference(path: str, prompt: list[int], c: dict):
+    """Upstream's logits of `prompt`, one token at a time (run in a child process: upstream aborts
+    on some shapes, e.g. a model without attention layers)."""
+    import oracle
+    return oracle.reference_logits(path, prompt, n_ctx=c["ctx"], n_batch=1, n_ubatch=1, type_k=c["kv"],
+                                   type_v=c["kv"], attn_rot=False, repack=False)
+
+
+def fused_delta_net(t: dict) -> bool:
+    """Whether the shape's DeltaNet layers run lucebox's fused step ops (cpp/kernels/delta_net_step.h:
+    heads of 128, conv up to 8) on the CPU, whose arithmetic is lucebox's own, not ggml's."""
+    return t["ssm_d_state"] == 128 and t["ssm_d_conv"] <= 8
+
+
+#: Largest |lucebox - upstream| / RMS(upstream logits) where lucebox's fused DeltaNet ops replace
+#: ggml's (F32 weights; tests/integration/test_oracle.py's TOL_F32_F16KV, and its quantized-KV
+#: tolerance for a Q8_0 cache, whose stored values may round to other codes).
+FUSED_TOL = {"f16": 2e-2, "q8_0": 0.2}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cases", type=int, default=100)
+    ap.add_argument("--start", type=int, default=0)
+    ap.add_argument("--dir", default="/tmp/lucebox-fuzz-shapes")
+    args = ap.parse_args()
+
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    import numpy as np
+
+    import lucebox
+    import oracle
+    from lucebox import synth
+    from lucebox.errors import ConfigError, LuceboxError
+
+    ok, why = oracle.available()
+    if not ok:
+        print(f"the oracle is missing: {why}")
+        return 2
+    d = Path(args.dir)
+    d.mkdir(parents=True, exist_ok=True)
+    spawn = multiprocessing.get_context("spawn")
+    findings = 0
+    counts = dict(compared=0, refused_by_synth=0, refused_by_upstream=0, spec_checked=0)
+
+    def finding(n: int, c: dict, what: str) -> None:
+        nonlocal findings
+        findings += 1
+        print(f"case {n}: {c}: {what}", flush=True)
+
+    def upstream(path: Path, prompt: list[int], c: dict):
+        """Upstream's logits, or None (counted) where it refuses or aborts."""
+        with ProcessPoolExecutor(1, mp_context=spawn) as pool:
+            try:
+                return pool.submit(_reference, str(path), prompt, c).result()
+            except Exception as e:
+                counts["refused_by_upstream"] += 1
+                print(f"case {n}: upstream refused it: {type(e).__name__}: {str(e)[:120]}", flush=True)
+                return None
+
+    def compare(n: int, c: dict, path: Path, prompt: list[int], tol: float | None) -> bool:
+        """lucebox's prompt logits against upstream's: the same bits (tol None) or within tol x the
+        logits' RMS. False after a finding."""
+        ref = upstream(path, prompt, c)
+        try:
+            ours = lucebox.Engine(str(path), ctx=c["ctx"], device="cpu", ubatch=c["ubatch"], kv_type=c["kv"],
+                                  spec="off").session().eval(prompt)
+        except LuceboxError as e:
+            finding(n, c, f"lucebox refused {path.name}: {type(e).__name__}: {e}")
+            return False
+        if not np.isfinite(ours).all():
+            finding(n, c, f"{path.name}: non-finite logits")
+            return False
+        if ref is None:
+            return True
+        counts["compared"] += 1
+        scale = float(np.sqrt(np.mean(np.square(ref, dtype=np.float64))))
+        worst = float(np.abs(ours - ref).max()) / scale if ours.shape == ref.shape else float("inf")
+        if not (ours.shape == ref.shape and (np.array_equal(ours, ref) if tol is None else worst <= tol)):
+            rows = np.unique(np.nonzero(ours != ref)[0]) if ours.shape == ref.shape else []
+            finding(n, c, f"{path.name}: logits differ from upstream's in {len(rows)} of {len(prompt)} rows "
+                          f"(first {rows[0] if len(rows) else '-'}), max |diff| / scale {worst:.2e}"
+                          + ("" if tol is None else f" > {tol}"))
+            return False
+        return True
+
+    for n in range(args.start, args.start + args.cases):
+        c = case(n)
+        print(f"[case {n}]", file=sys.stderr, flush=True)  # (names the case if lucebox itself crashes)
+        target, twin, draft = d / f"t{n}.gguf", d / f"t{n}-f32.gguf", d / f"d{n}.gguf"
+        fused = fused_delta_net(c["target"])
+        try:
+            try:
+                synth.write_target(target, "tiny", type=c["type"], seed=c["seed"], overrides=c["target"])
+                if fused:  # (the fused ops' rounding is compared on F32 weights, where it shows alone)
+                    synth.write_target(twin, "tiny", type="f32", seed=c["seed"], overrides=c["target"])
+                synth.write_draft(draft, "tiny", type=c["draft_type"], seed=c["seed"] + 1, overrides=c["draft"],
+                                  target_overrides=c["target"])
+            except ConfigError as e:
+                counts["refused_by_synth"] += 1
+                print(f"case {n}: synth refused the shape: {e}", flush=True)
+                continue
+            prompt = [int(x) for x in np.random.default_rng(c["seed"]).integers(0, 1000, c["n_prompt"])]
+            if fused:
+                if not compare(n, c, twin, prompt, FUSED_TOL[c["kv"]]):
+                    continue
+            elif not compare(n, c, target, prompt, None):
+                continue
+            try:
+                plain = lucebox.Engine(str(target), ctx=c["ctx"], device="cpu", ubatch=c["ubatch"], kv_type=c["kv"],
+                                       spec="off").generate(prompt, max_tokens=c["max_tokens"]).tokens
+                got = lucebox.Engine(str(target), draft=str(draft), ctx=c["ctx"], device="cpu", ubatch=c["ubatch"],
+                                     kv_type=c["kv"], spec=c["spec"]).generate(prompt, max_tokens=c["max_tokens"]).tokens
+            except LuceboxError as e:
+                finding(n, c, f"generation failed: {type(e).__name__}: {e}")
+                continue
+            counts["spec_checked"] += 1
+            if list(got) != list(plain):
+                first = next((i for i, (a, b) in enumerate(zip(plain, got)) if a != b), min(len(plain), len(got)))
+                finding(n, c, f"speculative tokens differ from plain decoding's at {first} "
+                              f"({len(got)} against {len(plain)} tokens)")
+        finally:
+            for f in (target, twin, draft):
+                f.unlink(missing_ok=True)
+    print(f"outcomes {counts}")
+    print(f"{findings} finding(s) in cases [{args.start}, {args.start + args.cases})")
+    return 1 if findings else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -14,9 +14,10 @@ writes the target with `lucebox.synth`, and requires:
    difference is a finding. Where lucebox's own fused DeltaNet ops run instead of ggml's (heads of
    128: every real model's), an F32-weight twin of the target is compared within FUSED_TOL of the
    logits' RMS instead. Rows are also checked finite;
-2. greedy decoding with a DFlash draft of a random shape (layers, heads, head size, captured target
-   layers, block size, causal or not, a sliding window) to give plain decoding's tokens, verified as
-   a chain or a DDTree tree.
+2. decoding with a DFlash draft of a random shape (layers, heads, head size, captured target layers,
+   block size, causal or not, a sliding window; upstream's GGUF schema or the original lucebox one),
+   verified as a chain or a DDTree tree (budgets 4-80), to give plain decoding's tokens, greedy or
+   sampled with a seed.
 
 A shape that `lucebox.synth` refuses (ConfigError) is counted, not a finding; where upstream refuses or
 aborts (it runs in a child process; it aborts on a model without attention layers or without
@@ -87,10 +88,16 @@ def case(n: int) -> dict:
                    target_layers=tuple(sorted(r.sample(range(n_layer), r.randint(1, min(n_layer, 4))))))
     if r.random() < 0.3:
         d["sliding_window"] = r.choice([4, 16, 64])
+    schema = r.choice(["upstream", "upstream", "lucebox"])
+    if schema == "lucebox":  # (it captures layer outputs, ids 1..n_layer, ropes whole heads, has no causal flag)
+        d.update(target_layers=tuple(i + 1 for i in d["target_layers"]), n_rot=d_head, causal=False)
     ctx = r.choice([256, 512])
     return dict(target=t, draft=d, type=r.choice(WEIGHT_TYPES), draft_type=r.choice(["f32", "q8_0", "f16"]),
                 kv=r.choice(["f16", "f16", "q8_0"]), ctx=ctx, ubatch=r.choice([1, 3, 16, 64, 512]),
                 n_prompt=r.randint(1, 160), max_tokens=r.randint(4, 40), spec=r.choice(["chain", "tree"]),
+                tree_budget=r.choice([4, 22, 80]), schema=schema,
+                sampling=r.choice([{}, {}, dict(temperature=0.8, seed=r.randrange(1000)),
+                                   dict(temperature=0.7, top_k=20, seed=r.randrange(1000))]),
                 seed=r.randrange(2**31))
 
 
@@ -193,7 +200,7 @@ def main() -> int:
                 if fused:  # (the fused ops' rounding is compared on F32 weights, where it shows alone)
                     synth.write_target(twin, "tiny", type="f32", seed=c["seed"], overrides=c["target"])
                 synth.write_draft(draft, "tiny", type=c["draft_type"], seed=c["seed"] + 1, overrides=c["draft"],
-                                  target_overrides=c["target"])
+                                  target_overrides=c["target"], schema=c["schema"])
             except ConfigError as e:
                 counts["refused_by_synth"] += 1
                 print(f"case {n}: synth refused the shape: {e}", flush=True)
@@ -205,10 +212,12 @@ def main() -> int:
             elif not compare(n, c, target, prompt, None):
                 continue
             try:
+                kw = dict(max_tokens=c["max_tokens"], **c["sampling"])
                 plain = lucebox.Engine(str(target), ctx=c["ctx"], device="cpu", ubatch=c["ubatch"], kv_type=c["kv"],
-                                       spec="off").generate(prompt, max_tokens=c["max_tokens"]).tokens
+                                       spec="off").generate(prompt, **kw).tokens
                 got = lucebox.Engine(str(target), draft=str(draft), ctx=c["ctx"], device="cpu", ubatch=c["ubatch"],
-                                     kv_type=c["kv"], spec=c["spec"]).generate(prompt, max_tokens=c["max_tokens"]).tokens
+                                     kv_type=c["kv"], spec=c["spec"], tree_budget=c["tree_budget"]
+                                     ).generate(prompt, **kw).tokens
             except LuceboxError as e:
                 finding(n, c, f"generation failed: {type(e).__name__}: {e}")
                 continue

@@ -13,7 +13,10 @@ writes the target with `lucebox.synth`, and requires:
    the batch (the CPU backend's reference mode, docs/architecture.md "Cache independence"), so any
    difference is a finding. Where lucebox's own fused DeltaNet ops run instead of ggml's (heads of
    128: every real model's), an F32-weight twin of the target with an F16 cache is compared within
-   FUSED_TOL of the logits' RMS instead. Rows are also checked finite;
+   FUSED_TOL of the logits' RMS instead. Upstream rounds an F32 cache's K and V to F16 before its
+   flash attention (llama-graph.cpp, build_attn_mha) where lucebox reads them as F32, so an F32
+   cache is compared as lucebox's F16 one (the same bits as upstream's F32), and lucebox's F32
+   cache only checked finite. Rows are also checked finite;
 2. decoding with a DFlash draft of a random shape (layers, heads, head size, captured target layers,
    block size, causal or not, a sliding window; upstream's GGUF schema or the original lucebox one),
    verified as a chain or a DDTree tree (budgets 4-80), to give plain decoding's tokens, greedy or
@@ -168,10 +171,11 @@ def main() -> int:
                 return None
 
     def compare(n: int, c: dict, path: Path, prompt: list[int], kv: tuple[str, str], tol: float | None,
-                against_upstream: bool = True) -> bool:
-        """lucebox's prompt logits (finite) against upstream's: the same bits (tol None) or within tol x
-        the logits' RMS. False after a finding."""
-        ref = upstream(path, prompt, c["ctx"], kv) if against_upstream else None
+                against_upstream: bool = True, upstream_kv: tuple[str, str] | None = None) -> bool:
+        """lucebox's prompt logits (finite) with K / V caches `kv` against upstream's with `upstream_kv`
+        (default: the same): the same bits (tol None) or within tol x the logits' RMS. False after a
+        finding."""
+        ref = upstream(path, prompt, c["ctx"], upstream_kv or kv) if against_upstream else None
         try:
             ours = lucebox.Engine(str(path), ctx=c["ctx"], device="cpu", ubatch=c["ubatch"], kv_type_k=kv[0],
                                   kv_type_v=kv[1], spec="off").session().eval(prompt)
@@ -215,7 +219,9 @@ def main() -> int:
                 if not (compare(n, c, twin, prompt, ("f16", "f16"), FUSED_TOL)
                         and compare(n, c, target, prompt, c["kv"], None, against_upstream=False)):
                     continue
-            elif not compare(n, c, target, prompt, c["kv"], None):
+            elif not (compare(n, c, target, prompt, tuple("f16" if t == "f32" else t for t in c["kv"]), None,
+                              upstream_kv=c["kv"])
+                      and ("f32" not in c["kv"] or compare(n, c, target, prompt, c["kv"], None, against_upstream=False))):
                 continue
             try:
                 kw = dict(max_tokens=c["max_tokens"], **c["sampling"])

@@ -227,13 +227,15 @@ namespace {
 // added pairwise at the end. A fixed order (every batch and thread count gives the same bits) that
 // the compiler turns into vector instructions, where one running sum would chain every addition.
 constexpr int64_t DOT_LANES = 8;
-static_assert(HEAD % DOT_LANES == 0, "the lanes must tile a head");
+static_assert(HEAD % DOT_LANES == 0 && (DOT_LANES & (DOT_LANES - 1)) == 0, "lanes: a power of 2 that tiles a head");
 
 float dot(const float * a, const float * b) {
     float acc[DOT_LANES] = {};
     for (int64_t i = 0; i < HEAD; i += DOT_LANES)
         for (int64_t l = 0; l < DOT_LANES; ++l) acc[l] += a[i + l] * b[i + l];
-    return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+    for (int64_t w = DOT_LANES / 2; w > 0; w /= 2)
+        for (int64_t l = 0; l < w; ++l) acc[l] += acc[l + w];
+    return acc[0];
 }
 
 // Value head h's recurrence over tokens t0 .. T-1 of x (the inputs op's result for XT tokens) from

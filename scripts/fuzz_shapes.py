@@ -17,7 +17,9 @@ writes the target with `lucebox.synth`, and requires:
    flash attention (llama-graph.cpp, build_attn_mha) where lucebox reads them as F32, so an F32
    cache is compared as lucebox's F16 one (the same bits as upstream's F32), and lucebox's F32
    cache only checked finite. Rows are also checked finite;
-2. decoding with a DFlash draft of a random shape (layers, heads, head size, captured target layers,
+2. the prompt evaluated as a prefix restored from a snapshot (cut at random) plus the rest to give
+   the cold evaluation's bits;
+3. decoding with a DFlash draft of a random shape (layers, heads, head size, captured target layers,
    block size, causal or not, a sliding window; upstream's GGUF schema or the original lucebox one),
    verified as a chain or a DDTree tree (budgets 4-80), to give plain decoding's tokens, greedy or
    sampled with a seed.
@@ -153,7 +155,7 @@ def main() -> int:
     d.mkdir(parents=True, exist_ok=True)
     spawn = multiprocessing.get_context("spawn")
     findings = 0
-    counts = dict(compared=0, refused_by_synth=0, refused_by_upstream=0, spec_checked=0)
+    counts = dict(compared=0, refused_by_synth=0, refused_by_upstream=0, restores_checked=0, spec_checked=0)
 
     def finding(n: int, c: dict, what: str) -> None:
         nonlocal findings
@@ -171,22 +173,22 @@ def main() -> int:
                 return None
 
     def compare(n: int, c: dict, path: Path, prompt: list[int], kv: tuple[str, str], tol: float | None,
-                against_upstream: bool = True, upstream_kv: tuple[str, str] | None = None) -> bool:
+                against_upstream: bool = True, upstream_kv: tuple[str, str] | None = None):
         """lucebox's prompt logits (finite) with K / V caches `kv` against upstream's with `upstream_kv`
-        (default: the same): the same bits (tol None) or within tol x the logits' RMS. False after a
-        finding."""
+        (default: the same): the same bits (tol None) or within tol x the logits' RMS. Returns them, or
+        None after a finding."""
         ref = upstream(path, prompt, c["ctx"], upstream_kv or kv) if against_upstream else None
         try:
             ours = lucebox.Engine(str(path), ctx=c["ctx"], device="cpu", ubatch=c["ubatch"], kv_type_k=kv[0],
                                   kv_type_v=kv[1], spec="off").session().eval(prompt)
         except LuceboxError as e:
             finding(n, c, f"lucebox refused {path.name}: {type(e).__name__}: {e}")
-            return False
+            return None
         if not np.isfinite(ours).all():
             finding(n, c, f"{path.name}: non-finite logits")
-            return False
+            return None
         if ref is None:
-            return True
+            return ours
         counts["compared"] += 1
         scale = float(np.sqrt(np.mean(np.square(ref, dtype=np.float64))))
         worst = float(np.abs(ours - ref).max()) / scale if ours.shape == ref.shape else float("inf")
@@ -195,8 +197,8 @@ def main() -> int:
             finding(n, c, f"{path.name}: logits differ from upstream's in {len(rows)} of {len(prompt)} rows "
                           f"(first {rows[0] if len(rows) else '-'}), max |diff| / scale {worst:.2e}"
                           + ("" if tol is None else f" > {tol}"))
-            return False
-        return True
+            return None
+        return ours
 
     for n in range(args.start, args.start + args.cases):
         c = case(n)
@@ -215,18 +217,31 @@ def main() -> int:
                 print(f"case {n}: synth refused the shape: {e}", flush=True)
                 continue
             prompt = [int(x) for x in np.random.default_rng(c["seed"]).integers(0, 1000, c["n_prompt"])]
+            as_f16 = tuple("f16" if t == "f32" else t for t in c["kv"])  # (lucebox's match for upstream's F32 cache)
             if fused:
-                if not (compare(n, c, twin, prompt, ("f16", "f16"), FUSED_TOL)
-                        and compare(n, c, target, prompt, c["kv"], None, against_upstream=False)):
+                if compare(n, c, twin, prompt, ("f16", "f16"), FUSED_TOL) is None:
                     continue
-            elif not (compare(n, c, target, prompt, tuple("f16" if t == "f32" else t for t in c["kv"]), None,
-                              upstream_kv=c["kv"])
-                      and ("f32" not in c["kv"] or compare(n, c, target, prompt, c["kv"], None, against_upstream=False))):
+            elif as_f16 != c["kv"]:
+                if compare(n, c, target, prompt, as_f16, None, upstream_kv=c["kv"]) is None:
+                    continue
+            # lucebox's logits of the case's own file and caches: upstream's bits where nothing above stood in
+            cold = compare(n, c, target, prompt, c["kv"], None, against_upstream=not fused and as_f16 == c["kv"])
+            if cold is None:
                 continue
+            common = dict(ctx=c["ctx"], device="cpu", ubatch=c["ubatch"], kv_type_k=c["kv"][0], kv_type_v=c["kv"][1])
+            if len(prompt) > 1:  # a prefix restored from a snapshot, then the rest: the cold prefill's bits
+                cut = random.Random(n).randint(1, len(prompt) - 1)
+                engine = lucebox.Engine(str(target), spec="off", **common)
+                first = engine.session()
+                first.eval(prompt[:cut])
+                warm = engine.session()
+                warm.restore(first.snapshot())
+                if not np.array_equal(warm.eval(prompt[cut:]), cold[cut:]):
+                    finding(n, c, f"a restore after {cut} of {len(prompt)} tokens differs from the cold prefill")
+                    continue
+                counts["restores_checked"] += 1
             try:
                 kw = dict(max_tokens=c["max_tokens"], **c["sampling"])
-                common = dict(ctx=c["ctx"], device="cpu", ubatch=c["ubatch"], kv_type_k=c["kv"][0],
-                              kv_type_v=c["kv"][1])
                 plain = lucebox.Engine(str(target), spec="off", **common).generate(prompt, **kw).tokens
                 got = lucebox.Engine(str(target), draft=str(draft), spec=c["spec"], tree_budget=c["tree_budget"],
                                      **common).generate(prompt, **kw).tokens

@@ -98,8 +98,9 @@ def case(n: int) -> dict:
     schema = r.choice(["upstream", "upstream", "lucebox"])
     if schema == "lucebox":  # (it captures layer outputs, ids 1..n_layer, ropes whole heads, has no causal flag)
         d.update(target_layers=tuple(i + 1 for i in d["target_layers"]), n_rot=d_head, causal=False)
-    # (at most 512 cache rows: from 512 on upstream's one-row attention splits the keys over its threads,
-    # which rounds otherwise; lucebox's reference mode never does, docs/architecture.md "Cache independence")
+    # (prompts and generations stay under 512 cache rows: from 512 keys on, upstream's one-row attention
+    # splits them over its threads, which rounds otherwise; lucebox's reference mode never does,
+    # docs/architecture.md "Cache independence")
     ctx = r.choice([256, 512])
     return dict(target=t, draft=d, type=r.choice(WEIGHT_TYPES), draft_type=r.choice(["f32", "q8_0", "f16"]),
                 kv=(r.choice(KV_TYPES), r.choice(KV_TYPES)) if r.random() < 0.3 else (r.choice(["f16", "q8_0"]),) * 2,

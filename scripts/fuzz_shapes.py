@@ -41,8 +41,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "integration"))
 
-# KV cache types (lucebox.config.KV_TYPES: the caches llama.cpp takes too).
-KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
 # Types with CPU kernels on both sides; the i-quants that need an importance matrix get synth's
 # uniform one. (TQ1_0 / TQ2_0 / MXFP4 / NVFP4 are in tests/integration/test_weight_types.py.)
 WEIGHT_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k",
@@ -56,6 +54,8 @@ def _split(r: random.Random, total: int, parts: int) -> list[int]:
 
 def case(n: int) -> dict:
     """Case `n`: target overrides, draft overrides, types and the run's settings."""
+    from lucebox.config import KV_TYPES  # (every cache type lucebox takes; llama.cpp takes them too)
+
     r = random.Random(n)
     n_layer = r.randint(1, 7)
     t: dict = dict(n_layer=n_layer, n_embd=r.choice([32, 64, 96, 128, 160, 256]),

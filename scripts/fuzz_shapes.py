@@ -120,12 +120,6 @@ def _reference(path: str, prompt: list[int], ctx: int, kv: tuple[str, str]):
                                    attn_rot=False, repack=False)
 
 
-def fused_delta_net(t: dict) -> bool:
-    """Whether the shape's DeltaNet layers run lucebox's fused step ops (cpp/kernels/delta_net_step.h:
-    heads of 128, conv up to 8) on the CPU, whose arithmetic is lucebox's own, not ggml's."""
-    return t["ssm_d_state"] == 128 and t["ssm_d_conv"] <= 8
-
-
 #: Largest |lucebox - upstream| / RMS(upstream logits) where lucebox's fused DeltaNet ops replace
 #: ggml's: F32 weights and an F16 cache, so that the ops' rounding shows alone
 #: (tests/integration/test_oracle.py's TOL_F32_F16KV).
@@ -147,7 +141,7 @@ def main() -> int:
 
     import lucebox
     import oracle
-    from lucebox import synth
+    from lucebox import _core, synth
     from lucebox.errors import ConfigError, LuceboxError
 
     ok, why = oracle.available()
@@ -175,44 +169,48 @@ def main() -> int:
                 print(f"case {n}: upstream refused it: {type(e).__name__}: {str(e)[:120]}", flush=True)
                 return None
 
-    def compare(n: int, c: dict, path: Path, prompt: list[int], kv: tuple[str, str], tol: float | None,
-                against_upstream: bool = True, upstream_kv: tuple[str, str] | None = None):
-        """lucebox's prompt logits (finite) with K / V caches `kv` against upstream's with `upstream_kv`
-        (default: the same): the same bits (tol None) or within tol x the logits' RMS. Returns them, or
-        None after a finding."""
-        ref = upstream(path, prompt, c["ctx"], upstream_kv or kv) if against_upstream else None
+    def lucebox_logits(n: int, c: dict, path: Path, prompt: list[int], kv: tuple[str, str], engine=None):
+        """lucebox's prompt logits with K / V caches `kv` (on `engine` if given), or None after a finding
+        (a refusal, non-finite values)."""
         try:
-            ours = lucebox.Engine(str(path), ctx=c["ctx"], device="cpu", ubatch=c["ubatch"], kv_type_k=kv[0],
-                                  kv_type_v=kv[1], spec="off").session().eval(prompt)
+            engine = engine or lucebox.Engine(str(path), ctx=c["ctx"], device="cpu", ubatch=c["ubatch"],
+                                              kv_type_k=kv[0], kv_type_v=kv[1], spec="off")
+            ours = engine.session().eval(prompt)
         except LuceboxError as e:
             finding(n, c, f"lucebox refused {path.name}: {type(e).__name__}: {e}")
             return None
         if not np.isfinite(ours).all():
             finding(n, c, f"{path.name}: non-finite logits")
             return None
+        return ours
+
+    def matches_upstream(n: int, c: dict, path: Path, prompt: list[int], ours, kv: tuple[str, str],
+                         tol: float | None) -> bool:
+        """`ours` against upstream's logits with caches `kv`: the same bits (tol None) or within tol x the
+        logits' RMS. True where upstream refused; False after a finding."""
+        if ours is None:
+            return False
+        ref = upstream(path, prompt, c["ctx"], kv)
         if ref is None:
-            return ours
+            return True
         counts["compared"] += 1
         scale = float(np.sqrt(np.mean(np.square(ref, dtype=np.float64))))
         worst = float(np.abs(ours - ref).max()) / scale if ours.shape == ref.shape else float("inf")
-        if not (ours.shape == ref.shape and (np.array_equal(ours, ref) if tol is None else worst <= tol)):
-            rows = np.unique(np.nonzero(ours != ref)[0]) if ours.shape == ref.shape else []
-            finding(n, c, f"{path.name}: logits differ from upstream's in {len(rows)} of {len(prompt)} rows "
-                          f"(first {rows[0] if len(rows) else '-'}), max |diff| / scale {worst:.2e}"
-                          + ("" if tol is None else f" > {tol}"))
-            return None
-        return ours
+        if ours.shape == ref.shape and (np.array_equal(ours, ref) if tol is None else worst <= tol):
+            return True
+        rows = np.unique(np.nonzero(ours != ref)[0]) if ours.shape == ref.shape else []
+        finding(n, c, f"{path.name}: logits differ from upstream's in {len(rows)} of {len(prompt)} rows "
+                      f"(first {rows[0] if len(rows) else '-'}), max |diff| / scale {worst:.2e}"
+                      + ("" if tol is None else f" > {tol}"))
+        return False
 
     for n in range(args.start, args.start + args.cases):
         c = case(n)
         print(f"[case {n}]", file=sys.stderr, flush=True)  # (names the case if lucebox itself crashes)
         target, twin, draft = d / f"t{n}.gguf", d / f"t{n}-f32.gguf", d / f"d{n}.gguf"
-        fused = fused_delta_net(c["target"])
         try:
             try:
                 synth.write_target(target, "tiny", type=c["type"], seed=c["seed"], overrides=c["target"])
-                if fused:  # (the fused ops' rounding is compared on F32 weights, where it shows alone)
-                    synth.write_target(twin, "tiny", type="f32", seed=c["seed"], overrides=c["target"])
                 synth.write_draft(draft, "tiny", type=c["draft_type"], seed=c["seed"] + 1, overrides=c["draft"],
                                   target_overrides=c["target"], schema=c["schema"])
             except ConfigError as e:
@@ -220,21 +218,33 @@ def main() -> int:
                 print(f"case {n}: synth refused the shape: {e}", flush=True)
                 continue
             prompt = [int(x) for x in np.random.default_rng(c["seed"]).integers(0, 1000, c["n_prompt"])]
-            as_f16 = tuple("f16" if t == "f32" else t for t in c["kv"])  # (lucebox's match for upstream's F32 cache)
-            if fused:
-                if compare(n, c, twin, prompt, ("f16", "f16"), FUSED_TOL) is None:
-                    continue
-            elif as_f16 != c["kv"]:
-                if compare(n, c, target, prompt, as_f16, None, upstream_kv=c["kv"]) is None:
-                    continue
-            # lucebox's logits of the case's own file and caches: upstream's bits where nothing above stood in
-            cold = compare(n, c, target, prompt, c["kv"], None, against_upstream=not fused and as_f16 == c["kv"])
+            common = dict(ctx=c["ctx"], device="cpu", ubatch=c["ubatch"], kv_type_k=c["kv"][0], kv_type_v=c["kv"][1])
+            try:
+                engine = lucebox.Engine(str(target), spec="off", **common)
+            except LuceboxError as e:
+                finding(n, c, f"lucebox refused {target.name}: {type(e).__name__}: {e}")
+                continue
+            before = _core.delta_net_step_runs()
+            cold = lucebox_logits(n, c, target, prompt, c["kv"], engine)
+            # lucebox's own fused DeltaNet ops ran (heads of 128): their rounding is not ggml's, so upstream
+            # is matched within FUSED_TOL on an F32 twin with an F16 cache, where it shows alone
+            fused = _core.delta_net_step_runs() > before
             if cold is None:
                 continue
-            common = dict(ctx=c["ctx"], device="cpu", ubatch=c["ubatch"], kv_type_k=c["kv"][0], kv_type_v=c["kv"][1])
+            as_f16 = tuple("f16" if t == "f32" else t for t in c["kv"])  # (lucebox's match for upstream's F32 cache)
+            if fused:
+                synth.write_target(twin, "tiny", type="f32", seed=c["seed"], overrides=c["target"])
+                if not matches_upstream(n, c, twin, prompt, lucebox_logits(n, c, twin, prompt, ("f16", "f16")),
+                                        ("f16", "f16"), FUSED_TOL):
+                    continue
+            elif as_f16 != c["kv"]:
+                if not matches_upstream(n, c, target, prompt, lucebox_logits(n, c, target, prompt, as_f16),
+                                        c["kv"], None):
+                    continue
+            elif not matches_upstream(n, c, target, prompt, cold, c["kv"], None):
+                continue
             if len(prompt) > 1:  # a prefix restored from a snapshot, then the rest: the cold prefill's bits
                 cut = random.Random(n).randint(1, len(prompt) - 1)
-                engine = lucebox.Engine(str(target), spec="off", **common)
                 first = engine.session()
                 first.eval(prompt[:cut])
                 warm = engine.session()
@@ -245,7 +255,7 @@ def main() -> int:
                 counts["restores_checked"] += 1
             try:
                 kw = dict(max_tokens=c["max_tokens"], **c["sampling"])
-                plain = lucebox.Engine(str(target), spec="off", **common).generate(prompt, **kw).tokens
+                plain = engine.generate(prompt, **kw).tokens
                 got = lucebox.Engine(str(target), draft=str(draft), spec=c["spec"], tree_budget=c["tree_budget"],
                                      **common).generate(prompt, **kw).tokens
             except LuceboxError as e:
@@ -253,8 +263,8 @@ def main() -> int:
                 continue
             counts["spec_checked"] += 1
             if list(got) != list(plain):
-                first = next((i for i, (a, b) in enumerate(zip(plain, got)) if a != b), min(len(plain), len(got)))
-                finding(n, c, f"speculative tokens differ from plain decoding's at {first} "
+                first_diff = next((i for i, (a, b) in enumerate(zip(plain, got)) if a != b), min(len(plain), len(got)))
+                finding(n, c, f"speculative tokens differ from plain decoding's at {first_diff} "
                               f"({len(got)} against {len(plain)} tokens)")
         finally:
             for f in (target, twin, draft):

@@ -1,8 +1,8 @@
 """Every weight type a GGUF file may hold (f16, bf16, the legacy and K-quants, the i-quants, the
 ternary and FP4 types): a model quantized to it loads, and lucebox's CPU logits are llama.cpp's bits
 where llama.cpp runs its plain kernels (no repacked weights, one token a micro-batch; see
-test_synth_mix.py), and the same bits whether the tokens come one at a time or in one batch. The i-quants that ggml quantizes only with an importance matrix are written by
-synth with a uniform one."""
+test_synth_mix.py), and the same bits whether the tokens come one at a time or in one batch. The
+i-quants that ggml quantizes only with an importance matrix are written by synth with a uniform one."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -3,9 +3,10 @@
 
 Each case draws a qwen35 target shape that no preset has (1-7 layers in an interval or an explicit
 pattern, hidden size, FFN width, attention heads / KV heads / head size / rope dims and sections,
-DeltaNet conv width / state size / K and V heads, tied or untied head, vocabulary size), a weight
-type (matrices whose rows do not fit the type fall back as synth documents) and K and V cache types,
-writes the target with `lucebox.synth`, and requires:
+DeltaNet conv width / state size / K and V heads, tied or untied head, vocabulary size), a weight type
+(matrices whose rows do not fit the type fall back as synth documents), K and V cache types and a prompt
+(1-160 tokens, at times 480-1800: caches past 512 rows), writes the target with `lucebox.synth`, and
+requires:
 
 1. the prompt's logits, evaluated in micro-batches of U tokens, to be the bits llama.cpp gives
    them one token at a time (the oracle of tests/integration, no repacked weights, no Hadamard
@@ -22,7 +23,12 @@ writes the target with `lucebox.synth`, and requires:
 3. decoding with a DFlash draft of a random shape (layers, heads, head size, captured target layers,
    block size, causal or not, a sliding window; upstream's GGUF schema or the original lucebox one),
    verified as a chain or a DDTree tree (budgets 4-80), to give plain decoding's tokens, greedy or
-   sampled with a seed.
+   sampled with a seed;
+4. a draft in upstream's schema to propose, at every step of upstream's own greedy DFlash generation
+   (``llama-speculative-simple``, its debug log; tests/integration/upstream_spec.py), what upstream's
+   draft proposes on the same context, on F32 twins of the pair (upstream's batched kernels round F32
+   differently only by ties its log cannot settle). Needs that program (``scripts/build_upstream_spec.sh``);
+   without it this check is skipped, said once.
 
 A shape that `lucebox.synth` refuses (ConfigError) is counted, not a finding; where upstream refuses or
 aborts (it runs in a child process; it aborts on a model without attention layers or without
@@ -98,11 +104,8 @@ def case(n: int) -> dict:
     schema = r.choice(["upstream", "upstream", "lucebox"])
     if schema == "lucebox":  # (it captures layer outputs, ids 1..n_layer, ropes whole heads, has no causal flag)
         d.update(target_layers=tuple(i + 1 for i in d["target_layers"]), n_rot=d_head, causal=False)
-    # (prompts and generations stay under 512 cache rows: from 512 keys on, upstream's one-row attention
-    # splits them over its threads, which rounds otherwise; lucebox's reference mode never does,
-    # docs/architecture.md "Cache independence")
     ctx = r.choice([256, 512])
-    return dict(target=t, draft=d, type=r.choice(WEIGHT_TYPES), draft_type=r.choice(["f32", "q8_0", "f16"]),
+    c = dict(target=t, draft=d, type=r.choice(WEIGHT_TYPES), draft_type=r.choice(["f32", "q8_0", "f16"]),
                 kv=(r.choice(KV_TYPES), r.choice(KV_TYPES)) if r.random() < 0.3 else (r.choice(["f16", "q8_0"]),) * 2,
                 ctx=ctx, ubatch=r.choice([1, 3, 16, 64, 512]),
                 n_prompt=r.randint(1, 160), max_tokens=r.randint(4, 40), spec=r.choice(["chain", "tree"]),
@@ -110,14 +113,20 @@ def case(n: int) -> dict:
                 sampling=r.choice([{}, {}, dict(temperature=0.8, seed=r.randrange(1000)),
                                    dict(temperature=0.7, top_k=20, seed=r.randrange(1000))]),
                 seed=r.randrange(2**31))
+    if r.random() < 0.1:  # at times a long prompt: caches past 512 rows, where upstream's threads would split keys
+        c.update(ctx=2048, n_prompt=r.randint(480, 1800))
+    return c
 
 
 def _reference(path: str, prompt: list[int], ctx: int, kv: tuple[str, str]):
     """Upstream's logits of `prompt`, one token at a time (run in a child process: upstream aborts
-    on some shapes, e.g. a model without attention layers)."""
+    on some shapes, e.g. a model without attention layers). One thread: from 512 cache rows on, upstream's
+    one-row attention splits the keys over its threads and adds the parts, which rounds otherwise;
+    with one thread it is one part, the bits of lucebox's reference mode, which never splits
+    (docs/architecture.md "Cache independence"; its matrix products do not depend on the thread count)."""
     import oracle
-    return oracle.reference_logits(path, prompt, n_ctx=ctx, n_batch=1, n_ubatch=1, type_k=kv[0], type_v=kv[1],
-                                   attn_rot=False, repack=False)
+    return oracle.reference_logits(path, prompt, n_ctx=ctx, n_batch=1, n_ubatch=1, n_threads=1, type_k=kv[0],
+                                   type_v=kv[1], attn_rot=False, repack=False)
 
 
 #: Largest |lucebox - upstream| / RMS(upstream logits) where lucebox's fused DeltaNet ops replace
@@ -152,7 +161,12 @@ def main() -> int:
     d.mkdir(parents=True, exist_ok=True)
     spawn = multiprocessing.get_context("spawn")
     findings = 0
-    counts = dict(compared=0, refused_by_synth=0, refused_by_upstream=0, restores_checked=0, spec_checked=0)
+    counts = dict(compared=0, refused_by_synth=0, refused_by_upstream=0, restores_checked=0, spec_checked=0,
+                  draft_steps_checked=0, draft_ties=0)
+    import upstream_spec
+    spec_binary, why = upstream_spec.find_binary()
+    if spec_binary is None:
+        print(f"check 4 (drafts against upstream's) skipped: {why}")
 
     def finding(n: int, c: dict, what: str) -> None:
         nonlocal findings
@@ -204,10 +218,40 @@ def main() -> int:
                       + ("" if tol is None else f" > {tol}"))
         return False
 
+    def drafts_match_upstream(n: int, c: dict, twin: Path, draft_twin: Path) -> None:
+        """Check 4 on F32 twins of the pair (written here)."""
+        from lucebox.vocab import TOKEN_TYPE_NORMAL
+        if not twin.exists():
+            synth.write_target(twin, "tiny", type="f32", seed=c["seed"], overrides=c["target"])
+        synth.write_draft(draft_twin, "tiny", type="f32", seed=c["seed"] + 1, overrides=c["draft"],
+                          target_overrides=c["target"], schema="upstream")
+        engine = lucebox.Engine(str(twin), draft=str(draft_twin), ctx=c["ctx"], device="cpu", spec="chain")
+        tk = engine.tokenizer
+        # a text prompt (upstream's example tokenizes one): ordinary tokens' text, no NUL (a C string)
+        normal = [i for i, t in enumerate(tk.vocab.token_types) if t == TOKEN_TYPE_NORMAL]
+        pick = np.random.default_rng(c["seed"]).integers(0, len(normal), min(c["n_prompt"], 200))
+        text = tk.decode([normal[int(i)] for i in pick]).replace("\0", "")
+        ids = tk.encode(text, add_special=True)
+        if len(ids) < 2 or len(ids) + c["max_tokens"] + 2 * c["draft"]["block_size"] > c["ctx"]:
+            return
+        try:
+            steps = upstream_spec.run_logged(spec_binary, twin, draft_twin, text, c["max_tokens"],
+                                             echo=tk.decode_bytes(ids), ctx=c["ctx"], threads=1)
+        except RuntimeError as e:  # (an abort: a model without one of the layer kinds)
+            counts["refused_by_upstream"] += 1
+            print(f"case {n}: upstream's DFlash example refused it: {str(e)[:120]}", flush=True)
+            return
+        equal, ties, difference = upstream_spec.compare_draft_steps(engine.session(), ids, steps)
+        counts["draft_steps_checked"] += len(steps)
+        counts["draft_ties"] += ties
+        if difference is not None:
+            finding(n, c, f"the draft's proposals differ from upstream's: {difference}")
+
     for n in range(args.start, args.start + args.cases):
         c = case(n)
         print(f"[case {n}]", file=sys.stderr, flush=True)  # (names the case if lucebox itself crashes)
         target, twin, draft = d / f"t{n}.gguf", d / f"t{n}-f32.gguf", d / f"d{n}.gguf"
+        draft_twin = d / f"d{n}-f32.gguf"
         try:
             try:
                 synth.write_target(target, "tiny", type=c["type"], seed=c["seed"], overrides=c["target"])
@@ -266,8 +310,10 @@ def main() -> int:
                 first_diff = next((i for i, (a, b) in enumerate(zip(plain, got)) if a != b), min(len(plain), len(got)))
                 finding(n, c, f"speculative tokens differ from plain decoding's at {first_diff} "
                               f"({len(got)} against {len(plain)} tokens)")
+            if spec_binary is not None and c["schema"] == "upstream":
+                drafts_match_upstream(n, c, twin, draft_twin)
         finally:
-            for f in (target, twin, draft):
+            for f in (target, twin, draft, draft_twin):
                 f.unlink(missing_ok=True)
     print(f"outcomes {counts}")
     print(f"{findings} finding(s) in cases [{args.start}, {args.start + args.cases})")

@@ -71,6 +71,12 @@ TEST_CASE(upstream_swa_is_per_query_and_bidirectional) {
     CHECK(row(m, 10, 0) == "xxx.....xx");  // q = 5: context 3, 4
     CHECK(row(m, 10, 1) == "xxxx....xx");  // q = 6: context 4
     CHECK(row(m, 10, 2) == "xxxxx...xx");  // q = 7: no context
+    // a block longer than the window: the rows before the window are hidden in the block too
+    const auto b = block_mask(draft(dflash_schema::upstream, 2), true, 5, 4, 10);
+    CHECK(row(b, 10, 0) == "xxxx.....x");  // q = 5: context 4, the block
+    CHECK(row(b, 10, 1) == "xxxxx....x");  // q = 6: block rows 5..8
+    CHECK(row(b, 10, 2) == "xxxxxx...x");  // q = 7: block rows 6..8
+    CHECK(row(b, 10, 3) == "xxxxxxx..x");  // q = 8: block rows 7, 8
 }
 
 TEST_CASE(lucebox_swa_is_last_context_and_causal) {

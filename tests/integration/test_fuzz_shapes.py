@@ -1,6 +1,7 @@
 """scripts/fuzz_shapes.py's first cases as a test: random target shapes, weight types, K / V cache types,
 micro-batches and drafts against upstream llama.cpp (one-token bits), a restored prefix against the cold
-prefill, speculation against plain decoding. The script runs as a user runs it (upstream in a child
+prefill, speculation against plain decoding, and, with upstream's DFlash example built, the drafts'
+proposals against upstream's at every step. The script runs as a user runs it (upstream in a child
 process, since it aborts on some shapes); its cases are seeded, so a failure names a case to replay
 with `--start N --cases 1`."""
 from __future__ import annotations
@@ -30,3 +31,6 @@ def test_the_first_cases_find_nothing(tmp_path: Path) -> None:
     # the cases did the work they claim: most compared with upstream, every written one speculated
     counts = ast.literal_eval(run.stdout.split("outcomes ", 1)[1].splitlines()[0])
     assert counts["compared"] >= CASES // 2 and counts["spec_checked"] == CASES - counts["refused_by_synth"]
+    import upstream_spec
+    if upstream_spec.find_binary()[0] is not None:
+        assert counts["draft_steps_checked"] > 0, counts

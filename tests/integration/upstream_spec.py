@@ -41,7 +41,7 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,15 +87,16 @@ def find_binary() -> tuple[str | None, str]:
 
 
 def command(binary: str, target: str | os.PathLike[str], draft: str | os.PathLike[str], prompt: str,
-            n_predict: int, *, ctx: int = 512, threads: int = 2, n_draft: int = N_DRAFT) -> list[str]:
-    """The argument vector of one greedy DFlash generation (see the module docstring)."""
+            n_predict: int, *, ctx: int = 512, threads: int = 2, n_draft: int = N_DRAFT,
+            extra_args: Sequence[str] = ()) -> list[str]:
+    """The argument vector of one greedy DFlash generation (see the module docstring), `extra_args` last."""
     return [
         str(binary), "-m", os.fspath(target), "-md", os.fspath(draft),
         "--spec-type", "draft-dflash",
         "--spec-draft-n-max", str(n_draft), "--spec-draft-n-min", "0", "--spec-draft-p-min", "0",
         "--temp", "0", "--top-k", "1", "--seed", "0",
         "-n", str(n_predict), "-c", str(ctx), "-t", str(threads), "-tb", str(threads),
-        "--no-escape", "-p", prompt,
+        "--no-escape", "-p", prompt, *extra_args,
     ]
 
 
@@ -160,7 +161,7 @@ def _parse(cmd: list[str], out: bytes, err: str, head: bytes, wall: float) -> Up
 def run(binary: str, target: str | os.PathLike[str], draft: str | os.PathLike[str], prompt: str,
         n_predict: int, *, echo: bytes | None = None, ctx: int = 512, threads: int = 2,
         n_draft: int = N_DRAFT, timeout: float = 300.0, attempts: int = 20,
-        extra_env: Mapping[str, str] | None = None) -> UpstreamRun:
+        extra_env: Mapping[str, str] | None = None, extra_args: Sequence[str] = ()) -> UpstreamRun:
     """Run upstream's DFlash example and parse what it printed.
 
     `echo` is what upstream prints for the prompt tokens (default: the prompt's UTF-8 bytes,
@@ -182,7 +183,8 @@ def run(binary: str, target: str | os.PathLike[str], draft: str | os.PathLike[st
     the counters too in 10 of 20, hence the 20 attempts.
     `extra_env` is added to the environment, from which ``LLAMA_ARG_*`` options are removed.
     """
-    cmd = command(binary, target, draft, prompt, n_predict, ctx=ctx, threads=threads, n_draft=n_draft)
+    cmd = command(binary, target, draft, prompt, n_predict, ctx=ctx, threads=threads, n_draft=n_draft,
+                  extra_args=extra_args)
     env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_ARG_")}  # no ambient options
     env.update(extra_env or {})
     head = _STDOUT_HEAD + (prompt.encode("utf-8") if echo is None else echo)
@@ -202,5 +204,112 @@ def run(binary: str, target: str | os.PathLike[str], draft: str | os.PathLike[st
 
 def printed_bytes(tokenizer, tokens: Iterable[int]) -> bytes:
     """What upstream prints for `tokens`: each token's bytes (control tokens as their text, as
-    ``common_token_to_piece(..., special = true)``), cut at a NUL byte (``LOG("%s", piece)``)."""
-    return b"".join(tokenizer.token_bytes(int(t)).split(b"\0", 1)[0] for t in tokens)
+    ``common_token_to_piece(..., special = true)``; unused tokens, e.g. a synthetic vocabulary's
+    ``<|extra_N|>``, as nothing: llama-vocab.cpp's token_to_piece has no case for their type), cut
+    at a NUL byte (``LOG("%s", piece)``)."""
+    from lucebox.vocab import TOKEN_TYPE_UNUSED
+    types = tokenizer.vocab.token_types
+    return b"".join(tokenizer.token_bytes(int(t)).split(b"\0", 1)[0] for t in tokens
+                    if types[int(t)] != TOKEN_TYPE_UNUSED)
+
+
+
+#: upstream's debug log (``-lv 5``), common/speculative.cpp: one line a candidate of a DFlash block
+#: position (rank, position, token id, probability over the draft sampler's top 10, %8.3f), best first;
+#: examples/speculative-simple: one line a step after the verify (proposals accepted, of those drafted;
+#: the target's own next token)
+_CANDIDATE = re.compile(r"draft candidate\s+(\d+), pos\s+(\d+):\s+(\d+) \(\s*([0-9.]+)\)")
+_ACCEPTED = re.compile(r"accepted (\d+)/(\d+) draft tokens, the last target token is: \((\d+)\)")
+#: probabilities printed closer than this are a tie as far as the log can tell (3 decimals)
+TIE = 0.0015
+
+
+@dataclass
+class DraftStep:
+    #: per block position (0 = the first proposal): the top candidates (up to 3) as (token id, p), best
+    #: first; the first is the proposal
+    candidates: list[list[tuple[int, float]]]
+    accepted: int  # proposals the target accepted
+    token: int     # the target's next token after them (the next step's anchor)
+
+    @property
+    def proposals(self) -> list[int]:
+        return [c[0][0] for c in self.candidates]
+
+
+def draft_steps(stderr: str) -> list[DraftStep]:
+    """The steps of a run with ``extra_args=["-lv", "5"]`` whose verify line was written: the logger
+    loses the end of most such runs (see `run`; the debug log is large), so a run is read as far as it
+    got, and a step counts once its verify line is there (its candidates were written before it)."""
+    steps: list[DraftStep] = []
+    cands: list[list[tuple[int, float]]] = []
+    for m in re.finditer(f"{_CANDIDATE.pattern}|{_ACCEPTED.pattern}", stderr):
+        if m[1] is not None:
+            rank, pos, tok, p = int(m[1]), int(m[2]), int(m[3]), float(m[4])
+            if rank == 0:
+                if pos != len(cands):
+                    raise ValueError(f"unexpected draft candidate line {m[0]!r}: {len(cands)} positions before it")
+                cands.append([])
+            elif pos != len(cands) - 1:
+                raise ValueError(f"unexpected draft candidate line {m[0]!r}")
+            cands[-1].append((tok, p))
+        else:
+            accepted, drafted = int(m[5]), int(m[6])
+            if accepted > min(drafted, len(cands)):
+                raise ValueError(f"{m[0]!r} after {len(cands)} logged proposals")
+            steps.append(DraftStep(cands, accepted, int(m[7])))
+            cands = []
+    return steps
+
+
+def steps_tokens(steps: list[DraftStep]) -> list[int]:
+    """The tokens upstream generated in `steps`: each step's accepted proposals, then the target's token."""
+    return [t for s in steps for t in s.proposals[:s.accepted] + [s.token]]
+
+
+def run_logged(binary: str, target: str | os.PathLike[str], draft: str | os.PathLike[str], prompt: str,
+               n_predict: int, *, echo: bytes, ctx: int = 512, threads: int = 2,
+               attempts: int = 5) -> list[DraftStep]:
+    """One greedy DFlash generation with the debug log: its steps (`draft_steps`). `echo` as in `run`;
+    a run whose stdout does not start with it is run again (the logger may lose even that), up to
+    `attempts` times, then RuntimeError."""
+    cmd = command(binary, target, draft, prompt, n_predict, ctx=ctx, threads=threads, extra_args=["-lv", "5"])
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_ARG_")} | PASSIVE
+    head = _STDOUT_HEAD + echo
+    for _ in range(max(1, attempts)):
+        proc = subprocess.run(cmd, capture_output=True, timeout=300, env=env)
+        err = proc.stderr.decode("utf-8", errors="replace")
+        if proc.returncode != 0:
+            raise RuntimeError(f"upstream exited with {proc.returncode}; command: {cmd}\nstderr tail:\n{err[-3000:]}")
+        if proc.stdout.startswith(head):
+            return draft_steps(err)
+        if not head.startswith(proc.stdout):
+            raise RuntimeError(f"unexpected upstream stdout (expected it to start with {head!r}): "
+                               f"{proc.stdout[:400]!r}\ncommand: {cmd}")
+    raise RuntimeError(f"upstream's prompt echo incomplete in {attempts} runs; command: {cmd}")
+
+
+def compare_draft_steps(session, prompt: Sequence[int], steps: list[DraftStep]) -> tuple[int, int, str | None]:
+    """lucebox's DFlash proposals in upstream's `steps`, on upstream's contexts: `session` (fresh, of an
+    engine with the draft) holds the prompt but its last token, the anchor; at each step lucebox drafts
+    from the anchor (`Session._core.draft_proposals`), the session takes the anchor and upstream's
+    accepted proposals, and upstream's target token becomes the anchor. Returns (positions equal, ties,
+    the first difference or None). A tie: lucebox's proposal is one of upstream's candidates within
+    `TIE` of its first, which the log cannot settle (not a difference)."""
+    session.append([int(t) for t in prompt[:-1]])
+    anchor = int(prompt[-1])
+    equal = ties = 0
+    for i, step in enumerate(steps):
+        ours = [int(t) for t in session._core.draft_proposals(anchor)]
+        if len(ours) != len(step.candidates):
+            return equal, ties, f"step {i}: upstream drafted {len(step.candidates)} tokens, lucebox {len(ours)}"
+        for j, (cands, tok) in enumerate(zip(step.candidates, ours)):
+            if cands[0][0] == tok:
+                equal += 1
+            elif any(t == tok and p >= cands[0][1] - TIE for t, p in cands[1:]):
+                ties += 1
+            else:
+                return equal, ties, f"step {i} position {j}: upstream's candidates {cands} (token, p), lucebox {tok}"
+        session.append([anchor] + step.proposals[:step.accepted])
+        anchor = step.token
+    return equal, ties, None

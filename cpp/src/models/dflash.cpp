@@ -497,15 +497,16 @@ std::vector<int32_t> dflash_block_ranges(const dflash_hparams & hp, bool swa, ui
     std::vector<int32_t> ranges(2 * size_t(block));
     for (uint32_t i = 0; i < block; ++i) {
         const uint32_t q_pos = n_past + i;
-        uint32_t ctx_from = 0;  // first visible context row
+        uint32_t ctx_from = 0;  // first visible row
         if (last_context) {
             ctx_from = n_past > window ? n_past - window : 0;
         } else if (window > 0) {
             ctx_from = q_pos >= window ? q_pos - window + 1 : 0;
         }
-        // the visible context rows [ctx_from, n_past) (none where the window starts inside the
-        // block) and the block's rows up to block_end: one range
-        ranges[2 * i] = int32_t(std::min(ctx_from, n_past));
+        // one range: the visible context rows [ctx_from, n_past) and the block's rows up to its end;
+        // a per-query window that starts inside the block hides the block's rows before it too
+        // (upstream's standard SWA: key k is visible to the row at q_pos when q_pos - k < window)
+        ranges[2 * i] = int32_t(ctx_from);
         ranges[2 * i + 1] = int32_t(causal ? q_pos + 1 : n_past + block);
     }
     return ranges;

@@ -69,7 +69,9 @@ struct dflash_inputs {
 // The proposal block's attention mask for the full layers (swa = false) or the SWA layers
 // (swa = true; needs hp.n_swa > 0): [n_kv, block] F16, row i (block position n_past + i) 0 where the
 // key is visible and -inf elsewhere. Keys [0, n_past) are context, [n_past, n_past + block) the
-// block, the rest padding. Full layers see the whole context; SWA layers the window of hp.swa_kind.
+// block, the rest padding. Full layers see the whole context; SWA layers the window of hp.swa_kind
+// (per_query: key k visible to the row at q when q - k < n_swa, the block's keys too; last_context:
+// the last n_swa context keys).
 // The block is bidirectional unless hp.causal, or unless the layer is SWA of kind last_context.
 // Written into `mask` (resized): a vector the caller keeps from step to step, so that a step writes
 // into pages already mapped (bench/probes/mask_staging.cpp); whatever it held before is overwritten.

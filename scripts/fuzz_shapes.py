@@ -28,7 +28,13 @@ requires:
    (``llama-speculative-simple``, its debug log; tests/integration/upstream_spec.py), what upstream's
    draft proposes on the same context, on F32 twins of the pair (upstream's batched kernels round F32
    differently only by ties its log cannot settle). Needs that program (``scripts/build_upstream_spec.sh``);
-   without it this check is skipped, said once.
+   without it this check is skipped, said once;
+5. the target placed over 2-3 CPU devices (every `cpu:N` a backend of its own): a layer split (random
+   proportions, the draft on a random device) to give one device's prompt logits bit for bit and
+   speculation plain decoding's tokens; a tensor split (ggml's meta device) to be refused with a
+   ConfigError naming what does not divide, or to give, on an F32 twin, one device's logits within
+   SPLIT_TOL of their RMS (only the order of the all-reduced partial sums differs), and speculation on
+   the placement its plain decoding's tokens.
 
 A shape that `lucebox.synth` refuses (ConfigError) is counted, not a finding; where upstream refuses or
 aborts (it runs in a child process; it aborts on a model without attention layers or without
@@ -133,6 +139,28 @@ def _reference(path: str, prompt: list[int], ctx: int, kv: tuple[str, str]):
 #: ggml's: F32 weights and an F16 cache, so that the ops' rounding shows alone
 #: (tests/integration/test_oracle.py's TOL_F32_F16KV).
 FUSED_TOL = 2e-2
+#: Largest |tensor split - one device| / RMS(logits) on F32 weights (tests/integration/test_tensor_parallel.py
+#: measured 1e-4 absolute on logits of RMS ~1).
+SPLIT_TOL = 2e-3
+
+
+def placement(n: int, t: dict) -> dict:
+    """Case `n`'s placement for check 5 over target `t` (its own random stream: the case's other draws stay
+    as they were). Tensor splits mostly over as many devices as the K and KV heads allow (others are refused)."""
+    r = random.Random(f"placement {n}")
+    split = r.choice(["layer", "tensor"]) if t["n_layer"] > 1 else "tensor"
+    heads = min(t["ssm_n_k_heads"], t["n_head_kv"])
+    if split == "tensor":
+        k = r.choice([2, 3]) if heads >= 3 or r.random() < 0.2 else 2
+    else:
+        k = r.randint(2, min(3, t["n_layer"]))
+    devices = [f"cpu:{i}" for i in range(k)]
+    p = dict(split=split, devices=devices)
+    if split == "layer":
+        if r.random() < 0.5:
+            p["layer_proportions"] = tuple(r.choice([1.0, 2.0, 3.0]) for _ in devices)
+        p["draft_device"] = r.choice(["", "cpu:0", devices[-1], f"cpu:{k}"])
+    return p
 
 
 def main() -> int:
@@ -162,7 +190,8 @@ def main() -> int:
     spawn = multiprocessing.get_context("spawn")
     findings = 0
     counts = dict(compared=0, refused_by_synth=0, refused_by_upstream=0, restores_checked=0, spec_checked=0,
-                  draft_steps_checked=0, draft_ties=0)
+                  draft_steps_checked=0, draft_ties=0, layer_splits_checked=0, tensor_splits_checked=0,
+                  tensor_splits_refused=0)
     import upstream_spec
     spec_binary, why = upstream_spec.find_binary()
     if spec_binary is None:
@@ -247,6 +276,53 @@ def main() -> int:
         if difference is not None:
             finding(n, c, f"the draft's proposals differ from upstream's: {difference}")
 
+    def placed(n: int, c: dict, target: Path, twin: Path, draft: Path, prompt: list[int], cold, plain) -> None:
+        """Check 5: `cold` / `plain` are one device's prompt logits / tokens of the case's target."""
+        p = placement(n, c["target"])
+        common = dict(ctx=c["ctx"], ubatch=c["ubatch"], kv_type_k=c["kv"][0], kv_type_v=c["kv"][1])
+        where = f"{p['split']} split over {p['devices']}"
+        kw = dict(max_tokens=c["max_tokens"], **c["sampling"])
+        try:
+            if p["split"] == "layer":
+                split = lucebox.Engine(str(target), spec="off", devices=p["devices"], split="layer",
+                                       layer_proportions=p.get("layer_proportions", ()), **common)
+                if not np.array_equal(split.session().eval(prompt), cold):
+                    finding(n, c, f"{where}: prompt logits differ from one device's")
+                    return
+                spec = lucebox.Engine(str(target), draft=str(draft), spec="chain", devices=p["devices"], split="layer",
+                                      layer_proportions=p.get("layer_proportions", ()),
+                                      draft_device=p["draft_device"], **common)
+                got = spec.generate(prompt, **kw).tokens
+                counts["layer_splits_checked"] += 1
+                if list(got) != list(plain):
+                    finding(n, c, f"{where}: speculation's tokens differ from one device's plain decoding's")
+                return
+            try:
+                split = lucebox.Engine(str(target), spec="off", devices=p["devices"], split="tensor", **common)
+            except ConfigError as e:
+                counts["tensor_splits_refused"] += 1
+                if "cannot be divided" not in str(e) and "slices" not in str(e):
+                    finding(n, c, f"{where}: refused without naming what does not divide: {e}")
+                return
+            tplain = split.generate(prompt, **kw).tokens
+            spec = lucebox.Engine(str(target), draft=str(draft), spec="chain", devices=p["devices"], split="tensor",
+                                  **common)
+            if list(spec.generate(prompt, **kw).tokens) != list(tplain):
+                finding(n, c, f"{where}: speculation's tokens differ from plain decoding's on the placement")
+                return
+            if not twin.exists():
+                synth.write_target(twin, "tiny", type="f32", seed=c["seed"], overrides=c["target"])
+            f32 = dict(ctx=c["ctx"], ubatch=c["ubatch"], kv_type_k="f32", kv_type_v="f32", spec="off")
+            one = lucebox.Engine(str(twin), device="cpu", **f32).session().eval(prompt)
+            many = lucebox.Engine(str(twin), devices=p["devices"], split="tensor", **f32).session().eval(prompt)
+            scale = float(np.sqrt(np.mean(np.square(one, dtype=np.float64))))
+            worst = float(np.abs(many - one).max()) / scale
+            counts["tensor_splits_checked"] += 1
+            if not worst <= SPLIT_TOL:
+                finding(n, c, f"{where}: F32 logits {worst:.2e} x RMS from one device's (> {SPLIT_TOL})")
+        except LuceboxError as e:
+            finding(n, c, f"{where}: {type(e).__name__}: {e}")
+
     for n in range(args.start, args.start + args.cases):
         c = case(n)
         print(f"[case {n}]", file=sys.stderr, flush=True)  # (names the case if lucebox itself crashes)
@@ -312,6 +388,7 @@ def main() -> int:
                               f"({len(got)} against {len(plain)} tokens)")
             if spec_binary is not None and c["schema"] == "upstream":
                 drafts_match_upstream(n, c, twin, draft_twin)
+            placed(n, c, target, twin, draft, prompt, cold, plain)
         finally:
             for f in (target, twin, draft, draft_twin):
                 f.unlink(missing_ok=True)

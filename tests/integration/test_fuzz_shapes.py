@@ -1,7 +1,7 @@
 """scripts/fuzz_shapes.py's first cases as a test: random target shapes, weight types, K / V cache types,
 micro-batches and drafts against upstream llama.cpp (one-token bits), a restored prefix against the cold
-prefill, speculation against plain decoding, and, with upstream's DFlash example built, the drafts'
-proposals against upstream's at every step. The script runs as a user runs it (upstream in a child
+prefill, speculation against plain decoding, with upstream's DFlash example built the drafts' proposals
+against upstream's at every step, and placements over several CPU devices against one. The script runs as a user runs it (upstream in a child
 process, since it aborts on some shapes); its cases are seeded, so a failure names a case to replay
 with `--start N --cases 1`."""
 from __future__ import annotations
@@ -31,6 +31,8 @@ def test_the_first_cases_find_nothing(tmp_path: Path) -> None:
     # the cases did the work they claim: most compared with upstream, every written one speculated
     counts = ast.literal_eval(run.stdout.split("outcomes ", 1)[1].splitlines()[0])
     assert counts["compared"] >= CASES // 2 and counts["spec_checked"] == CASES - counts["refused_by_synth"]
+    assert counts["layer_splits_checked"] + counts["tensor_splits_checked"] + counts["tensor_splits_refused"] \
+        == counts["spec_checked"] and counts["layer_splits_checked"] > 0
     import upstream_spec
     if upstream_spec.find_binary()[0] is not None:
         assert counts["draft_steps_checked"] > 0, counts

@@ -163,3 +163,21 @@ def test_output_parsing_takes_runs_whose_logger_stopped_early() -> None:
     assert early is not None and early.generated == b"text"
     assert parse(head + b"text\n\n", counters + last) is None  # stderr done, stdout's last line lost
     assert parse(head + b"te", counters.split("n_predict")[0]) is None  # the counters lost
+
+
+def test_debug_log_parsing_keeps_complete_steps() -> None:
+    """upstream_spec's read of a debug log (no binary needed): a step counts once its verify line is
+    there; the accepted proposals and the target's token make the generated tokens."""
+    def cand(rank: int, pos: int, tok: int, p: float) -> str:
+        return f"0.00.047.478 D  - seq_id 0, draft candidate {rank:3d}, pos {pos:3d}: {tok:6d} ({p:8.3f}) 'x'\n"
+
+    log = "".join([cand(0, 0, 5, 0.5), cand(1, 0, 6, 0.2), cand(0, 1, 7, 0.4), cand(1, 1, 5, 0.399),
+                   "0.00.050.000 D accepted 1/2 draft tokens, the last target token is: (9)\n",
+                   cand(0, 0, 8, 0.3), cand(0, 1, 8, 0.3),
+                   "0.00.051.000 D accepted 0/2 draft tokens, the last target token is: (4)\n",
+                   cand(0, 0, 1, 0.9)])  # (cut: no verify line)
+    steps = upstream_spec.draft_steps(log)
+    assert [s.proposals for s in steps] == [[5, 7], [8, 8]] and steps[0].candidates[1] == [(7, 0.4), (5, 0.399)]
+    assert upstream_spec.steps_tokens(steps) == [5, 9, 4]
+    with pytest.raises(ValueError, match="unexpected draft candidate line"):
+        upstream_spec.draft_steps(cand(0, 1, 5, 0.5))

@@ -33,6 +33,11 @@ by up to a block; callers generate ``n_predict`` tokens on their side.
 Upstream counts ``n_drafted`` and ``n_accept`` over its steps (the anchor/bonus token excluded),
 the same definitions as lucebox's ``stats.spec["drafted"]`` / ``["accepted"]``, but its last steps
 draft full blocks where lucebox drafts only the budget left.
+
+With the debug log (``-lv 5``, `run_logged`) upstream also names every step's proposals (the top
+candidates of each block position, with their probabilities), how many the target accepted and the
+target's next token (`draft_steps`): lucebox's draft is compared with upstream's on upstream's own
+contexts, proposal by proposal (`compare_draft_steps`), whatever the text.
 """
 from __future__ import annotations
 
@@ -158,10 +163,23 @@ def _parse(cmd: list[str], out: bytes, err: str, head: bytes, wall: float) -> Up
     )
 
 
+def _spawn(cmd: list[str], timeout: float, extra_env: Mapping[str, str] | None) -> tuple[bytes, str]:
+    """(stdout, stderr) of one run of `cmd`, in the environment less ``LLAMA_ARG_*`` options (no ambient
+    options) plus `extra_env`; RuntimeError where it exits with an error (an abort: upstream refused
+    the model)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_ARG_")}
+    env.update(extra_env or {})
+    proc = subprocess.run(cmd, capture_output=True, timeout=timeout, env=env)
+    err = proc.stderr.decode("utf-8", errors="replace")
+    if proc.returncode != 0:
+        raise RuntimeError(f"upstream exited with {proc.returncode}; command: {cmd}\nstderr tail:\n{err[-3000:]}")
+    return proc.stdout, err
+
+
 def run(binary: str, target: str | os.PathLike[str], draft: str | os.PathLike[str], prompt: str,
         n_predict: int, *, echo: bytes | None = None, ctx: int = 512, threads: int = 2,
         n_draft: int = N_DRAFT, timeout: float = 300.0, attempts: int = 20,
-        extra_env: Mapping[str, str] | None = None, extra_args: Sequence[str] = ()) -> UpstreamRun:
+        extra_env: Mapping[str, str] | None = None) -> UpstreamRun:
     """Run upstream's DFlash example and parse what it printed.
 
     `echo` is what upstream prints for the prompt tokens (default: the prompt's UTF-8 bytes,
@@ -183,20 +201,14 @@ def run(binary: str, target: str | os.PathLike[str], draft: str | os.PathLike[st
     the counters too in 10 of 20, hence the 20 attempts.
     `extra_env` is added to the environment, from which ``LLAMA_ARG_*`` options are removed.
     """
-    cmd = command(binary, target, draft, prompt, n_predict, ctx=ctx, threads=threads, n_draft=n_draft,
-                  extra_args=extra_args)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_ARG_")}  # no ambient options
-    env.update(extra_env or {})
+    cmd = command(binary, target, draft, prompt, n_predict, ctx=ctx, threads=threads, n_draft=n_draft)
     head = _STDOUT_HEAD + (prompt.encode("utf-8") if echo is None else echo)
     err = ""
     for _ in range(max(1, attempts)):
         start = time.perf_counter()
-        proc = subprocess.run(cmd, capture_output=True, timeout=timeout, env=env)
+        out, err = _spawn(cmd, timeout, extra_env)
         wall = time.perf_counter() - start
-        err = proc.stderr.decode("utf-8", errors="replace")
-        if proc.returncode != 0:
-            raise RuntimeError(f"upstream exited with {proc.returncode}; command: {cmd}\nstderr tail:\n{err[-3000:]}")
-        parsed = _parse(cmd, proc.stdout, err, head, wall)
+        parsed = _parse(cmd, out, err, head, wall)
         if parsed is not None:
             return parsed
     raise RuntimeError(f"upstream output incomplete in {attempts} runs; command: {cmd}\nstderr tail:\n{err[-3000:]}")
@@ -211,7 +223,6 @@ def printed_bytes(tokenizer, tokens: Iterable[int]) -> bytes:
     types = tokenizer.vocab.token_types
     return b"".join(tokenizer.token_bytes(int(t)).split(b"\0", 1)[0] for t in tokens
                     if types[int(t)] != TOKEN_TYPE_UNUSED)
-
 
 
 #: upstream's debug log (``-lv 5``), common/speculative.cpp: one line a candidate of a DFlash block
@@ -274,18 +285,14 @@ def run_logged(binary: str, target: str | os.PathLike[str], draft: str | os.Path
     a run whose stdout does not start with it is run again (the logger may lose even that), up to
     `attempts` times, then RuntimeError."""
     cmd = command(binary, target, draft, prompt, n_predict, ctx=ctx, threads=threads, extra_args=["-lv", "5"])
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_ARG_")} | PASSIVE
     head = _STDOUT_HEAD + echo
     for _ in range(max(1, attempts)):
-        proc = subprocess.run(cmd, capture_output=True, timeout=300, env=env)
-        err = proc.stderr.decode("utf-8", errors="replace")
-        if proc.returncode != 0:
-            raise RuntimeError(f"upstream exited with {proc.returncode}; command: {cmd}\nstderr tail:\n{err[-3000:]}")
-        if proc.stdout.startswith(head):
+        out, err = _spawn(cmd, 300.0, PASSIVE)
+        if out.startswith(head):
             return draft_steps(err)
-        if not head.startswith(proc.stdout):
+        if not head.startswith(out):
             raise RuntimeError(f"unexpected upstream stdout (expected it to start with {head!r}): "
-                               f"{proc.stdout[:400]!r}\ncommand: {cmd}")
+                               f"{out[:400]!r}\ncommand: {cmd}")
     raise RuntimeError(f"upstream's prompt echo incomplete in {attempts} runs; command: {cmd}")
 
 

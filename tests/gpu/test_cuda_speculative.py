@@ -1,5 +1,6 @@
 """DFlash chain speculative decoding on CUDA: the same tokens as plain greedy decoding on CUDA,
-with the real tiny draft and with forced proposals (accept lengths 0, 5 and full)."""
+with the real tiny draft and with forced proposals (accept lengths 0, 5 and full); the draft's block
+masks (a window inside the block, a causal block) propose the CPU's tokens."""
 from __future__ import annotations
 
 import sys
@@ -9,6 +10,7 @@ import numpy as np
 import pytest
 
 import lucebox
+from lucebox import synth
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 from forcing import forced  # noqa: E402
@@ -111,3 +113,26 @@ def test_ngram_lookup_on_cuda(pair: tuple[str, str]) -> None:
         predicted = plain.generate(p, max_tokens=120, prediction=ref)
         _check_same_or_tie(plain, cpu, p, ref, predicted.tokens)
         assert predicted.stats.spec["predicted_accepted"] > 0
+
+
+@pytest.mark.parametrize("overrides", [dict(sliding_window=4), dict(causal=True)], ids=["window-in-block", "causal"])
+def test_draft_masks_on_cuda(tmp_path, overrides: dict) -> None:
+    """The DFlash draft's block masks on CUDA (built in the graph from each row's key range) are the
+    CPU's: an upstream-schema draft whose sliding window starts inside the block, and a causal block,
+    propose the CPU's tokens (F32 weights; a position may part only at a near tie, rare: at most 1 in 50)."""
+    target, draft = str(tmp_path / "t.gguf"), str(tmp_path / "d.gguf")
+    synth.write_target(target, "tiny", type="f32", seed=31)
+    synth.write_draft(draft, "tiny", type="f32", seed=32, overrides=overrides)
+    engines = [lucebox.Engine(target, draft, ctx=512, device=d, spec="chain") for d in ("cuda", "cpu")]
+    rng = np.random.default_rng(9)
+    same = total = 0
+    for _ in range(8):
+        p = [int(x) for x in rng.integers(0, 1000, int(rng.integers(5, 120)))]
+        props = []
+        for e in engines:
+            s = e.session()
+            s.append(p[:-1])
+            props.append(s._core.draft_proposals(p[-1]))
+        same += sum(a == b for a, b in zip(*props))
+        total += len(props[1])
+    assert total == 8 * 15 and same >= total - total // 50, (same, total)

@@ -258,7 +258,7 @@ def main() -> int:
         tk = engine.tokenizer
         # a text prompt (upstream's example tokenizes one): ordinary tokens' text, no NUL (a C string)
         normal = [i for i, t in enumerate(tk.vocab.token_types) if t == TOKEN_TYPE_NORMAL]
-        pick = np.random.default_rng(c["seed"]).integers(0, len(normal), min(c["n_prompt"], 200))
+        pick = np.random.default_rng(c["seed"]).integers(0, len(normal), c["n_prompt"])
         text = tk.decode([normal[int(i)] for i in pick]).replace("\0", "")
         ids = tk.encode(text, add_special=True)
         if len(ids) < 2 or len(ids) + c["max_tokens"] + 2 * c["draft"]["block_size"] > c["ctx"]:

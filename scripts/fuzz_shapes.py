@@ -112,13 +112,13 @@ def case(n: int) -> dict:
         d.update(target_layers=tuple(i + 1 for i in d["target_layers"]), n_rot=d_head, causal=False)
     ctx = r.choice([256, 512])
     c = dict(target=t, draft=d, type=r.choice(WEIGHT_TYPES), draft_type=r.choice(["f32", "q8_0", "f16"]),
-                kv=(r.choice(KV_TYPES), r.choice(KV_TYPES)) if r.random() < 0.3 else (r.choice(["f16", "q8_0"]),) * 2,
-                ctx=ctx, ubatch=r.choice([1, 3, 16, 64, 512]),
-                n_prompt=r.randint(1, 160), max_tokens=r.randint(4, 40), spec=r.choice(["chain", "tree"]),
-                tree_budget=r.choice([4, 22, 80]), schema=schema,
-                sampling=r.choice([{}, {}, dict(temperature=0.8, seed=r.randrange(1000)),
-                                   dict(temperature=0.7, top_k=20, seed=r.randrange(1000))]),
-                seed=r.randrange(2**31))
+             kv=(r.choice(KV_TYPES), r.choice(KV_TYPES)) if r.random() < 0.3 else (r.choice(["f16", "q8_0"]),) * 2,
+             ctx=ctx, ubatch=r.choice([1, 3, 16, 64, 512]),
+             n_prompt=r.randint(1, 160), max_tokens=r.randint(4, 40), spec=r.choice(["chain", "tree"]),
+             tree_budget=r.choice([4, 22, 80]), schema=schema,
+             sampling=r.choice([{}, {}, dict(temperature=0.8, seed=r.randrange(1000)),
+                                dict(temperature=0.7, top_k=20, seed=r.randrange(1000))]),
+             seed=r.randrange(2**31))
     if r.random() < 0.1:  # at times a long prompt: caches past 512 rows, where upstream's threads would split keys
         c.update(ctx=2048, n_prompt=r.randint(480, 1800))
     return c
@@ -262,6 +262,9 @@ def main() -> int:
         text = tk.decode([normal[int(i)] for i in pick]).replace("\0", "")
         ids = tk.encode(text, add_special=True)
         if len(ids) < 2 or len(ids) + c["max_tokens"] + 2 * c["draft"]["block_size"] > c["ctx"]:
+            return
+        if oracle.tokenize(twin, text) != ids:  # (upstream tokenizes the text itself)
+            finding(n, c, f"llama.cpp tokenizes the prompt otherwise: {text!r}")
             return
         try:
             steps = upstream_spec.run_logged(spec_binary, twin, draft_twin, text, c["max_tokens"],

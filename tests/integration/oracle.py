@@ -42,7 +42,9 @@ import numpy as np
 DEFAULT_N_CTX = 512
 DEFAULT_N_BATCH = 512
 DEFAULT_N_UBATCH = 512
-#: Threads for the oracle; ggml's CPU kernels split work by rows, so results do not depend on it.
+#: Threads for the oracle; ggml's CPU kernels split work by rows, so results do not depend on it, but
+#: for one query row over 512 keys or more, where the attention splits the keys over the threads and
+#: adds the parts (scripts/fuzz_shapes.py takes 1 thread for its long prompts).
 DEFAULT_N_THREADS = 2
 
 _ATTN_ROT_ENV = "LLAMA_ATTN_ROT_DISABLE"
@@ -61,6 +63,18 @@ def available() -> tuple[bool, str]:
     except Exception as exc:  # ImportError, or OSError from a broken shared library
         return False, f"llama_cpp (upstream oracle) not importable: {type(exc).__name__}: {exc}"
     return True, getattr(llama_cpp, "__version__", "?")
+
+
+def tokenize(model_path: str | os.PathLike[str], text: str) -> list[int]:
+    """llama.cpp's token ids of `text` as its examples tokenize a prompt (add_special, parse_special),
+    from the model's vocabulary alone."""
+    import llama_cpp
+
+    llm = llama_cpp.Llama(model_path=os.fspath(model_path), vocab_only=True, verbose=False)
+    try:
+        return [int(t) for t in llm.tokenize(text.encode("utf-8"), add_bos=True, special=True)]
+    finally:
+        llm.close()
 
 
 def ggml_type_id(name: str | int) -> int:

@@ -25,6 +25,7 @@ import pytest
 import lucebox
 from lucebox import default_model, synth
 
+import oracle
 import upstream_spec
 from test_demo_pair import PROMPTS
 
@@ -44,19 +45,6 @@ def upstream() -> str:
     return path
 
 
-def upstream_tokenize(model: str, text: str) -> list[int] | None:
-    """Upstream's tokenization of `text` (llama-cpp-python, the same libllama), None without it."""
-    try:
-        import llama_cpp
-    except Exception:
-        return None
-    llm = llama_cpp.Llama(model_path=model, vocab_only=True, verbose=False)
-    try:
-        return list(llm.tokenize(text.encode("utf-8"), add_bos=True, special=True))
-    finally:
-        llm.close()
-
-
 def compare(upstream: str, target: str, draft: str, prompts: list[str], n_predict: int) -> tuple[int, int]:
     """Assert lucebox == upstream on every prompt; return (upstream accepted, lucebox accepted)."""
     engine = lucebox.Engine(target, draft, ctx=512, device="cpu", spec="chain")
@@ -64,9 +52,8 @@ def compare(upstream: str, target: str, draft: str, prompts: list[str], n_predic
     up_accepted = our_accepted = 0
     for text in prompts:
         ids = tk.encode(text, add_special=True)
-        ref_ids = upstream_tokenize(target, text)
-        if ref_ids is not None:
-            assert ids == ref_ids, f"tokenizers differ on {text!r}"
+        if oracle.available()[0]:
+            assert ids == oracle.tokenize(target, text), f"tokenizers differ on {text!r}"
         def run_upstream() -> upstream_spec.UpstreamRun:
             return upstream_spec.run(upstream, target, draft, text, n_predict, echo=tk.decode_bytes(ids),
                                      ctx=512, extra_env=upstream_spec.PASSIVE)
@@ -134,6 +121,8 @@ def test_draft_proposals_equal_upstreams(upstream: str, tmp_path, shape: str) ->
     total = 0
     for text in TINY_PROMPTS:
         ids = tk.encode(text, add_special=True)
+        if oracle.available()[0]:
+            assert ids == oracle.tokenize(target, text), f"tokenizers differ on {text!r}"
         steps = upstream_spec.run_logged(upstream, target, draft, text, 24, echo=tk.decode_bytes(ids))
         assert len(steps) >= 4, f"prompt {text!r}: {len(steps)} complete steps in upstream's log"
         theirs = upstream_spec.steps_tokens(steps)

@@ -27,7 +27,8 @@ requires:
 4. a draft in upstream's schema to propose, at every step of upstream's own greedy DFlash generation
    (``llama-speculative-simple``, its debug log; tests/integration/upstream_spec.py), what upstream's
    draft proposes on the same context, on F32 twins of the pair (upstream's batched kernels round F32
-   differently only by ties its log cannot settle). Needs that program (``scripts/build_upstream_spec.sh``);
+   differently only by ties its log cannot settle; where lucebox's fused DeltaNet ops run, its target
+   features differ by more, and ties are wider: FUSED_DRAFT_TIE). Needs that program (``scripts/build_upstream_spec.sh``);
    without it this check is skipped, said once;
 5. the target placed over 2-3 CPU devices (every `cpu:N` a backend of its own): a layer split (random
    proportions, the draft on a random device) to give one device's prompt logits bit for bit and
@@ -142,6 +143,10 @@ FUSED_TOL = 2e-2
 #: Largest |tensor split - one device| / RMS(logits) on F32 weights (tests/integration/test_tensor_parallel.py
 #: measured 1e-4 absolute on logits of RMS ~1).
 SPLIT_TOL = 2e-3
+#: Check 4's tie in printed probability where lucebox's fused DeltaNet ops run: the target's features, the
+#: draft's input, then differ from upstream's by up to ~FUSED_TOL, not by rounding (case 6584: candidates
+#: 0.479 and 0.476 swapped), so its draft's logits may differ by a few hundredths.
+FUSED_DRAFT_TIE = 0.03
 
 
 def placement(n: int, t: dict) -> dict:
@@ -247,8 +252,8 @@ def main() -> int:
                       + ("" if tol is None else f" > {tol}"))
         return False
 
-    def drafts_match_upstream(n: int, c: dict, twin: Path, draft_twin: Path) -> None:
-        """Check 4 on F32 twins of the pair (written here)."""
+    def drafts_match_upstream(n: int, c: dict, twin: Path, draft_twin: Path, fused: bool) -> None:
+        """Check 4 on F32 twins of the pair (written here); `fused`: lucebox's fused DeltaNet ops run."""
         from lucebox.vocab import TOKEN_TYPE_NORMAL
         if not twin.exists():
             synth.write_target(twin, "tiny", type="f32", seed=c["seed"], overrides=c["target"])
@@ -273,7 +278,8 @@ def main() -> int:
             counts["refused_by_upstream"] += 1
             print(f"case {n}: upstream's DFlash example refused it: {str(e)[:120]}", flush=True)
             return
-        equal, ties, difference = upstream_spec.compare_draft_steps(engine.session(), ids, steps)
+        equal, ties, difference = upstream_spec.compare_draft_steps(
+            engine.session(), ids, steps, FUSED_DRAFT_TIE if fused else upstream_spec.TIE)
         counts["draft_steps_checked"] += len(steps)
         counts["draft_ties"] += ties
         if difference is not None:
@@ -390,7 +396,7 @@ def main() -> int:
                 finding(n, c, f"speculative tokens differ from plain decoding's at {first_diff} "
                               f"({len(got)} against {len(plain)} tokens)")
             if spec_binary is not None and c["schema"] == "upstream":
-                drafts_match_upstream(n, c, twin, draft_twin)
+                drafts_match_upstream(n, c, twin, draft_twin, fused)
             placed(n, c, target, twin, draft, prompt, cold, plain)
         finally:
             for f in (target, twin, draft, draft_twin):

@@ -296,13 +296,15 @@ def run_logged(binary: str, target: str | os.PathLike[str], draft: str | os.Path
     raise RuntimeError(f"upstream's prompt echo incomplete in {attempts} runs; command: {cmd}")
 
 
-def compare_draft_steps(session, prompt: Sequence[int], steps: list[DraftStep]) -> tuple[int, int, str | None]:
+def compare_draft_steps(session, prompt: Sequence[int], steps: list[DraftStep],
+                        tie: float = TIE) -> tuple[int, int, str | None]:
     """lucebox's DFlash proposals in upstream's `steps`, on upstream's contexts: `session` (fresh, of an
     engine with the draft) holds the prompt but its last token, the anchor; at each step lucebox drafts
     from the anchor (`Session._core.draft_proposals`), the session takes the anchor and upstream's
     accepted proposals, and upstream's target token becomes the anchor. Returns (positions equal, ties,
     the first difference or None). A tie: lucebox's proposal is one of upstream's candidates within
-    `TIE` of its first, which the log cannot settle (not a difference)."""
+    `tie` of its first in printed probability, which the log cannot settle (not a difference; a caller
+    whose target features differ from upstream's by more than rounding passes a wider one)."""
     session.append([int(t) for t in prompt[:-1]])
     anchor = int(prompt[-1])
     equal = ties = 0
@@ -313,7 +315,7 @@ def compare_draft_steps(session, prompt: Sequence[int], steps: list[DraftStep]) 
         for j, (cands, tok) in enumerate(zip(step.candidates, ours)):
             if cands[0][0] == tok:
                 equal += 1
-            elif any(t == tok and p >= cands[0][1] - TIE for t, p in cands[1:]):
+            elif any(t == tok and p >= cands[0][1] - tie for t, p in cands[1:]):
                 ties += 1
             else:
                 return equal, ties, f"step {i} position {j}: upstream's candidates {cands} (token, p), lucebox {tok}"

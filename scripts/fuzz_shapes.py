@@ -252,11 +252,16 @@ def main() -> int:
                       + ("" if tol is None else f" > {tol}"))
         return False
 
+    def f32_twin(c: dict, twin: Path) -> Path:
+        """`twin`, the case's target with F32 weights (written on first use)."""
+        if not twin.exists():
+            synth.write_target(twin, "tiny", type="f32", seed=c["seed"], overrides=c["target"])
+        return twin
+
     def drafts_match_upstream(n: int, c: dict, twin: Path, draft_twin: Path, fused: bool) -> None:
         """Check 4 on F32 twins of the pair (written here); `fused`: lucebox's fused DeltaNet ops run."""
         from lucebox.vocab import TOKEN_TYPE_NORMAL
-        if not twin.exists():
-            synth.write_target(twin, "tiny", type="f32", seed=c["seed"], overrides=c["target"])
+        f32_twin(c, twin)
         synth.write_draft(draft_twin, "tiny", type="f32", seed=c["seed"] + 1, overrides=c["draft"],
                           target_overrides=c["target"], schema="upstream")
         engine = lucebox.Engine(str(twin), draft=str(draft_twin), ctx=c["ctx"], device="cpu", spec="chain")
@@ -319,8 +324,7 @@ def main() -> int:
             if list(spec.generate(prompt, **kw).tokens) != list(tplain):
                 finding(n, c, f"{where}: speculation's tokens differ from plain decoding's on the placement")
                 return
-            if not twin.exists():
-                synth.write_target(twin, "tiny", type="f32", seed=c["seed"], overrides=c["target"])
+            f32_twin(c, twin)
             f32 = dict(ctx=c["ctx"], ubatch=c["ubatch"], kv_type_k="f32", kv_type_v="f32", spec="off")
             one = lucebox.Engine(str(twin), device="cpu", **f32).session().eval(prompt)
             many = lucebox.Engine(str(twin), devices=p["devices"], split="tensor", **f32).session().eval(prompt)
@@ -362,7 +366,7 @@ def main() -> int:
                 continue
             as_f16 = tuple("f16" if t == "f32" else t for t in c["kv"])  # (lucebox's match for upstream's F32 cache)
             if fused:
-                synth.write_target(twin, "tiny", type="f32", seed=c["seed"], overrides=c["target"])
+                f32_twin(c, twin)
                 if not matches_upstream(n, c, twin, prompt, lucebox_logits(n, c, twin, prompt, ("f16", "f16")),
                                         ("f16", "f16"), FUSED_TOL):
                     continue

@@ -45,6 +45,12 @@ def upstream() -> str:
     return path
 
 
+def assert_upstream_tokenizes_so(target, text: str, ids: list[int]) -> None:
+    """llama.cpp tokenizes `text` (the example's prompt) as `ids`, where the oracle is installed."""
+    if oracle.available()[0]:
+        assert ids == oracle.tokenize(target, text), f"tokenizers differ on {text!r}"
+
+
 def compare(upstream: str, target: str, draft: str, prompts: list[str], n_predict: int) -> tuple[int, int]:
     """Assert lucebox == upstream on every prompt; return (upstream accepted, lucebox accepted)."""
     engine = lucebox.Engine(target, draft, ctx=512, device="cpu", spec="chain")
@@ -52,8 +58,7 @@ def compare(upstream: str, target: str, draft: str, prompts: list[str], n_predic
     up_accepted = our_accepted = 0
     for text in prompts:
         ids = tk.encode(text, add_special=True)
-        if oracle.available()[0]:
-            assert ids == oracle.tokenize(target, text), f"tokenizers differ on {text!r}"
+        assert_upstream_tokenizes_so(target, text, ids)
         def run_upstream() -> upstream_spec.UpstreamRun:
             return upstream_spec.run(upstream, target, draft, text, n_predict, echo=tk.decode_bytes(ids),
                                      ctx=512, extra_env=upstream_spec.PASSIVE)
@@ -121,8 +126,7 @@ def test_draft_proposals_equal_upstreams(upstream: str, tmp_path, shape: str) ->
     total = 0
     for text in TINY_PROMPTS:
         ids = tk.encode(text, add_special=True)
-        if oracle.available()[0]:
-            assert ids == oracle.tokenize(target, text), f"tokenizers differ on {text!r}"
+        assert_upstream_tokenizes_so(target, text, ids)
         steps = upstream_spec.run_logged(upstream, target, draft, text, 24, echo=tk.decode_bytes(ids))
         assert len(steps) >= 4, f"prompt {text!r}: {len(steps)} complete steps in upstream's log"
         theirs = upstream_spec.steps_tokens(steps)

@@ -110,16 +110,11 @@ DRAFT_SHAPES = {
 }
 
 
-@pytest.mark.parametrize("shape", sorted(DRAFT_SHAPES))
-def test_draft_proposals_equal_upstreams(upstream: str, tmp_path, shape: str) -> None:
-    """Every proposal of every step, not just the output: upstream's debug log names each step's
-    proposals, the proposals the target accepted and its next token (`upstream_spec.draft_steps`);
-    lucebox drafts on the same contexts (`upstream_spec.compare_draft_steps`), and its plain greedy
-    tokens are upstream's. F32 weights, so that upstream's batched kernels round differently only by
-    ties the log cannot settle."""
-    target, draft = tmp_path / "target.gguf", tmp_path / "draft.gguf"
-    synth.write_target(target, "tiny", type="f32", seed=31)
-    synth.write_draft(draft, "tiny", type="f32", seed=32, overrides=DRAFT_SHAPES[shape])
+def assert_proposals_equal_upstreams(upstream: str, target, draft, block_size: int) -> None:
+    """Every proposal of every step of the pair's greedy DFlash runs on TINY_PROMPTS, not just the
+    output: upstream's debug log names each step's proposals, the proposals the target accepted and its
+    next token (`upstream_spec.draft_steps`); lucebox drafts on the same contexts
+    (`upstream_spec.compare_draft_steps`), and its plain greedy tokens are upstream's."""
     engine = lucebox.Engine(str(target), str(draft), ctx=512, device="cpu", spec="chain")
     plain = lucebox.Engine(str(target), ctx=512, device="cpu", spec="off")
     tk = engine.tokenizer
@@ -135,7 +130,28 @@ def test_draft_proposals_equal_upstreams(upstream: str, tmp_path, shape: str) ->
         assert difference is None, f"prompt {text!r}: {difference}"
         assert ties <= equal // 20, (text, equal, ties)
         total += equal
-    assert total >= len(TINY_PROMPTS) * 4 * (DRAFT_SHAPES[shape].get("block_size", 16) - 1), total
+    assert total >= len(TINY_PROMPTS) * 4 * (block_size - 1), total
+
+
+@pytest.mark.parametrize("shape", sorted(DRAFT_SHAPES))
+def test_draft_proposals_equal_upstreams(upstream: str, tmp_path, shape: str) -> None:
+    """Drafts of other shapes, F32 weights: upstream's batched kernels then round differently only by
+    ties the log cannot settle."""
+    target, draft = tmp_path / "target.gguf", tmp_path / "draft.gguf"
+    synth.write_target(target, "tiny", type="f32", seed=31)
+    synth.write_draft(draft, "tiny", type="f32", seed=32, overrides=DRAFT_SHAPES[shape])
+    assert_proposals_equal_upstreams(upstream, target, draft, DRAFT_SHAPES[shape].get("block_size", 16))
+
+
+@pytest.mark.parametrize("type_", ["f16", "q8_0", "q4_k_m"])
+def test_quantized_draft_proposals_equal_upstreams(upstream: str, tmp_path, type_: str) -> None:
+    """The preset's pair in other weight types (a Q4_K_M target with a Q8_0 draft): the quantized
+    products upstream batches (the target's verify, the draft's block) and lucebox runs row by row
+    give the same proposals, but for ties."""
+    target, draft = tmp_path / "target.gguf", tmp_path / "draft.gguf"
+    synth.write_target(target, "tiny", type=type_, seed=33)
+    synth.write_draft(draft, "tiny", type="q8_0" if type_ == "q4_k_m" else type_, seed=34)
+    assert_proposals_equal_upstreams(upstream, target, draft, 16)
 
 
 def test_output_parsing_takes_runs_whose_logger_stopped_early() -> None:

@@ -29,10 +29,9 @@ requires:
    draft proposes on the same context: in half the cases (drawn by case) the pair in its own weight
    types (any target type, an F32 / Q8_0 / F16 draft), else on F32 twins of the pair (upstream's
    batched kernels round differently only by ties its log cannot settle). Where lucebox's fused
-   DeltaNet ops run, its target features differ from upstream's by more than rounding: always F32
-   twins, with wider ties (FUSED_DRAFT_TIE); quantized pairs in their own types have wider ties too
-   (QUANTIZED_DRAFT_TIE). Needs that program (``scripts/build_upstream_spec.sh``);
-   without it this check is skipped, said once;
+   DeltaNet ops run, and for pairs in their own types that are not all F32, the target's features
+   differ from upstream's by more than rounding, and ties are wider (WIDE_DRAFT_TIE). Needs that
+   program (``scripts/build_upstream_spec.sh``); without it this check is skipped, said once;
 5. the target placed over 2-3 CPU devices (every `cpu:N` a backend of its own): a layer split (random
    proportions, the draft on a random device) to give one device's prompt logits bit for bit and
    speculation plain decoding's tokens; a tensor split (ggml's meta device) to be refused with a
@@ -146,15 +145,14 @@ FUSED_TOL = 2e-2
 #: Largest |tensor split - one device| / RMS(logits) on F32 weights (tests/integration/test_tensor_parallel.py
 #: measured 1e-4 absolute on logits of RMS ~1).
 SPLIT_TOL = 2e-3
-#: Check 4's tie in printed probability where lucebox's fused DeltaNet ops run: the target's features, the
-#: draft's input, then differ from upstream's by up to ~FUSED_TOL, not by rounding (case 6584: candidates
-#: 0.479 and 0.476 swapped), so its draft's logits may differ by a few hundredths.
-FUSED_DRAFT_TIE = 0.03
-#: Check 4's tie for a pair in its own weight types (not both F32): where the draft quantizes its inputs
-#: (Q8_0), a feature's rounding-level difference from upstream's (its target batches the verify) can move
-#: a value to the next quantization step, so near ties swap (cases 7700-8200: 5 swaps of 0.002-0.004,
-#: every one with a Q8_0 draft, in 1,955 steps).
-QUANTIZED_DRAFT_TIE = 0.01
+#: Check 4's tie in printed probability where the target's features, the draft's input, differ from upstream's
+#: by more than rounding, so the draft's logits may differ by a few hundredths: where lucebox's fused DeltaNet
+#: ops run (up to ~FUSED_TOL; case 6584: candidates 0.479 and 0.476 swapped), and for a pair in its own weight
+#: types, not all F32 (upstream's target verifies in batches, whose quantized products round otherwise than
+#: its and lucebox's one-row ones, and each later layer's quantized input can turn that into a whole step:
+#: cases 7700-8200, swaps of 0.002-0.004 with Q8_0 drafts; case 20019, 0.374 and 0.350 with a Q4_0 target of
+#: width 32, whose F32 twins agree at every step).
+WIDE_DRAFT_TIE = 0.03
 
 
 def placement(n: int, t: dict) -> dict:
@@ -269,9 +267,9 @@ def main() -> int:
     def drafts_match_upstream(n: int, c: dict, pair: tuple[Path, Path], twins: tuple[Path, Path],
                               fused: bool) -> None:
         """Check 4 on the case's `pair` (target, draft) in their own weight types or on F32 `twins` of it
-        (written here); `fused`: lucebox's fused DeltaNet ops run (then always the twins)."""
+        (written here); `fused`: lucebox's fused DeltaNet ops run."""
         from lucebox.vocab import TOKEN_TYPE_NORMAL
-        own = not fused and random.Random(f"draft types {n}").random() < 0.5
+        own = random.Random(f"draft types {n}").random() < 0.5
         quantized = c["type"] != "f32" or c["draft_type"] != "f32"
         if own:
             twin, draft_twin = pair
@@ -301,7 +299,7 @@ def main() -> int:
             return
         equal, ties, difference = upstream_spec.compare_draft_steps(
             engine.session(), ids, steps,
-            FUSED_DRAFT_TIE if fused else QUANTIZED_DRAFT_TIE if own and quantized else upstream_spec.TIE)
+            WIDE_DRAFT_TIE if fused or (own and quantized) else upstream_spec.TIE)
         counts["draft_steps_checked"] += len(steps)
         counts["draft_steps_own_types"] += len(steps) if own else 0
         counts["draft_ties"] += ties

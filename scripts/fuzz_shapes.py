@@ -271,14 +271,12 @@ def main() -> int:
         from lucebox.vocab import TOKEN_TYPE_NORMAL
         own = random.Random(f"draft types {n}").random() < 0.5
         quantized = c["type"] != "f32" or c["draft_type"] != "f32"
-        if own:
-            twin, draft_twin = pair
-        else:
-            twin, draft_twin = twins
-            f32_twin(c, twin)
-            synth.write_draft(draft_twin, "tiny", type="f32", seed=c["seed"] + 1, overrides=c["draft"],
+        target, draft = pair if own else twins
+        if not own:
+            f32_twin(c, target)
+            synth.write_draft(draft, "tiny", type="f32", seed=c["seed"] + 1, overrides=c["draft"],
                               target_overrides=c["target"], schema="upstream")
-        engine = lucebox.Engine(str(twin), draft=str(draft_twin), ctx=c["ctx"], device="cpu", spec="chain")
+        engine = lucebox.Engine(str(target), draft=str(draft), ctx=c["ctx"], device="cpu", spec="chain")
         tk = engine.tokenizer
         # a text prompt (upstream's example tokenizes one): ordinary tokens' text, no NUL (a C string)
         normal = [i for i, t in enumerate(tk.vocab.token_types) if t == TOKEN_TYPE_NORMAL]
@@ -287,11 +285,11 @@ def main() -> int:
         ids = tk.encode(text, add_special=True)
         if len(ids) < 2 or len(ids) + c["max_tokens"] + 2 * c["draft"]["block_size"] > c["ctx"]:
             return
-        if oracle.tokenize(twin, text) != ids:  # (upstream tokenizes the text itself)
+        if oracle.tokenize(target, text) != ids:  # (upstream tokenizes the text itself)
             finding(n, c, f"llama.cpp tokenizes the prompt otherwise: {text!r}")
             return
         try:
-            steps = upstream_spec.run_logged(spec_binary, twin, draft_twin, text, c["max_tokens"],
+            steps = upstream_spec.run_logged(spec_binary, target, draft, text, c["max_tokens"],
                                              echo=tk.decode_bytes(ids), ctx=c["ctx"], threads=1)
         except RuntimeError as e:  # (an abort: a model without one of the layer kinds)
             counts["refused_by_upstream"] += 1

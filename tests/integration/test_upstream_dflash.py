@@ -190,3 +190,33 @@ def test_debug_log_parsing_keeps_complete_steps() -> None:
     assert upstream_spec.steps_tokens(steps) == [5, 9, 4]
     with pytest.raises(ValueError, match="unexpected draft candidate line"):
         upstream_spec.draft_steps(cand(0, 1, 5, 0.5))
+
+
+def test_draft_step_comparison_ties_only_what_the_log_cannot_settle() -> None:
+    """compare_draft_steps (no binary needed): a proposal is a tie where it is a printed candidate within the
+    tie of the first, or an unprinted one while all LOGGED_CANDIDATES printed are within it (case 10662);
+    anything else is a difference."""
+    class Session:  # draft_proposals() gives `ours`, whatever the context
+        def __init__(self, ours: list[int]) -> None:
+            self._core = self
+            self.ours = ours
+
+        def append(self, tokens) -> None:
+            pass
+
+        def draft_proposals(self, last: int) -> list[int]:
+            return self.ours
+
+    def compare(cands: list[tuple[int, float]], ours: int, tie: float = upstream_spec.TIE):
+        step = upstream_spec.DraftStep([cands], accepted=0, token=1)
+        return upstream_spec.compare_draft_steps(Session([ours]), [0, 1], [step], tie)
+
+    flat = [(127, 0.118), (84, 0.118), (907, 0.117)]
+    assert compare(flat, 127) == (1, 0, None)
+    assert compare(flat, 907) == (0, 1, None)
+    assert compare(flat, 610) == (0, 1, None)              # unprinted, the third within the tie
+    assert compare(flat, 610, tie=0.0005)[2] is not None   # the third outside a narrower tie
+    steep = [(127, 0.5), (84, 0.499), (907, 0.2)]
+    assert compare(steep, 84) == (0, 1, None)
+    assert "lucebox 610" in compare(steep, 610)[2]         # the third printed well below: a difference
+    assert compare(flat[:2], 610)[2] is not None            # fewer printed than upstream logs: all there were

@@ -1,4 +1,5 @@
-"""The exact model a quantized target approximates, for GPU tests that compare CUDA with the CPU.
+"""The exact model a quantized target approximates, for GPU tests that compare CUDA with the CPU, and
+the rule by which a CUDA speculative run may part from plain CUDA decoding (check_same_or_near_tie).
 
 The two backends quantize activations differently inside a quantized product (CUDA: 32-value q8_1
 blocks, or lucebox's kernel's; the CPU: q8_0 / q8_1, or 256-value q8_K blocks for the K- and
@@ -32,9 +33,11 @@ def exact_logits(path: str, ids: list[int], overrides: Mapping[str, Any], tmp_pa
     return lucebox.Engine(str(exact), ctx=ctx, device="cpu", ubatch=ubatch).session().eval(ids)
 
 
-def check_like_the_cpu(what: str, exact: np.ndarray, cpu: np.ndarray, cuda: np.ndarray) -> None:
-    """CUDA's rms error against `exact` within ERROR_RATIO of the CPU's, and CUDA's top token the
-    exact model's wherever its lead is more than twice the CPU's largest error."""
+def check_like_the_cpu(what: str, exact: np.ndarray, cpu: np.ndarray, cuda: np.ndarray,
+                       cpu_is_exact: bool = False) -> None:
+    """CUDA's rms error against `exact` within ERROR_RATIO of the CPU's (+ ERROR_FLOOR), and CUDA's top
+    token the exact model's wherever its lead is more than twice the CPU's largest error. `cpu_is_exact`:
+    F32 weights, whose CPU run is the exact model (its error 0, CUDA's within ERROR_FLOOR)."""
     assert np.isfinite(cuda).all()
     scale = float(np.sqrt(np.mean(np.square(exact, dtype=np.float64))))
 
@@ -48,6 +51,30 @@ def check_like_the_cpu(what: str, exact: np.ndarray, cpu: np.ndarray, cuda: np.n
     print(f"{what}: rms error vs exact: cpu {cpu_err:.4f}, cuda {cuda_err:.4f} (x {scale:.3g}, the logit scale); "
           f"cuda top-1 {agree.mean():.3f} ({agree[clear].mean() if clear.any() else float('nan'):.3f} "
           f"on {clear.sum()} clear)")
-    assert cpu_err > 0  # (the exact model is not the quantized one)
+    if cpu_is_exact:  # (F32 weights: the CPU runs the exact model itself)
+        assert cpu_err == 0
+    else:
+        assert cpu_err > 0  # (the exact model is not the quantized one)
     assert cuda_err <= ERROR_RATIO * cpu_err + ERROR_FLOOR
     assert agree[clear].all()
+
+
+def check_same_or_near_tie(engine: lucebox.Engine, cpu: lucebox.Engine, prompt: list[int], ref: list[int],
+                           got: list[int]) -> None:
+    """`got` (a speculative or otherwise batched run on CUDA `engine`) is `ref` (plain greedy decoding
+    there), or parts from it only where the two tokens' logits are closer than twice the rounding noise.
+    A verify runs several-token batches while plain decoding runs single tokens; on CUDA the two may take
+    other kernels (activations quantized to q8_1, other accumulation orders), so their logits differ by
+    rounding, which also accumulates in the recurrent state. The noise is measured at the parting row as
+    the largest |CUDA - CPU| logit difference (`cpu`: the same file on the CPU)."""
+    common = next((i for i, (a, b) in enumerate(zip(ref, got)) if a != b), min(len(ref), len(got)))
+    if common == len(ref) == len(got):
+        return
+    row = engine.session().eval(prompt + ref[:common])[-1]
+    noise = float(np.abs(row - cpu.session().eval(prompt + ref[:common])[-1]).max())
+    if common < min(len(ref), len(got)):
+        margin = float(row[ref[common]] - row[got[common]])
+    else:  # one stopped early: the top-2 margin
+        a, b = np.sort(row)[-2:]
+        margin = float(b - a)
+    assert margin < 2 * noise, f"parted at token {common} with margin {margin:.4f} >= 2 x noise {noise:.4f}"

@@ -23,9 +23,8 @@ from lucebox import _core, synth
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
-from exact_model import check_like_the_cpu, exact_logits  # noqa: E402
+from exact_model import check_like_the_cpu, check_same_or_near_tie, exact_logits  # noqa: E402
 from forcing import forced, forced_tree  # noqa: E402
-from test_cuda_speculative import _check_same_or_tie  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -117,7 +116,7 @@ def test_speculation_matches_plain_greedy(target: str) -> None:
             assert got == ref, f"prompt {n_prompt}, accept {k}"
         # a tree's DeltaNet layers run ggml's tree kernel, not the fused step: equal, or parted at a near-tie
         got = engine.session().generate(p, max_tokens=40, propose_tree=forced_tree(ref, len(p), 4)).tokens
-        _check_same_or_tie(engine, cpu, p, ref, got)
+        check_same_or_near_tie(engine, cpu, p, ref, got)
 
 
 def _speculation_is_plain_greedy(engine: lucebox.Engine, cpu: lucebox.Engine, prompt_lengths: tuple[int, ...]) -> None:
@@ -130,7 +129,7 @@ def _speculation_is_plain_greedy(engine: lucebox.Engine, cpu: lucebox.Engine, pr
             got = engine.session().generate(p, max_tokens=40, propose=forced(ref, len(p), k)).tokens
             assert got == ref, f"prompt {n_prompt}, accept {k}"
         got = engine.session().generate(p, max_tokens=40, propose_tree=forced_tree(ref, len(p), 4)).tokens
-        _check_same_or_tie(engine, cpu, p, ref, got)
+        check_same_or_near_tie(engine, cpu, p, ref, got)
 
 
 def test_the_wide_tile_for_long_key_views(target: str) -> None:

@@ -119,3 +119,27 @@ def test_nan_logits_are_an_error(tmp_path, temperature: float, speculative: bool
     engine = lucebox.Engine(str(target), draft=str(draft) if speculative else None, device="cuda")
     with pytest.raises(LuceboxError, match="not finite" if temperature == 0.0 else "NaN"):
         engine.generate("hello", max_tokens=4, temperature=temperature, seed=1)
+
+
+@pytest.mark.parametrize("d_conv, ok", [(2, False), (3, True), (4, True), (6, False)])
+@pytest.mark.parametrize("d_state", [64, 128], ids=["ggml-deltanet", "fused-deltanet"])
+def test_conv_widths_cuda_cannot_run_are_refused_at_load(tmp_path, d_conv: int, ok: bool, d_state: int) -> None:
+    """ggml's CUDA conv has kernels for a few widths only (3, 4, 5, 9, 15) and aborts inside a graph on
+    others (scripts/fuzz_cuda.py case 2: width 2): such a model is refused at load, naming the tensor, the
+    width and the device, and runs on the CPU; an allowed width runs (a prefill past lucebox's fused ops'
+    64 tokens too, where ggml's conv runs)."""
+    from lucebox.errors import UnsupportedError
+
+    path = str(tmp_path / f"conv{d_conv}.gguf")
+    synth.write_target(path, "tiny", type="q8_0", seed=5, overrides=dict(ssm_d_conv=d_conv, ssm_d_state=d_state))
+    ids = [int(x) for x in np.random.default_rng(3).integers(0, 1000, 100)]
+    cpu = lucebox.Engine(path, ctx=256, device="cpu").generate(ids, max_tokens=8).tokens
+    if not ok:
+        with pytest.raises(UnsupportedError) as e:
+            lucebox.Engine(path, ctx=256, device="cuda")
+        msg = str(e.value)
+        print(msg)
+        assert "ssm_conv1d.weight" in msg and f"width {d_conv}" in msg and "CUDA0" in msg
+        return
+    got = lucebox.Engine(path, ctx=256, device="cuda").generate(ids, max_tokens=8).tokens
+    assert len(got) == len(cpu) == 8

@@ -16,7 +16,7 @@ from lucebox import synth
 from lucebox.errors import UnsupportedError
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from exact_model import check_like_the_cpu, exact_logits  # noqa: E402
+from exact_model import check_like_the_cpu, error_ratio, exact_logits  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -41,7 +41,7 @@ def test_type_runs_on_cuda_like_the_cpu(type_: str, tmp_path: Path) -> None:
     cpu = lucebox.Engine(path, ctx=256, device="cpu").session().eval(ids)
     s = lucebox.Engine(path, ctx=256, device="cuda").session()
     cuda = np.concatenate([s.eval(ids[:40]), *[s.eval([t]) for t in ids[40:]]])
-    check_like_the_cpu(type_, exact, cpu, cuda)
+    check_like_the_cpu(type_, exact, cpu, cuda, ratio=error_ratio(type_))
 
 
 @pytest.mark.parametrize("type_, what", [("tq1_0", "cannot multiply"), ("tq2_0", "cannot multiply"),

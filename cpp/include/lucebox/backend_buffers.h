@@ -22,7 +22,8 @@ using progress_callback = std::function<void(uint64_t, uint64_t)>;
 // Throws unsupported_error, naming the tensor, its type and the device, if `dev`'s ggml backend
 // cannot run what the engine does with one of the named tensors of `file`: a product (MUL_MAT with
 // F32 activations) for every weight of two or more dimensions, and a row lookup (GET_ROWS) for
-// token_embd.weight too. A file may hold any weight type (tensor_spec.h) while a device has
+// token_embd.weight too, and a DeltaNet conv of the width of each *.ssm_conv1d.weight (ggml's CUDA
+// backend runs a few widths only). A file may hold any weight type (tensor_spec.h) while a device has
 // kernels for fewer (ggml's CUDA backend multiplies no TQ1_0 / TQ2_0, for example); without the
 // check such a model would load and then abort inside its first graph. tensor_store::load runs it
 // for plain devices; a tensor split runs it for each device it splits over.

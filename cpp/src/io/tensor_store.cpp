@@ -120,6 +120,15 @@ std::vector<std::vector<const gguf_tensor_entry *>> stackable_runs(const gguf_fi
 }
 }  // namespace
 
+// Whether `dev`'s backend runs ggml's SSM_CONV (a DeltaNet layer's causal conv) of `width` taps. ggml's
+// CUDA backend has kernels for the widths 3, 4, 5, 9 and 15 only and aborts inside a graph on any other
+// (ggml-cuda/ssm-conv.cu), though its supports_op accepts them all; every other backend runs any width.
+static bool runs_conv_width(ggml_backend_dev_t dev, int64_t width) {
+    const char * backend = ggml_backend_reg_name(ggml_backend_dev_backend_reg(dev));
+    if (std::strcmp(backend, "CUDA") != 0) return true;
+    return width == 3 || width == 4 || width == 5 || width == 9 || width == 15;
+}
+
 void check_weights_runnable(const gguf_file & file, const std::vector<std::string> & names, ggml_backend_dev_t dev) {
     ggml_init_params ip{ggml_tensor_overhead() * 8, nullptr, /*no_alloc=*/true};
     std::unique_ptr<ggml_context, void (*)(ggml_context *)> ctx(ggml_init(ip), &ggml_free);
@@ -132,6 +141,13 @@ void check_weights_runnable(const gguf_file & file, const std::vector<std::strin
         const gguf_tensor_entry * e = file.find_tensor(n);
         if (e == nullptr || e->ne[1] == 1) {  // missing (load reports it) or 1-D: no product
             continue;
+        }
+        const std::string conv_suffix = ".ssm_conv1d.weight";  // [d_conv, conv_dim]
+        if (n.size() > conv_suffix.size() && n.compare(n.size() - conv_suffix.size(), conv_suffix.size(), conv_suffix) == 0 &&
+            !runs_conv_width(dev, e->ne[0])) {
+            throw unsupported_error(file.where() + "tensor '" + n + "' is a convolution of width " + std::to_string(e->ne[0]) +
+                                    " (ssm.conv_kernel), and ggml's " + ggml_backend_dev_name(dev) +
+                                    " backend runs widths 3, 4, 5, 9 and 15 only: run the model on another device");
         }
         const bool lookup = n == "token_embd.weight";
         if (!probed.insert(std::to_string(e->type) + ":" + std::to_string(e->ne[0]) + (lookup ? ":rows" : "")).second) {

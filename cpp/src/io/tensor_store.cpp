@@ -121,11 +121,14 @@ std::vector<std::vector<const gguf_tensor_entry *>> stackable_runs(const gguf_fi
 }  // namespace
 
 // Whether `dev`'s backend runs ggml's SSM_CONV (a DeltaNet layer's causal conv) of `width` taps. ggml's
-// CUDA backend has kernels for the widths 3, 4, 5, 9 and 15 only and aborts inside a graph on any other
-// (ggml-cuda/ssm-conv.cu), though its supports_op accepts them all; every other backend runs any width.
+// CUDA backend (registered as "ROCm" / "MUSA" where the same source is built for those) has kernels for
+// the widths 3, 4, 5, 9 and 15 only and aborts inside a graph on any other (ggml-cuda/ssm-conv.cu), though
+// its supports_op accepts them all; the other backends run any width.
 static bool runs_conv_width(ggml_backend_dev_t dev, int64_t width) {
     const char * backend = ggml_backend_reg_name(ggml_backend_dev_backend_reg(dev));
-    if (std::strcmp(backend, "CUDA") != 0) return true;
+    const bool cuda_source = std::strcmp(backend, "CUDA") == 0 || std::strcmp(backend, "ROCm") == 0 ||
+                             std::strcmp(backend, "MUSA") == 0;
+    if (!cuda_source) return true;
     return width == 3 || width == 4 || width == 5 || width == 9 || width == 15;
 }
 

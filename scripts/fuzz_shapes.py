@@ -28,7 +28,8 @@ requires:
    (``llama-speculative-simple``, its debug log; tests/integration/upstream_spec.py), what upstream's
    draft proposes on the same context: in half the cases (drawn by case) the pair in its own weight
    types (any target type, an F32 / Q8_0 / F16 draft), else on F32 twins of the pair (upstream's
-   batched kernels round differently only by ties its log cannot settle). Where lucebox's fused
+   batched kernels round differently, which moves the printed probabilities by a few thousandths at
+   most: ties of TWIN_DRAFT_TIE). Where lucebox's fused
    DeltaNet ops run, and for pairs in their own types that are not all F32, the target's features
    differ from upstream's by more than rounding, and ties are wider (WIDE_DRAFT_TIE). Needs that
    program (``scripts/build_upstream_spec.sh``); without it this check is skipped, said once;
@@ -153,6 +154,12 @@ SPLIT_TOL = 2e-3
 #: cases 7700-8200, swaps of 0.002-0.004 with Q8_0 drafts; case 20019, 0.374 and 0.350 with a Q4_0 target of
 #: width 32, whose F32 twins agree at every step).
 WIDE_DRAFT_TIE = 0.03
+#: Check 4's tie on F32 pairs: upstream's target features come from batched products (its prompt in one
+#: batch, its verifies in blocks), which round otherwise than one-row ones: over fuzz_shapes' F32 targets
+#: (cases 11000-11040, the prompt in 512-token batches against one token at a time) by 7e-5 to 4e-3 of the
+#: logits' RMS, which may move the draft's printed probabilities by a few thousandths (case 11107: 0.369 and
+#: 0.367 swapped at step 4; one-token against 4-token batches, its target's logits part by 2e-3).
+TWIN_DRAFT_TIE = 0.004
 
 
 def placement(n: int, t: dict) -> dict:
@@ -297,7 +304,7 @@ def main() -> int:
             return
         equal, ties, difference = upstream_spec.compare_draft_steps(
             engine.session(), ids, steps,
-            WIDE_DRAFT_TIE if fused or (own and quantized) else upstream_spec.TIE)
+            WIDE_DRAFT_TIE if fused or (own and quantized) else TWIN_DRAFT_TIE)
         counts["draft_steps_checked"] += len(steps)
         counts["draft_steps_own_types"] += len(steps) if own else 0
         counts["draft_ties"] += ties

@@ -45,8 +45,7 @@ def run_case(n: int, d: str, device: str) -> tuple[dict, list[str]]:
     import lucebox
     from exact_model import check_like_the_cpu, check_same_or_near_tie, error_ratio, exact_logits
     from forcing import forced
-    from fuzz_shapes import case
-    from lucebox import synth
+    from fuzz_shapes import case, write_pair
     from lucebox.errors import ConfigError, LuceboxError
 
     c = case(n)
@@ -60,9 +59,7 @@ def run_case(n: int, d: str, device: str) -> tuple[dict, list[str]]:
 
     try:
         try:
-            synth.write_target(target, "tiny", type=c["type"], seed=c["seed"], overrides=c["target"])
-            synth.write_draft(draft, "tiny", type=c["draft_type"], seed=c["seed"] + 1, overrides=c["draft"],
-                              target_overrides=c["target"], schema=c["schema"])
+            write_pair(c, target, draft)
         except ConfigError as e:
             counts["refused_by_synth"] = 1
             print(f"case {n}: synth refused the shape: {e}", flush=True)

@@ -128,6 +128,15 @@ def case(n: int) -> dict:
     return c
 
 
+def write_pair(c: dict, target: Path, draft: Path) -> None:
+    """Write case `c`'s target and draft GGUFs; ConfigError where synth refuses the shape."""
+    from lucebox import synth
+
+    synth.write_target(target, "tiny", type=c["type"], seed=c["seed"], overrides=c["target"])
+    synth.write_draft(draft, "tiny", type=c["draft_type"], seed=c["seed"] + 1, overrides=c["draft"],
+                      target_overrides=c["target"], schema=c["schema"])
+
+
 def _reference(path: str, prompt: list[int], ctx: int, kv: tuple[str, str]):
     """Upstream's logits of `prompt`, one token at a time (run in a child process: upstream aborts
     on some shapes, e.g. a model without attention layers). One thread: from 512 cache rows on, upstream's
@@ -364,9 +373,7 @@ def main() -> int:
         draft_twin = d / f"d{n}-f32.gguf"
         try:
             try:
-                synth.write_target(target, "tiny", type=c["type"], seed=c["seed"], overrides=c["target"])
-                synth.write_draft(draft, "tiny", type=c["draft_type"], seed=c["seed"] + 1, overrides=c["draft"],
-                                  target_overrides=c["target"], schema=c["schema"])
+                write_pair(c, target, draft)
             except ConfigError as e:
                 counts["refused_by_synth"] += 1
                 print(f"case {n}: synth refused the shape: {e}", flush=True)

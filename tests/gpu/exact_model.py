@@ -66,7 +66,8 @@ def check_like_the_cpu(what: str, exact: np.ndarray, cpu: np.ndarray, cuda: np.n
         assert cpu_err == 0, f"the cpu's error is {cpu_err:.3g}, not 0"
     else:
         assert cpu_err > 0  # (the exact model is not the quantized one)
-    assert cuda_err <= ratio * cpu_err + ERROR_FLOOR, f"cuda's error {cuda_err:.4f} > {ratio} x cpu's {cpu_err:.4f} + {ERROR_FLOOR}"
+    assert cuda_err <= ratio * cpu_err + ERROR_FLOOR, \
+        f"cuda's error {cuda_err:.4f} > {ratio} x cpu's {cpu_err:.4f} + {ERROR_FLOOR}"
     assert agree[clear].all(), f"cuda's top token is not the exact model's at {int((~agree & clear).sum())} clear rows"
 
 

@@ -72,7 +72,8 @@ def test_a_tree_in_a_chain_session_adds_its_state_checkpoints_on_gpu(target128: 
     check_same_or_near_tie(engine, cpu, p, ref, s.generate(p, max_tokens=32, propose=forced(ref, len(p), 5)).tokens)
     assert s.state_nbytes == before  # chain verifies: the fused inputs only
     s.reset()
-    check_same_or_near_tie(engine, cpu, p, ref, s.generate(p, max_tokens=32, propose_tree=forced_tree(ref, len(p), 4)).tokens)
+    tree = s.generate(p, max_tokens=32, propose_tree=forced_tree(ref, len(p), 4)).tokens
+    check_same_or_near_tie(engine, cpu, p, ref, tree)
     added = s.state_nbytes - before
     print(f"state checkpoints added by the first tree: {added} bytes")
     assert 16 * state_bytes <= added <= 16 * state_bytes + 4096  # 16 slots (forced blocks), device memory

@@ -18,7 +18,8 @@ from lucebox import synth
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 from exact_model import check_same_or_near_tie  # noqa: E402
-from test_tree import forced_tree, prompts, random_tree  # noqa: E402
+from forcing import forced_tree  # noqa: E402
+from test_tree import prompts, random_tree  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 

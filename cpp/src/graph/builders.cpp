@@ -83,6 +83,15 @@ ggml_tensor * copy_by_kernel(ggml_context * ctx, ggml_tensor * src, ggml_tensor 
     if (dst->ne[3] != 1) {
         throw error("internal: copy_by_kernel needs a destination of at most 3 dimensions");
     }
+    if (src->nb[1] == ggml_element_size(src) && !ggml_is_contiguous(dst)) {
+        // CUDA's copy takes such a source (a column [1, n], or a transposed view) for a transposed
+        // matrix and runs a kernel that writes the destination as if it were contiguous: flattened,
+        // the source goes to the general kernel, which keeps the destination's strides
+        if (!ggml_is_contiguous(src)) {
+            throw error("internal: copy_by_kernel of a transposed view into a strided destination");
+        }
+        src = ggml_reshape_1d(ctx, src, ggml_nelements(src));
+    }
     ggml_tensor * d4 = ggml_view_4d(ctx, dst, dst->ne[0], 1, dst->ne[1], dst->ne[2], dst->nb[1], dst->nb[1], dst->nb[2], 0);
     return ggml_cpy(ctx, src, d4);
 }

@@ -55,7 +55,9 @@ std::vector<ggml_tensor *> stacked_products(ggml_context * ctx, const std::vecto
 // as its copy kernel. A same-shape copy of strided rows becomes cudaMemcpy2DAsync there, which is
 // slow for narrow rows: a DeltaNet conv window is conv_dim rows of d_conv-1 floats (10240 rows of
 // 12 bytes: ~7 us on an H200, once per layer per step). dst is seen with an extra unit dimension,
-// which keeps the element order and makes the shapes differ.
+// which keeps the element order and makes the shapes differ. A contiguous source whose nb[1] is one
+// element (a column [1, n]) is flattened first: CUDA's copy would run its transpose kernel, which
+// ignores a strided destination's strides.
 ggml_tensor * copy_by_kernel(ggml_context * ctx, ggml_tensor * src, ggml_tensor * dst);
 
 // x when it is contiguous, else a contiguous copy (reshapes and unary ops need one).

@@ -62,10 +62,11 @@ def test_tree_commit_of_kv_rows_not_in_words_on_cuda(tmp_path, kv: str, no_tree_
                                                      d_state: int) -> None:
     """One KV head of 32: Q8_0 rows of 34 bytes, which the tree commit cannot move as 4-byte words, so it
     takes its per-commit copy graph (session::commit_tree), against F16 rows of 64 bytes (the kept moves
-    graph) as the control. scripts/fuzz_cuda.py found trees parting from plain decoding at wide margins in
-    four models with such Q8_0 rows, DeltaNet and attention layers (cases 46, 52, 156, 207: always the second
-    step, nothing accepted), on an H100 (sixty-sixth session; not yet rerun): random trees whose right path
-    sits at random rows, or trees of decoys only (the root's row kept)."""
+    graph) as the control: random trees whose right path sits at random rows, or trees of decoys only (the
+    root's row kept). The copy graph's conv-column copies went through CUDA's transpose copy kernel, which
+    wrote each column over the conv state as if contiguous, until graph::copy_by_kernel flattened them
+    (tests/cpp test_gdn_tree's tree_commit_gpu_equals_cpu_copies checks those bytes). Led there by
+    scripts/fuzz_cuda.py's cases 46, 52, 156, 207 (Q8_0 rows, DeltaNet and attention layers)."""
     target = str(tmp_path / "odd-kv.gguf")
     shape = dict(n_head_kv=1, head_dim=32, ssm_d_state=d_state)
     synth.write_target(target, "tiny", type="q8_0", seed=5, overrides=shape)

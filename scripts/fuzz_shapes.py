@@ -226,8 +226,8 @@ def main() -> int:
     spawn = multiprocessing.get_context("spawn")
     findings = 0
     counts = dict(compared=0, refused_by_synth=0, refused_by_upstream=0, restores_checked=0, spec_checked=0,
-                  draft_steps_checked=0, draft_steps_own_types=0, draft_ties=0, draft_own_type_roundings=0, layer_splits_checked=0,
-                  tensor_splits_checked=0, tensor_splits_refused=0)
+                  draft_steps_checked=0, draft_steps_own_types=0, draft_ties=0, draft_own_type_roundings=0,
+                  layer_splits_checked=0, tensor_splits_checked=0, tensor_splits_refused=0)
     import upstream_spec
     spec_binary, why = upstream_spec.find_binary()
     if spec_binary is None:

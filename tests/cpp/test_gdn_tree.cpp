@@ -493,9 +493,9 @@ TEST_CASE(tree_commit_gpu_equals_cpu_copies) {
     for (ggml_type t : {GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_Q8_0, GGML_TYPE_Q4_0}) {
         check_tree_commit(t, be);
     }
-    // rows of one q8_0/q4_0 block (34/18 bytes): the copy graph runs on the GPU; its conv columns
-    // go to a strided destination (fuzz_cuda cases 46, 52, 156, 207 parted from plain decoding when
-    // CUDA's transpose copy kernel wrote them as if contiguous)
+    // rows of one q8_0/q4_0 block (34/18 bytes): the copy graph runs on the GPU; its conv columns go
+    // to a strided destination, which CUDA's transpose copy kernel once wrote as if contiguous (found
+    // reading this fallback for fuzz_cuda's cases 46, 52, 156, 207; see graph::copy_by_kernel)
     for (ggml_type t : {GGML_TYPE_Q8_0, GGML_TYPE_Q4_0}) {
         check_tree_commit(t, be, 32);
     }

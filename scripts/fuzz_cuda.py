@@ -18,6 +18,8 @@ there. Per case:
 Each case runs in a child process, so an abort (a ggml assertion, a CUDA error) is a finding too and the
 run goes on. Cases are seeded by their number (fuzz_shapes' case n), so `--start N --cases 1` replays
 case N. Not run by CI (no GPU); `tests/gpu/test_fuzz_cuda.py` runs its first cases on the GPU machine.
+On a machine lent for minutes, `--seconds S` starts no case after S seconds and still prints the totals
+and the range of cases that ran.
 
     python scripts/fuzz_cuda.py --start 0 --cases 100
 """
@@ -26,6 +28,7 @@ from __future__ import annotations
 import argparse
 import random
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -140,7 +143,11 @@ def main() -> int:
     ap.add_argument("--dir", default="/tmp/lucebox-fuzz-cuda")
     ap.add_argument("--device", default="cuda", help="the device under test (cpu: a dry run of the script)")
     ap.add_argument("--case-timeout", type=float, default=600.0, help="seconds before a case counts as hung")
+    ap.add_argument("--seconds", type=float, default=None,
+                    help="start no case after this many seconds (the totals still print)")
     args = ap.parse_args()
+    if args.seconds is not None and args.seconds <= 0:
+        ap.error(f"--seconds must be positive, got {args.seconds}")
 
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
@@ -152,7 +159,12 @@ def main() -> int:
     pool = ProcessPoolExecutor(1, mp_context=spawn)
     totals: dict = {}
     findings: list[str] = []
+    t0 = time.monotonic()
+    end = args.start  # one past the last case run
     for n in range(args.start, args.start + args.cases):
+        if args.seconds is not None and time.monotonic() - t0 >= args.seconds:
+            break
+        end = n + 1
         print(f"[case {n}]", file=sys.stderr, flush=True)
         try:
             counts, found = pool.submit(run_case, n, args.dir, args.device).result(timeout=args.case_timeout)
@@ -170,7 +182,7 @@ def main() -> int:
         findings += found
     pool.shutdown()
     print(f"outcomes {totals}")
-    print(f"{len(findings)} finding(s) in cases [{args.start}, {args.start + args.cases}) on {args.device}")
+    print(f"{len(findings)} finding(s) in cases [{args.start}, {end}) on {args.device}")
     return 1 if findings else 0
 
 

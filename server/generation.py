@@ -165,6 +165,15 @@ def _ending_with(tokenizer: Any, generated: Sequence[int], candidates: Sequence[
     return None if best is None else (best[1], full[best[0]:])
 
 
+@dataclass
+class CancelledStats:
+    """What a phase cancelled before its stream's stats counts (the fields `account` reads)."""
+    n_generated: int
+    prefill_seconds: float
+    decode_seconds: float
+    spec: dict
+
+
 def _phase(session: Any, tokenizer: Any, prompt: Sequence[int], max_tokens: int, stop: Sequence[str],
            sampling: dict[str, Any], emit: Callable[[str, list[Any] | None], None],
            cancel: threading.Event, grammar: Grammar | None = None,
@@ -173,10 +182,13 @@ def _phase(session: Any, tokenizer: Any, prompt: Sequence[int], max_tokens: int,
     the end) when a stop string ended it)."""
     finish, stats = "cancelled", None
     start = len(session.tokens) + len(prompt)
+    first_chunk_at: float | None = None
     it = session.stream(list(prompt), max_tokens=max_tokens, stop=list(stop) or None, grammar=grammar,
                         prediction=list(prediction) or None, **sampling)
     try:
         for chunk in it:
+            if first_chunk_at is None:
+                first_chunk_at = time.perf_counter()
             if chunk.text or chunk.logprobs:
                 emit(chunk.text, chunk.logprobs)
             if chunk.finish_reason is not None:
@@ -187,6 +199,10 @@ def _phase(session: Any, tokenizer: Any, prompt: Sequence[int], max_tokens: int,
         it.close()  # cancels the engine at its next token and joins its thread
     if cancel.is_set() and stats is None:
         finish = "cancelled"
+        # the stream ended before its stats: count the tokens the session kept, and decoding from
+        # the first chunk on (its prefill is not told apart), so the metrics see cancelled work
+        decoded = time.perf_counter() - first_chunk_at if first_chunk_at is not None else 0.0
+        stats = CancelledStats(max(0, len(session.tokens) - start), 0.0, decoded, {})
     matched = _ending_with(tokenizer, session.tokens[start:], stop) if finish == "stop" else None
     return finish, stats, matched
 

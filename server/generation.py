@@ -178,11 +178,11 @@ def _phase(session: Any, tokenizer: Any, prompt: Sequence[int], max_tokens: int,
            sampling: dict[str, Any], emit: Callable[[str, list[Any] | None], None],
            cancel: threading.Event, grammar: Grammar | None = None,
            prediction: Sequence[int] = ()) -> tuple[str, Any, tuple[str, str] | None]:
-    """One `Session.stream` call: (finish reason, stats or None, (stop string, text from it to
-    the end) when a stop string ended it)."""
+    """One `Session.stream` call: (finish reason, stats (the stream's, or a CancelledStats where a
+    cancel ended it first), (stop string, text from it to the end) when a stop string ended it)."""
     finish, stats = "cancelled", None
     start = len(session.tokens) + len(prompt)
-    first_chunk_at: float | None = None
+    called_at, first_chunk_at = time.perf_counter(), None
     it = session.stream(list(prompt), max_tokens=max_tokens, stop=list(stop) or None, grammar=grammar,
                         prediction=list(prediction) or None, **sampling)
     try:
@@ -199,10 +199,12 @@ def _phase(session: Any, tokenizer: Any, prompt: Sequence[int], max_tokens: int,
         it.close()  # cancels the engine at its next token and joins its thread
     if cancel.is_set() and stats is None:
         finish = "cancelled"
-        # the stream ended before its stats: count the tokens the session kept, and decoding from
-        # the first chunk on (its prefill is not told apart), so the metrics see cancelled work
-        decoded = time.perf_counter() - first_chunk_at if first_chunk_at is not None else 0.0
-        stats = CancelledStats(max(0, len(session.tokens) - start), 0.0, decoded, {})
+        # the stream ended before its stats: count the tokens the session kept, the time to the first
+        # chunk as prefill (with the first token's step) and the rest as decoding, so that the metrics
+        # see the cancelled work
+        now = time.perf_counter()
+        first = first_chunk_at if first_chunk_at is not None else now
+        stats = CancelledStats(max(0, len(session.tokens) - start), first - called_at, now - first, {})
     matched = _ending_with(tokenizer, session.tokens[start:], stop) if finish == "stop" else None
     return finish, stats, matched
 

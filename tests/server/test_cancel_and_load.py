@@ -30,6 +30,7 @@ def test_disconnect_cancels_generation(server, capsys):
     before = metric(server, "lucebox_requests_cancelled_total")
     for attempt in range(6):  # a random model may end by itself within the first tokens: retry
         tokens_before = metric(server, "lucebox_completion_tokens_total")
+        decode_before = metric(server, "lucebox_decode_seconds_total")
         with httpx.stream("POST", server.base_url + "/v1/chat/completions", timeout=60, json={
                 "messages": [{"role": "user", "content": f"tell me a long story {attempt}"}],
                 "max_tokens": 900, "temperature": 1.0, "seed": attempt, "top_k": 1000, "stream": True}) as r:
@@ -44,8 +45,9 @@ def test_disconnect_cancels_generation(server, capsys):
             with capsys.disabled():
                 print(f"\ndisconnect: slot freed {freed * 1000:.0f} ms after the client went away")
             assert time.monotonic() - t0 < 3.0
-            # the tokens it streamed before the client left are counted as generated
+            # the tokens it streamed before the client left, and their time, are counted
             assert metric(server, "lucebox_completion_tokens_total") > tokens_before
+            assert metric(server, "lucebox_decode_seconds_total") > decode_before
             return
     raise AssertionError("no generation was cancelled by a disconnect")
 

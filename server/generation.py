@@ -34,6 +34,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Sequence, Union
 
+from lucebox.engine import GenerationStats
 from lucebox.grammar import Grammar
 from lucebox.prefix_cache import start_session
 
@@ -165,20 +166,11 @@ def _ending_with(tokenizer: Any, generated: Sequence[int], candidates: Sequence[
     return None if best is None else (best[1], full[best[0]:])
 
 
-@dataclass
-class CancelledStats:
-    """What a phase cancelled before its stream's stats counts (the fields `account` reads)."""
-    n_generated: int
-    prefill_seconds: float
-    decode_seconds: float
-    spec: dict
-
-
 def _phase(session: Any, tokenizer: Any, prompt: Sequence[int], max_tokens: int, stop: Sequence[str],
            sampling: dict[str, Any], emit: Callable[[str, list[Any] | None], None],
            cancel: threading.Event, grammar: Grammar | None = None,
            prediction: Sequence[int] = ()) -> tuple[str, Any, tuple[str, str] | None]:
-    """One `Session.stream` call: (finish reason, stats (the stream's, or a CancelledStats where a
+    """One `Session.stream` call: (finish reason, GenerationStats (the stream's, or made here where a
     cancel ended it first), (stop string, text from it to the end) when a stop string ended it)."""
     finish, stats = "cancelled", None
     start = len(session.tokens) + len(prompt)
@@ -204,7 +196,7 @@ def _phase(session: Any, tokenizer: Any, prompt: Sequence[int], max_tokens: int,
         # see the cancelled work
         now = time.perf_counter()
         first = first_chunk_at if first_chunk_at is not None else now
-        stats = CancelledStats(max(0, len(session.tokens) - start), first - called_at, now - first, {})
+        stats = GenerationStats(len(prompt), max(0, len(session.tokens) - start), first - called_at, now - first)
     matched = _ending_with(tokenizer, session.tokens[start:], stop) if finish == "stop" else None
     return finish, stats, matched
 

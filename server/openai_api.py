@@ -140,22 +140,21 @@ def chat_spec_from_openai(body: ChatCompletionRequest, svc: Service) -> ChatSpec
         reasoning_budget=body.max_reasoning_tokens, grammar=grammar_of(body), prediction=prediction_of(body))
 
 
-async def collect_chat(job: GenerationJob, prepared: PreparedChat, n: int, request: Request
-                       ) -> tuple[list[ChatOutput], list[ChoiceResult], list[list[Any]]]:
-    """Run a job to its end (non-streaming): each choice's output, result and token logprobs.
-    Raises the mapped APIError of an engine failure, or ClientDisconnected (after cancelling the
-    job) when the client leaves."""
-    outputs = [ChatOutput(prepared.think_open, prepared.parse_tools) for _ in range(n)]
+async def collect_events(job: GenerationJob, n: int, request: Request
+                         ) -> tuple[list[str], list[ChoiceResult | None], list[list[Any]]]:
+    """Run a job to its end (non-streaming): each choice's text, result (None if it never ended) and
+    token logprobs. Raises the mapped APIError of an engine failure, or ClientDisconnected (after
+    cancelling the job) when the client leaves."""
+    texts = [""] * n
     results: list[ChoiceResult | None] = [None] * n
     logprobs: list[list[Any]] = [[] for _ in range(n)]
 
     async def run() -> None:
         async for ev in job.events():
             if isinstance(ev, TextEvent):
-                outputs[ev.choice].feed(ev.text)
+                texts[ev.choice] += ev.text
                 logprobs[ev.choice].extend(ev.logprobs or [])
             elif isinstance(ev, ChoiceDone):
-                outputs[ev.choice].finish()
                 results[ev.choice] = ev.result
             elif isinstance(ev, ErrorEvent):
                 raise api_error_from(ev.error)
@@ -165,6 +164,18 @@ async def collect_chat(job: GenerationJob, prepared: PreparedChat, n: int, reque
     except ClientDisconnected:
         job.cancel()
         raise
+    return texts, results, logprobs
+
+
+async def collect_chat(job: GenerationJob, prepared: PreparedChat, n: int, request: Request
+                       ) -> tuple[list[ChatOutput], list[ChoiceResult], list[list[Any]]]:
+    """collect_events, each choice's text split into reasoning, content and tool calls."""
+    texts, results, logprobs = await collect_events(job, n, request)
+    outputs = [ChatOutput(prepared.think_open, prepared.parse_tools) for _ in range(n)]
+    for out, text, result in zip(outputs, texts, results):
+        out.feed(text)
+        if result is not None:
+            out.finish()
     return outputs, [r if r is not None else ChoiceResult("cancelled", 0, 0) for r in results], logprobs
 
 
@@ -337,25 +348,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return EventStreamResponse(_completion_stream(svc, job, n_choices, n_prompt, base, include_usage, taken,
                                                       ended, fmt), on_disconnect=job.cancel, on_close=job.cancel)
-    texts = [""] * n_choices
-    results: list[ChoiceResult | None] = [None] * n_choices
-    logprobs: list[list[Any]] = [[] for _ in range(n_choices)]
-
-    async def run() -> None:
-        async for ev in job.events():
-            if isinstance(ev, TextEvent):
-                texts[ev.choice] += ev.text
-                logprobs[ev.choice].extend(ev.logprobs or [])
-            elif isinstance(ev, ChoiceDone):
-                results[ev.choice] = ev.result
-            elif isinstance(ev, ErrorEvent):
-                raise api_error_from(ev.error)
-
-    try:
-        await unless_disconnected(request, run())
-    except ClientDisconnected:
-        job.cancel()
-        raise
+    texts, results, logprobs = await collect_events(job, n_choices, request)
     chosen = list(range(n_choices))
     if rank:  # per prompt, the n candidates of highest mean logprob of their generated tokens
         def score(i: int) -> float:

@@ -2,6 +2,9 @@
 tokens): logits position by position, and greedy continuations; NaN logits are an error there too."""
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 from gguf import GGUFReader
@@ -9,6 +12,9 @@ from gguf import GGUFReader
 import lucebox
 from lucebox import _core, synth
 from lucebox.errors import LuceboxError
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from exact_model import check_like_the_cpu, exact_logits  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -121,25 +127,29 @@ def test_nan_logits_are_an_error(tmp_path, temperature: float, speculative: bool
         engine.generate("hello", max_tokens=4, temperature=temperature, seed=1)
 
 
-@pytest.mark.parametrize("d_conv, ok", [(2, False), (3, True), (4, True), (6, False)])
+@pytest.mark.parametrize("d_conv", [2, 3, 6, 13, 16])
 @pytest.mark.parametrize("d_state", [64, 128], ids=["ggml-deltanet", "fused-deltanet"])
-def test_conv_widths_cuda_cannot_run_are_refused_at_load(tmp_path, d_conv: int, ok: bool, d_state: int) -> None:
+def test_conv_widths_on_cuda(tmp_path, d_conv: int, d_state: int) -> None:
     """ggml's CUDA conv has kernels for a few widths only (3, 4, 5, 9, 15) and aborts inside a graph on
-    others (scripts/fuzz_cuda.py case 2: width 2): such a model is refused at load, naming the tensor, the
-    width and the device, and runs on the CPU; an allowed width runs (a prefill past lucebox's fused ops'
-    64 tokens too, where ggml's conv runs)."""
+    others (scripts/fuzz_cuda.py case 2: width 2). Narrower widths run as the next of those with zero taps
+    (qwen35.cpp, ssm_conv_any_width) and compute the model as the CPU does: a 100-token prefill (past
+    lucebox's fused ops' 64 tokens, where ggml's conv runs) against the exact model, then greedy decoding.
+    A width above 15 is refused at load, naming the tensor, the width and the device."""
     from lucebox.errors import UnsupportedError
 
+    overrides = dict(ssm_d_conv=d_conv, ssm_d_state=d_state)
     path = str(tmp_path / f"conv{d_conv}.gguf")
-    synth.write_target(path, "tiny", type="q8_0", seed=5, overrides=dict(ssm_d_conv=d_conv, ssm_d_state=d_state))
+    synth.write_target(path, "tiny", type="q8_0", seed=5, overrides=overrides)
     ids = [int(x) for x in np.random.default_rng(3).integers(0, 1000, 100)]
-    cpu = lucebox.Engine(path, ctx=256, device="cpu").generate(ids, max_tokens=8).tokens
-    if not ok:
+    if d_conv > 15:
         with pytest.raises(UnsupportedError) as e:
             lucebox.Engine(path, ctx=256, device="cuda")
         msg = str(e.value)
         print(msg)
         assert "ssm_conv1d.weight" in msg and f"width {d_conv}" in msg and "CUDA0" in msg
         return
-    got = lucebox.Engine(path, ctx=256, device="cuda").generate(ids, max_tokens=8).tokens
-    assert len(got) == len(cpu) == 8
+    cpu = lucebox.Engine(path, ctx=256, device="cpu")
+    cuda = lucebox.Engine(path, ctx=256, device="cuda")
+    check_like_the_cpu(f"conv width {d_conv}", exact_logits(path, ids, overrides, tmp_path),
+                       cpu.session().eval(ids), cuda.session().eval(ids))
+    assert len(cuda.generate(ids, max_tokens=8).tokens) == 8

@@ -28,8 +28,7 @@ def test_the_first_cases_find_nothing_on_cuda(tmp_path: Path) -> None:
     assert f"0 finding(s) in cases [0, {CASES}) on cuda" in run.stdout
     # the cases did the work they claim: every written and loaded one checked its logits and speculated twice
     counts = ast.literal_eval(run.stdout.split("outcomes ", 1)[1].splitlines()[0])
-    # (a target refused for its conv width goes on with width 3: case 2 draws width 2)
-    ran = (CASES - counts.get("refused_by_synth", 0) - counts.get("refused_on_device", 0) +
-           counts.get("conv_width_redrawn", 0))
-    assert counts.get("conv_width_redrawn", 0) >= 1, counts
+    ran = CASES - counts.get("refused_by_synth", 0) - counts.get("refused_on_device", 0)
+    # (case 2 draws conv width 2, which ggml's CUDA conv has no kernel for: lucebox pads it to 3)
+    assert "case 2: refused" not in run.stdout
     assert ran >= CASES // 2 and counts["logits_checked"] == ran and counts["spec_checked"] == 2 * ran, counts

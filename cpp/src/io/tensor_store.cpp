@@ -120,16 +120,16 @@ std::vector<std::vector<const gguf_tensor_entry *>> stackable_runs(const gguf_fi
 }
 }  // namespace
 
-// Whether `dev`'s backend runs ggml's SSM_CONV (a DeltaNet layer's causal conv) of `width` taps. ggml's
-// CUDA backend (registered as "ROCm" / "MUSA" where the same source is built for those) has kernels for
-// the widths 3, 4, 5, 9 and 15 only and aborts inside a graph on any other (ggml-cuda/ssm-conv.cu), though
-// its supports_op accepts them all; the other backends run any width.
+// Whether `dev`'s backend runs a DeltaNet layer's causal conv of `width` taps. ggml's CUDA backend
+// (registered as "ROCm" / "MUSA" where the same source is built for those) has SSM_CONV kernels for the
+// widths 3, 4, 5, 9 and 15 only and aborts inside a graph on any other (ggml-cuda/ssm-conv.cu), though its
+// supports_op accepts them all; the graph runs a narrower width as the next of those with zero taps
+// (qwen35.cpp, ssm_conv_any_width), so only widths above 15 are out of its reach. Other backends run any.
 static bool runs_conv_width(ggml_backend_dev_t dev, int64_t width) {
     const char * backend = ggml_backend_reg_name(ggml_backend_dev_backend_reg(dev));
     const bool cuda_source = std::strcmp(backend, "CUDA") == 0 || std::strcmp(backend, "ROCm") == 0 ||
                              std::strcmp(backend, "MUSA") == 0;
-    if (!cuda_source) return true;
-    return width == 3 || width == 4 || width == 5 || width == 9 || width == 15;
+    return !cuda_source || width <= 15;
 }
 
 void check_weights_runnable(const gguf_file & file, const std::vector<std::string> & names, ggml_backend_dev_t dev) {
@@ -150,7 +150,7 @@ void check_weights_runnable(const gguf_file & file, const std::vector<std::strin
             !runs_conv_width(dev, e->ne[0])) {
             throw unsupported_error(file.where() + "tensor '" + n + "' is a convolution of width " + std::to_string(e->ne[0]) +
                                     " (ssm.conv_kernel), and ggml's " + ggml_backend_dev_name(dev) +
-                                    " backend runs widths 3, 4, 5, 9 and 15 only: run the model on another device");
+                                    " backend runs widths up to 15 only: run the model on another device");
         }
         const bool lookup = n == "token_embd.weight";
         if (!probed.insert(std::to_string(e->type) + ":" + std::to_string(e->ne[0]) + (lookup ? ":rows" : "")).second) {

@@ -6,7 +6,7 @@ there. Per case:
 
 1. The target loads on CUDA, or is refused with a LuceboxError naming why (counted, printed); the same
    file runs on the CPU. A refusal for the target's conv width is a finding: fuzz_shapes draws widths
-   2-5, which CUDA runs (ggml's kernels, or lucebox's zero-tap padding for width 2).
+   2-15, which CUDA runs (ggml's kernels, or lucebox's padding with zero taps).
 2. Prompt logits (the first part as micro-batches of the case's size, then up to 16 one-token steps):
    finite, and of the CPU's accuracy against the exact model, the weights decoded to F32 and run on the
    CPU (tests/gpu/exact_model.py: the two backends quantize activations differently inside a product).

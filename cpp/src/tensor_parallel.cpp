@@ -254,7 +254,7 @@ tensor_split::tensor_split(const engine_config & cfg, const target_model_file & 
         names_ += ")";
         const std::vector<std::string> names = tensors_to_load(target.file, qwen35_tensor_specs(hp));
         for (ggml_backend_dev_t dev : devs) {
-            check_weights_runnable(target.file, names, dev);
+            check_weights_runnable(target.file, names, dev, /*split=*/true);
         }
         {
             std::lock_guard<std::mutex> lock(meta_device_mutex());

@@ -152,3 +152,19 @@ def test_split_logprobs(files: tuple[str, str], split: str) -> None:
         got = engine.generate(p, max_tokens=24, logprobs=4, **sampling)
         assert got.tokens == engine.generate(p, max_tokens=24, **sampling).tokens
         check_device_logprobs(engine, p, got, 4, greedy=not sampling)
+
+
+def test_conv_width_without_a_cuda_kernel(tmp_path) -> None:
+    """A conv width ggml's CUDA conv has no kernel for (2): a layer split runs it padded with zero taps
+    (graph::ssm_conv) and gives one GPU's tokens; a tensor split, whose meta backend runs the conv as it
+    is, refuses it at load, naming the tensor, the width and the layer split to use instead."""
+    from lucebox.errors import UnsupportedError
+
+    path = str(tmp_path / "conv2.gguf")
+    synth.write_target(path, "tiny", type="q8_0", seed=5, overrides=dict(ssm_d_conv=2, n_layer=8))
+    p = prompts(1)[0]
+    single = lucebox.Engine(path, ctx=512, device="cuda:0", ubatch=32)
+    split = lucebox.Engine(path, ctx=512, devices=["cuda:0", "cuda:1"], split="layer", ubatch=32)
+    assert split.generate(p, max_tokens=16).tokens == single.generate(p, max_tokens=16).tokens
+    with pytest.raises(UnsupportedError, match=r"ssm_conv1d.weight' is a convolution of width 2.*tensor split"):
+        lucebox.Engine(path, ctx=512, devices=["cuda:0", "cuda:1"], split="tensor")

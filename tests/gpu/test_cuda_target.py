@@ -132,7 +132,7 @@ def test_nan_logits_are_an_error(tmp_path, temperature: float, speculative: bool
 def test_conv_widths_on_cuda(tmp_path, d_conv: int, d_state: int) -> None:
     """ggml's CUDA conv has kernels for a few widths only (3, 4, 5, 9, 15) and aborts inside a graph on
     others (scripts/fuzz_cuda.py case 2: width 2). Narrower widths run as the next of those with zero taps
-    (qwen35.cpp, ssm_conv_any_width) and compute the model as the CPU does: a 100-token prefill (past
+    (graph::ssm_conv) and compute the model as the CPU does: a 100-token prefill (past
     lucebox's fused ops' 64 tokens, where ggml's conv runs) against the exact model, then greedy decoding.
     A width above 15 is refused at load, naming the tensor, the width and the device."""
     from lucebox.errors import UnsupportedError

@@ -20,8 +20,8 @@ MAX_ABS = 2e-2
 SHAPES = {
     "kv_heads_equal_q_heads_hd128": dict(n_head=2, n_head_kv=2, head_dim=128, n_rot=32, rope_sections=(6, 5, 5, 0)),
     "conv3_k_heads_equal_v_heads": dict(ssm_d_conv=3, ssm_n_k_heads=4, ssm_n_v_heads=4),
-    # widths ggml's CUDA conv has no kernel for run padded with zero taps (qwen35.cpp, ssm_conv_any_width)
-    # on every backend; state 64 keeps lucebox's fused DeltaNet ops (which do their own conv) out
+    # conv widths ggml's CUDA conv has no kernel for (there run padded with zero taps, graph::ssm_conv; on
+    # the CPU as they are); state 64 keeps lucebox's fused DeltaNet ops (which do their own conv) out
     "conv2_state64": dict(ssm_d_conv=2, ssm_d_state=64),
     "conv7_state64": dict(ssm_d_conv=7, ssm_d_state=64),
     "conv13": dict(ssm_d_conv=13),

@@ -23,11 +23,17 @@ using progress_callback = std::function<void(uint64_t, uint64_t)>;
 // cannot run what the engine does with one of the named tensors of `file`: a product (MUL_MAT with
 // F32 activations) for every weight of two or more dimensions, and a row lookup (GET_ROWS) for
 // token_embd.weight too, and a DeltaNet conv of the width of each *.ssm_conv1d.weight (ggml's CUDA
-// backend runs a few widths only). A file may hold any weight type (tensor_spec.h) while a device has
-// kernels for fewer (ggml's CUDA backend multiplies no TQ1_0 / TQ2_0, for example); without the
-// check such a model would load and then abort inside its first graph. tensor_store::load runs it
-// for plain devices; a tensor split runs it for each device it splits over.
-void check_weights_runnable(const gguf_file & file, const std::vector<std::string> & names, ggml_backend_dev_t dev);
+// backend has kernels for a few widths; on one device lucebox pads the others up to 15 with zero taps,
+// graph::ssm_conv, while a tensor split, `split` here, runs the conv as it is). A file may hold any
+// weight type (tensor_spec.h) while a device has kernels for fewer (ggml's CUDA backend multiplies no
+// TQ1_0 / TQ2_0, for example); without the check such a model would load and then abort inside its
+// first graph. tensor_store::load runs it for plain devices; a tensor split runs it for each device it
+// splits over.
+void check_weights_runnable(const gguf_file & file, const std::vector<std::string> & names, ggml_backend_dev_t dev,
+                            bool split = false);
+
+// Whether `buffer` is a tensor split's (ggml's meta backend): its tensors are dealt in slices to devices.
+bool is_meta_buffer(ggml_backend_buffer_t buffer);
 
 class tensor_store {
   public:

@@ -79,6 +79,22 @@ ggml_tensor * cache_rows(ggml_context * ctx, ggml_tensor * x) {
     return ggml_view_2d(ctx, x, x->ne[0] * x->ne[1], x->ne[2], x->nb[2], 0);
 }
 
+bool cuda_conv_kernel(int64_t width) { return width == 3 || width == 4 || width == 5 || width == 9 || width == 15; }
+
+ggml_tensor * ssm_conv(ggml_context * ctx, ggml_tensor * x, ggml_tensor * w, bool pad_to_kernel) {
+    const int64_t width = w->ne[0];
+    int64_t run = width;
+    while (pad_to_kernel && run < 15 && !cuda_conv_kernel(run)) {
+        ++run;
+    }
+    if (run > width) {
+        const int pad = int(run - width);
+        x = ggml_pad_ext(ctx, x, pad, 0, 0, 0, 0, 0, 0, 0);  // [run-1+T, channels, S]
+        w = ggml_pad_ext(ctx, w, pad, 0, 0, 0, 0, 0, 0, 0);  // [run, channels]
+    }
+    return ggml_ssm_conv(ctx, x, w);
+}
+
 ggml_tensor * copy_by_kernel(ggml_context * ctx, ggml_tensor * src, ggml_tensor * dst) {
     if (dst->ne[3] != 1) {
         throw error("internal: copy_by_kernel needs a destination of at most 3 dimensions");

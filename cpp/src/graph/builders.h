@@ -67,6 +67,19 @@ ggml_tensor * contiguous(ggml_context * ctx, ggml_tensor * x);
 // not a reshape, the form in which ggml's CUDA backend runs a norm, rope and SET_ROWS as one kernel.
 ggml_tensor * cache_rows(ggml_context * ctx, ggml_tensor * x);
 
+// Whether ggml's CUDA conv (ggml-cuda/ssm-conv.cu) has a kernel for `width` taps: 3, 4, 5, 9 and 15 only;
+// it aborts inside a graph on the others, though its supports_op accepts them.
+bool cuda_conv_kernel(int64_t width);
+
+// ggml's SSM_CONV (a DeltaNet layer's causal depthwise conv) of sequences x [width-1+T, channels, S] and
+// taps w [width, channels] (F32, oldest tap first) -> [channels, T, S]. `pad_to_kernel` (weights in one
+// device's memory): a width below 15 without a CUDA kernel runs as the next width with one, zero taps
+// prepended to w and as many zeros to x: the same sums, in the same order, but for rounding (ggml's CPU
+// conv, for one, multiplies and adds wider rows otherwise than narrow ones). Without it (host weights,
+// or a tensor split's, which its devices refuse instead) the op runs as it is: ggml's CPU conv takes any
+// width, with upstream's bits.
+ggml_tensor * ssm_conv(ggml_context * ctx, ggml_tensor * x, ggml_tensor * w, bool pad_to_kernel);
+
 // SwiGLU FFN: down(silu(gate x) * up x). x [E, T] -> [E, T].
 ggml_tensor * swiglu_ffn(ggml_context * ctx, ggml_tensor * x, ggml_tensor * w_gate, ggml_tensor * w_up,
                          ggml_tensor * w_down, int layer);

@@ -5,6 +5,7 @@
 #include <memory>
 #include <unordered_set>
 
+#include "../graph/builders.h"
 #include "cuda_kernels.h"
 #include "lucebox/backend_buffers.h"
 #include "lucebox/errors.h"
@@ -121,18 +122,24 @@ std::vector<std::vector<const gguf_tensor_entry *>> stackable_runs(const gguf_fi
 }  // namespace
 
 // Whether `dev`'s backend runs a DeltaNet layer's causal conv of `width` taps. ggml's CUDA backend
-// (registered as "ROCm" / "MUSA" where the same source is built for those) has SSM_CONV kernels for the
-// widths 3, 4, 5, 9 and 15 only and aborts inside a graph on any other (ggml-cuda/ssm-conv.cu), though its
-// supports_op accepts them all; the graph runs a narrower width as the next of those with zero taps
-// (qwen35.cpp, ssm_conv_any_width), so only widths above 15 are out of its reach. Other backends run any.
-static bool runs_conv_width(ggml_backend_dev_t dev, int64_t width) {
+// (registered as "ROCm" / "MUSA" where the same source is built for those) has kernels for a few widths
+// (graph::cuda_conv_kernel); on one device the graph runs a narrower width as the next of those with zero
+// taps (graph::ssm_conv), so only widths above 15 are out of its reach, while a tensor split runs the conv
+// as it is. Other backends run any width.
+static bool runs_conv_width(ggml_backend_dev_t dev, int64_t width, bool split) {
     const char * backend = ggml_backend_reg_name(ggml_backend_dev_backend_reg(dev));
     const bool cuda_source = std::strcmp(backend, "CUDA") == 0 || std::strcmp(backend, "ROCm") == 0 ||
                              std::strcmp(backend, "MUSA") == 0;
-    return !cuda_source || width <= 15;
+    return !cuda_source || (split ? graph::cuda_conv_kernel(width) : width <= 15);
 }
 
-void check_weights_runnable(const gguf_file & file, const std::vector<std::string> & names, ggml_backend_dev_t dev) {
+bool is_meta_buffer(ggml_backend_buffer_t buffer) {
+    ggml_backend_dev_t dev = ggml_backend_buft_get_device(ggml_backend_buffer_get_type(buffer));
+    return dev != nullptr && ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_META;
+}
+
+void check_weights_runnable(const gguf_file & file, const std::vector<std::string> & names, ggml_backend_dev_t dev,
+                            bool split) {
     ggml_init_params ip{ggml_tensor_overhead() * 8, nullptr, /*no_alloc=*/true};
     std::unique_ptr<ggml_context, void (*)(ggml_context *)> ctx(ggml_init(ip), &ggml_free);
     if (!ctx) {
@@ -147,10 +154,11 @@ void check_weights_runnable(const gguf_file & file, const std::vector<std::strin
         }
         const std::string conv_suffix = ".ssm_conv1d.weight";  // [d_conv, conv_dim]
         if (n.size() > conv_suffix.size() && n.compare(n.size() - conv_suffix.size(), conv_suffix.size(), conv_suffix) == 0 &&
-            !runs_conv_width(dev, e->ne[0])) {
+            !runs_conv_width(dev, e->ne[0], split)) {
             throw unsupported_error(file.where() + "tensor '" + n + "' is a convolution of width " + std::to_string(e->ne[0]) +
-                                    " (ssm.conv_kernel), and ggml's " + ggml_backend_dev_name(dev) +
-                                    " backend runs widths up to 15 only: run the model on another device");
+                                    " (ssm.conv_kernel), and ggml's " + ggml_backend_dev_name(dev) + " backend runs " +
+                                    (split ? "widths 3, 4, 5, 9 and 15 only in a tensor split: split by layers"
+                                           : "widths up to 15 only") + ", or run the model on another device");
         }
         const bool lookup = n == "token_embd.weight";
         if (!probed.insert(std::to_string(e->type) + ":" + std::to_string(e->ne[0]) + (lookup ? ":rows" : "")).second) {

@@ -559,29 +559,6 @@ ggml_tensor * tree_conv_sequence(ggml_context * ctx, ggml_cgraph * gf, ggml_tens
     return seq;
 }
 
-// ggml's SSM_CONV of sequences x [width-1+T, channels, S] and taps w [width, channels] (F32, oldest tap
-// first) -> [channels, T, S]. ggml's CUDA backend has kernels for the widths 3, 4, 5, 9 and 15 only
-// (tensor_store.cpp, runs_conv_width); a width below 15 that is none of those runs as the next that is,
-// with zero taps prepended to w and as many zeros to x: each sum then starts with products by a zero tap
-// (exact zeros for finite inputs) and adds the same products in the same order, so every backend gives
-// the unpadded conv's bits. Widths up to 15 thus run everywhere; wider ones where ggml's conv takes them.
-ggml_tensor * ssm_conv_any_width(ggml_context * ctx, ggml_tensor * x, ggml_tensor * w) {
-    const int64_t width = w->ne[0];
-    int64_t run = width;
-    for (const int64_t k : {3, 4, 5, 9, 15}) {
-        if (k >= width) {
-            run = k;
-            break;
-        }
-    }
-    if (run > width) {
-        const int pad = int(run - width);
-        x = ggml_pad_ext(ctx, x, pad, 0, 0, 0, 0, 0, 0, 0);  // [run-1+T, channels, S]
-        w = ggml_pad_ext(ctx, w, pad, 0, 0, 0, 0, 0, 0, 0);  // [run, channels]
-    }
-    return ggml_ssm_conv(ctx, x, w);
-}
-
 // Whether a chain verify of T tokens keeps the fused inputs op's result (the layer has inputs_ckpt)
 // for a commit that re-runs the kept tokens, instead of writing every token's state. The verify
 // graph and the commit graph decide alike (from the state, not from switches that may change).
@@ -653,7 +630,9 @@ ggml_tensor * build_delta_net(ggml_context * ctx, ggml_cgraph * gf, const qwen35
     ggml_tensor * g = ggml_mul(ctx, ggml_softplus(ctx, alpha), l.ssm_a);  // log decay <= 0
     g = named(ggml_reshape_4d(ctx, g, 1, Hv, T, 1), "gdn_g", il);
 
-    // causal depthwise conv over [carried d_conv-1 inputs, this batch]
+    // causal depthwise conv over [carried d_conv-1 inputs, this batch] (weights in one device's memory:
+    // a width ggml's CUDA conv has no kernel for runs padded with zero taps, graph::ssm_conv)
+    const bool pad_conv = !ggml_backend_buffer_is_host(l.ssm_conv1d->buffer) && !is_meta_buffer(l.ssm_conv1d->buffer);
     ggml_tensor * conv_out = nullptr;
     if (in.parents != nullptr) {
         // tree: gather each node's window [conv_dim, d_conv] from [carried state | batch] (channels
@@ -662,7 +641,7 @@ ggml_tensor * build_delta_net(ggml_context * ctx, ggml_cgraph * gf, const qwen35
         ggml_tensor * win = ggml_get_rows(ctx, seq, in.conv_rows);                                     // [conv_dim, d_conv*T]
         win = ggml_cont(ctx, ggml_permute(ctx, ggml_reshape_3d(ctx, win, conv_dim, d_conv, T), 1, 0, 2, 3));  // [d_conv, conv_dim, T]
         named(win, "gdn_tree_conv_win", il);
-        conv_out = ggml_reshape_3d(ctx, ssm_conv_any_width(ctx, win, l.ssm_conv1d), conv_dim, T, 1);  // [conv_dim, T, 1]
+        conv_out = ggml_reshape_3d(ctx, graph::ssm_conv(ctx, win, l.ssm_conv1d, pad_conv), conv_dim, T, 1);  // [conv_dim, T, 1]
     } else {
         ggml_tensor * conv_in = ggml_concat(ctx, conv_state, ggml_transpose(ctx, qkv), 0);  // [d_conv-1+T, conv_dim]
         named(conv_in, "gdn_conv_in", il);
@@ -674,8 +653,8 @@ ggml_tensor * build_delta_net(ggml_context * ctx, ggml_cgraph * gf, const qwen35
                                                   T * ggml_element_size(conv_in));
             ggml_build_forward_expand(gf, graph::copy_by_kernel(ctx, new_conv, conv_state));
         }
-        conv_out = ssm_conv_any_width(ctx, ggml_reshape_3d(ctx, conv_in, d_conv - 1 + T, conv_dim, 1),
-                                      l.ssm_conv1d);  // [conv_dim, T, 1]
+        conv_out = graph::ssm_conv(ctx, ggml_reshape_3d(ctx, conv_in, d_conv - 1 + T, conv_dim, 1), l.ssm_conv1d,
+                                   pad_conv);  // [conv_dim, T, 1]
     }
     conv_out = named(ggml_silu(ctx, conv_out), "gdn_conv_out", il);
 

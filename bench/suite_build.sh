@@ -8,8 +8,9 @@
 # would build again (~280 s): if DIR holds lucebox-cuda-KEY.tar.xz.part* whose KEY is this tree's (a hash
 # of cpp/, ggml/, CMakeLists.txt, pyproject.toml, ARCHS, SUITE_BUILD_ARGS and the Python version), that
 # package is unpacked into python3's site-packages with this tree's python/lucebox and server/ copied over
-# it (the bundled models too: the pack leaves them out), instead of building; otherwise the build's package is packed into $OUT/prebuilt (xz, parts of 15 MiB:
-# the device's files come back at most 16 MiB each), to be carried as DIR by later calls.
+# it (the bundled models too: the pack leaves them out), instead of building; otherwise the build's
+# package is packed into $OUT/prebuilt (xz, parts of 15 MiB: the device's files come back at most 16 MiB
+# each), to be carried as DIR by later calls.
 ARCHS="${LUCEBOX_CUDA_ARCHS:-90a}"
 TMP="${TMPDIR:-/tmp}"
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)  # (absolute: the working directory changes next)

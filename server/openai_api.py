@@ -145,14 +145,14 @@ async def collect_events(job: GenerationJob, n: int, request: Request
     """Run a job to its end (non-streaming): each choice's text, result (None if it never ended) and
     token logprobs. Raises the mapped APIError of an engine failure, or ClientDisconnected (after
     cancelling the job) when the client leaves."""
-    texts = [""] * n
+    pieces: list[list[str]] = [[] for _ in range(n)]  # (joined once: a long output is many small pieces)
     results: list[ChoiceResult | None] = [None] * n
     logprobs: list[list[Any]] = [[] for _ in range(n)]
 
     async def run() -> None:
         async for ev in job.events():
             if isinstance(ev, TextEvent):
-                texts[ev.choice] += ev.text
+                pieces[ev.choice].append(ev.text)
                 logprobs[ev.choice].extend(ev.logprobs or [])
             elif isinstance(ev, ChoiceDone):
                 results[ev.choice] = ev.result
@@ -164,7 +164,7 @@ async def collect_events(job: GenerationJob, n: int, request: Request
     except ClientDisconnected:
         job.cancel()
         raise
-    return texts, results, logprobs
+    return ["".join(p) for p in pieces], results, logprobs
 
 
 async def collect_chat(job: GenerationJob, prepared: PreparedChat, n: int, request: Request

@@ -105,7 +105,7 @@ def case(n: int) -> dict:
     t.update(ssm_d_conv=r.choice([2, 3, 4, 5]), ssm_d_state=r.choice([16, 32, 64, 128, 128]), ssm_n_k_heads=k_heads,
              ssm_n_v_heads=k_heads * r.choice([1, 2, 3, 4]))
     # one case in eight a wide conv (lucebox's fused DeltaNet ops take up to 8 taps, ggml's CUDA conv has
-    # kernels for 9 and 15, the other widths run padded with zero taps), drawn aside: the other draws stay
+    # kernels for 9 and 15, there the others run padded with zero taps), drawn aside: the other draws stay
     wide = random.Random(f"wide conv {n}")
     if wide.random() < 0.125:
         t["ssm_d_conv"] = wide.randint(6, 15)

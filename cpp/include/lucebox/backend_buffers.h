@@ -32,8 +32,8 @@ using progress_callback = std::function<void(uint64_t, uint64_t)>;
 void check_weights_runnable(const gguf_file & file, const std::vector<std::string> & names, ggml_backend_dev_t dev,
                             bool split = false);
 
-// Whether `buffer` is a tensor split's (ggml's meta backend): its tensors are dealt in slices to devices.
-bool is_meta_buffer(ggml_backend_buffer_t buffer);
+// Whether `buft` is a tensor split's (ggml's meta backend): its tensors are dealt in slices to devices.
+bool is_meta(ggml_backend_buffer_type_t buft);
 
 class tensor_store {
   public:

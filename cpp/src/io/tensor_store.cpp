@@ -133,8 +133,8 @@ static bool runs_conv_width(ggml_backend_dev_t dev, int64_t width, bool split) {
     return !cuda_source || (split ? graph::cuda_conv_kernel(width) : width <= 15);
 }
 
-bool is_meta_buffer(ggml_backend_buffer_t buffer) {
-    ggml_backend_dev_t dev = ggml_backend_buft_get_device(ggml_backend_buffer_get_type(buffer));
+bool is_meta(ggml_backend_buffer_type_t buft) {
+    ggml_backend_dev_t dev = ggml_backend_buft_get_device(buft);
     return dev != nullptr && ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_META;
 }
 
@@ -200,8 +200,7 @@ tensor_store tensor_store::load(const gguf_file & file, const std::vector<std::s
     }
     // A meta buffer (tensor parallel) may report host memory, but its tensors have no address of
     // their own: each is set whole, so ggml can deal its slices to the devices.
-    ggml_backend_dev_t buft_dev = ggml_backend_buft_get_device(buft);
-    const bool meta = buft_dev != nullptr && ggml_backend_dev_type(buft_dev) == GGML_BACKEND_DEVICE_TYPE_META;
+    const bool meta = is_meta(buft);
     if (!meta && dev != nullptr) {  // a tensor split checks each of its devices itself
         check_weights_runnable(file, names, dev);
     }

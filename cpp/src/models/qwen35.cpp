@@ -632,7 +632,8 @@ ggml_tensor * build_delta_net(ggml_context * ctx, ggml_cgraph * gf, const qwen35
 
     // causal depthwise conv over [carried d_conv-1 inputs, this batch] (weights in one device's memory:
     // a width ggml's CUDA conv has no kernel for runs padded with zero taps, graph::ssm_conv)
-    const bool pad_conv = !ggml_backend_buffer_is_host(l.ssm_conv1d->buffer) && !is_meta_buffer(l.ssm_conv1d->buffer);
+    const bool pad_conv = !ggml_backend_buffer_is_host(l.ssm_conv1d->buffer) &&
+                          !is_meta(ggml_backend_buffer_get_type(l.ssm_conv1d->buffer));
     ggml_tensor * conv_out = nullptr;
     if (in.parents != nullptr) {
         // tree: gather each node's window [conv_dim, d_conv] from [carried state | batch] (channels
